@@ -1,0 +1,39 @@
+# m27 — every target creates its own virtual environment on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+SRC     = m27 flows tests benchmarks examples
+
+.PHONY: install example test lint typecheck unit bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,examples]'
+	touch $@
+
+install: $(BIN)/.installed
+
+## The main job: the molecular-dynamics example pipeline, embedded defaults, no GPU needed.
+example: install
+	$(BIN)/m27 run examples/md/pipeline.yaml
+
+lint: install
+	$(BIN)/ruff check $(SRC)
+	$(BIN)/ruff format --check $(SRC)
+
+typecheck: install
+	$(BIN)/mypy
+
+## The whole suite: lint, types, unit + integration + e2e tests (real services, started here).
+test: lint typecheck
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+unit: install
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

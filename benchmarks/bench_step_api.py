@@ -1,0 +1,99 @@
+"""Hot-path cost of ``m27.io_wait()`` and ``m27.gate()`` inside a step.
+
+A step may enter an I/O block for every frame it writes, and call ``gate()`` once per
+iteration, so both must cost next to nothing. Prints nanoseconds per call and the ratio to
+an empty context manager / an empty function call (the floor for any Python API).
+
+    python benchmarks/bench_step_api.py [--json] [--min]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import timeit
+from pathlib import Path
+from types import TracebackType
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from m27 import _step_api
+from m27._step_api import Channel, gate, io_wait
+
+N = 200_000
+REPEATS = 7
+
+
+class _Noop:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+
+_NOOP = _Noop()
+
+
+def _noop_cm() -> _Noop:
+    return _NOOP
+
+
+def _noop_fn() -> bool:
+    return True
+
+
+def _ns_per_call(stmt: str, env: dict[str, object]) -> float:
+    """Median over repeats; on a shared machine the minimum is printed too (see --min)."""
+    times = timeit.repeat(stmt, globals=env, number=N, repeat=REPEATS)
+    pick = min if "--min" in sys.argv else statistics.median
+    return pick(times) / N * 1e9
+
+
+def main() -> dict[str, float]:
+    env: dict[str, object] = {"io_wait": io_wait, "gate": gate, "noop": _noop_cm, "f": _noop_fn}
+    results: dict[str, float] = {}
+    results["noop_with_ns"] = _ns_per_call("with noop(): pass", env)
+    results["noop_call_ns"] = _ns_per_call("f()", env)
+
+    os.environ.pop("M27_CHANNEL", None)
+    _step_api._reset_step_channel()
+    results["io_wait_outside_agent_ns"] = _ns_per_call("with io_wait(): pass", env)
+    results["gate_outside_agent_ns"] = _ns_per_call("gate()", env)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.chan"
+        agent = Channel.create(path)
+        os.environ["M27_CHANNEL"] = str(path)
+        _step_api._reset_step_channel()
+        results["io_wait_with_channel_ns"] = _ns_per_call("with io_wait(): pass", env)
+        results["gate_open_with_channel_ns"] = _ns_per_call("gate()", env)
+        _step_api._reset_step_channel()
+        agent.close()
+        os.environ.pop("M27_CHANNEL")
+
+    results["io_wait_ratio_vs_noop"] = results["io_wait_with_channel_ns"] / results["noop_with_ns"]
+    results["gate_ratio_vs_noop_call"] = (
+        results["gate_open_with_channel_ns"] / results["noop_call_ns"]
+    )
+    return results
+
+
+if __name__ == "__main__":
+    res = main()
+    if "--json" in sys.argv:
+        print(json.dumps(res, indent=2))
+    else:
+        for key, value in res.items():
+            unit = "x" if "ratio" in key else " ns"
+            print(f"{key:<28} {value:10.1f}{unit}")

@@ -1,0 +1,225 @@
+"""Process-group supervision under the runner: pump output, enforce limits, leave nothing behind.
+
+The child runs in its own session, so its process group holds everything it started that did
+not deliberately escape (``setsid``/daemonizing). Every stop signal goes to that group, and the
+supervisor does not return while a live member remains: a step's ``sleep 1000`` grandchild
+dies with it, and a leftover background process is stopped when the main process exits.
+
+Output is pumped from both pipes with a selector on the calling thread rather than reader
+threads, for two reasons: the caller's callbacks run on the caller's thread (Prefect's run
+logger is bound to the task's context there), and stdout/stderr lines come out in the order
+they were read, with no lock ordering to get wrong.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+#: A line longer than this many characters is emitted in pieces, so a child that never
+#: writes a newline cannot grow the supervisor's memory without bound.
+MAX_LINE = 65536
+
+#: How often the supervisor wakes to look at the deadline, the cancel flag and the group.
+POLL_S = 0.05
+
+#: After the group is gone, how long to keep reading pipes that are still open. Only a
+#: process that escaped the group (it called setsid) can hold them; it is not waited for.
+DRAIN_S = 1.0
+
+_READ_SIZE = 65536
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a supervised process ended; ``returncode`` is Popen's (negative: killed by signal)."""
+
+    returncode: int
+    timed_out: bool
+    cancelled: bool
+
+
+class LineSplitter:
+    """Bytes of one stream in, text lines out: tolerant of bad UTF-8 and split characters.
+
+    A carriage return inside a line keeps only what follows it, as a terminal would show a
+    progress bar, so ``10%\\r20%\\r30%\\n`` becomes one line ``30%``.
+    """
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._buf = ""
+        self._max = max_line
+
+    def feed(self, data: bytes) -> list[str]:
+        self._buf += self._decoder.decode(data)
+        *lines, self._buf = self._buf.split("\n")
+        while len(self._buf) > self._max:
+            lines.append(self._buf[: self._max])
+            self._buf = self._buf[self._max :]
+        return [_clean(line) for line in lines]
+
+    def finish(self) -> list[str]:
+        """The partial last line (no trailing newline), if any."""
+        rest = self._buf + self._decoder.decode(b"", final=True)
+        self._buf = ""
+        return self.feed(b"") + ([_clean(rest)] if rest else [])
+
+
+def _clean(line: str) -> str:
+    line = line.rstrip("\r")
+    return line.rsplit("\r", 1)[-1] if "\r" in line else line
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: Path | None) -> subprocess.Popen[bytes]:
+    """Start `argv` without a shell, as the leader of a new session and process group."""
+    return subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group is still running (zombies do not count).
+
+    Zombies matter here: where PID 1 does not reap orphans (containers), a finished
+    grandchild stays a zombie in the group forever and ``killpg(pgid, 0)`` keeps succeeding.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Send `sig` to the whole group; a group that is already gone is not an error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def kill_now(proc: subprocess.Popen[bytes]) -> None:
+    """Last resort on an error path: SIGKILL the group, reap the leader, close the pipes."""
+    signal_group(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    proc.wait()
+    _close_pipes(proc)
+
+
+def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def supervise(
+    proc: subprocess.Popen[bytes],
+    *,
+    timeout: float | None,
+    grace: float,
+    cancel: threading.Event | None,
+    emit: Callable[[str, list[str]], None],
+) -> Outcome:
+    """Pump `proc`'s output to `emit` until it and its whole group are gone.
+
+    On timeout or cancel the group gets SIGTERM, then SIGKILL `grace` seconds later. When
+    the leader exits on its own, members it left running get the same treatment. Real time
+    is used on purpose: a deadline must pass in the world, not on a test's fake clock.
+    `emit` gets the complete lines of each chunk read from one stream, as soon as it is read.
+    """
+    assert proc.stdout is not None and proc.stderr is not None
+    pgid = proc.pid
+    deadline = None if timeout is None else time.monotonic() + timeout
+    sel = selectors.DefaultSelector()
+    splitters: dict[int, tuple[str, LineSplitter]] = {}
+    for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+        sel.register(pipe.fileno(), selectors.EVENT_READ)
+        splitters[pipe.fileno()] = (name, LineSplitter())
+    term_at: float | None = None
+    killed_at: float | None = None
+    gone_at: float | None = None
+    alive, next_scan = True, 0.0
+    timed_out = cancelled = False
+    clean = False
+    try:
+        while True:
+            now = time.monotonic()
+            rc = proc.poll()
+            # Scanned only once the leader is gone (until then the group is alive anyway),
+            # and at most once per POLL_S however fast output arrives.
+            if rc is not None and gone_at is None and now >= next_scan:
+                alive, next_scan = group_alive(pgid), now + POLL_S
+            if term_at is None:
+                if rc is None and cancel is not None and cancel.is_set():
+                    cancelled = True
+                elif rc is None and deadline is not None and now >= deadline:
+                    timed_out = True
+                if cancelled or timed_out or (rc is not None and alive):
+                    signal_group(pgid, signal.SIGTERM)
+                    # A paused (SIGSTOPped) guest only acts on SIGTERM once it runs again.
+                    signal_group(pgid, signal.SIGCONT)
+                    term_at = now
+            if term_at is not None and killed_at is None and now >= term_at + grace:
+                signal_group(pgid, signal.SIGKILL)
+                killed_at = now
+            # A member stuck in uninterruptible sleep may outlive SIGKILL for a while; it is
+            # not waited for forever.
+            stuck = killed_at is not None and now >= killed_at + DRAIN_S
+            if rc is not None and gone_at is None and (not alive or stuck):
+                gone_at = now
+            if gone_at is not None and (not splitters or now >= gone_at + DRAIN_S):
+                break
+            for key, _ in sel.select(POLL_S):
+                fd = int(key.fd)
+                name, splitter = splitters[fd]
+                data = os.read(fd, _READ_SIZE)
+                if data:
+                    lines = splitter.feed(data)
+                else:
+                    lines = splitter.finish()
+                    sel.unregister(fd)
+                    del splitters[fd]
+                if lines:
+                    emit(name, lines)
+        for name, splitter in splitters.values():
+            if lines := splitter.finish():
+                emit(name, lines)
+        clean = True
+        return Outcome(returncode=proc.wait(), timed_out=timed_out, cancelled=cancelled)
+    finally:
+        sel.close()
+        if clean:
+            _close_pipes(proc)
+        else:
+            kill_now(proc)

@@ -1,0 +1,290 @@
+"""What a step's own code tells the agent: ``m27.io_wait()`` and ``m27.gate()``.
+
+The two calls sit on a step's hot path (an MD loop may save a frame every few
+milliseconds), so they never talk to a server. The agent gives each step a small file,
+the *channel*, and passes its path in ``M27_CHANNEL``; the step maps it into memory and
+the calls are plain writes and reads of that shared page: no system call while the gate is
+open, no lock shared with another process.
+
+Layout (64 bytes, native byte order, version 1)::
+
+    0  u32 magic "M27C"   4  u32 version
+    8  i32 io_depth       step: nesting depth of io_wait blocks (> 0: doing I/O)
+    12 i32 gate_closed    agent: 1 = the step must wait at its gate
+    16 i32 at_gate        step: 1 while blocked in gate()
+    20 i32 pid            step: pid of the last process that opened the channel
+    24 f64 io_since       step: time.monotonic() when io_depth went 0 -> 1
+    32 f64 io_seconds     step: total seconds spent in completed I/O blocks
+    40 u64 io_count       step: io_wait blocks entered (I/O shorter than a tick shows here)
+    48 u64 gate_calls     step: gate() calls (> 0: the step pauses cooperatively)
+    56 f64 gate_seconds   step: total seconds spent blocked at the gate
+
+``time.monotonic`` is CLOCK_MONOTONIC, shared by every process of a Linux machine, so the
+agent can compare ``io_since`` with its own monotonic clock.
+
+Outside the agent (``M27_CHANNEL`` unset) both calls cost one attribute test and do
+nothing: the same script runs by hand, under the agent, or in a test.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+from m27._exceptions import M27Error
+
+__all__ = ["CHANNEL_SIZE", "Channel", "gate", "io_wait"]
+
+CHANNEL_SIZE: Final = 64
+_MAGIC: Final = 0x4337324D  # b"M27C" little-endian
+_VERSION: Final = 1
+# indices into the int32 (I), float64 (D) and uint64 (Q) views of the page
+_I_MAGIC, _I_VERSION, _I_DEPTH, _I_GATE, _I_AT_GATE, _I_PID = 0, 1, 2, 3, 4, 5
+_D_IO_SINCE, _D_IO_SECONDS, _D_GATE_SECONDS = 3, 4, 7
+_Q_IO_COUNT, _Q_GATE_CALLS = 5, 6
+
+# gate() polls the page: it starts at 0.5 ms and backs off to 5 ms, so a guest resumes
+# within ~5 ms of the agent opening the gate (a tenth of the default 50 ms io_timeout tick)
+# and a guest parked for hours wakes 200 times a second at most.
+_POLL_FIRST: Final = 0.0005
+_POLL_MAX: Final = 0.005
+_monotonic = time.monotonic
+
+
+class Channel:
+    """One step's channel page, seen from either side.
+
+    The agent ``create``s it before starting the step and reads ``io_waiting()`` /
+    ``at_gate()`` and writes ``set_gate()``; the step opens the same file from
+    ``M27_CHANNEL`` and writes the I/O and gate fields.
+    """
+
+    def __init__(self, path: Path, mm: mmap.mmap) -> None:
+        self.path = path
+        self._mm = mm
+        view = memoryview(mm)
+        self._i = view.cast("i")
+        self._d = view.cast("d")
+        self._q = view.cast("Q")
+        self._view = view
+        self._lock = threading.Lock()
+        self._acquire = self._lock.acquire
+        self._release = self._lock.release
+        if self._i[_I_MAGIC] != _MAGIC or self._i[_I_VERSION] != _VERSION:
+            self.close()
+            raise M27Error(f"{path} is not an m27 channel (version {_VERSION})", file=str(path))
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], *, gate_open: bool = True) -> Channel:
+        """Write a fresh channel file (atomically: a step never maps a half-written one)."""
+        target = Path(path)
+        page = bytearray(CHANNEL_SIZE)
+        view = memoryview(page).cast("i")
+        view[_I_MAGIC], view[_I_VERSION] = _MAGIC, _VERSION
+        view[_I_GATE] = 0 if gate_open else 1
+        view.release()
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(bytes(page))
+        os.replace(tmp, target)
+        return cls.open(target)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, writable: bool = True) -> Channel:
+        """Map an existing channel file; M27Error if it is missing or not a channel."""
+        target = Path(path)
+        try:
+            with open(target, "r+b" if writable else "rb") as f:
+                if os.fstat(f.fileno()).st_size != CHANNEL_SIZE:
+                    raise M27Error(f"{target} is not an m27 channel (size)", file=str(target))
+                access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+                mm = mmap.mmap(f.fileno(), CHANNEL_SIZE, access=access)
+        except OSError as exc:
+            raise M27Error(f"cannot open channel {target}: {exc}", file=str(target)) from exc
+        return cls(target, mm)
+
+    # -- agent side -------------------------------------------------------------------
+
+    def io_waiting(self) -> bool:
+        """True while the step is inside an ``io_wait()`` block."""
+        return self._i[_I_DEPTH] > 0
+
+    def io_since(self) -> float | None:
+        """time.monotonic() when the current I/O block began; None when not in I/O."""
+        return self._d[_D_IO_SINCE] if self._i[_I_DEPTH] > 0 else None
+
+    def io_count(self) -> int:
+        return int(self._q[_Q_IO_COUNT])
+
+    def io_seconds(self) -> float:
+        return float(self._d[_D_IO_SECONDS])
+
+    def set_gate(self, open: bool) -> None:
+        self._i[_I_GATE] = 0 if open else 1
+
+    def gate_open(self) -> bool:
+        return self._i[_I_GATE] == 0
+
+    def at_gate(self) -> bool:
+        """True while the step is blocked in ``gate()``."""
+        return self._i[_I_AT_GATE] != 0
+
+    def uses_gate(self) -> bool:
+        """True once the step has called ``gate()``: it can be paused cooperatively."""
+        return self._q[_Q_GATE_CALLS] > 0 or self.at_gate()
+
+    def gate_seconds(self) -> float:
+        return float(self._d[_D_GATE_SECONDS])
+
+    def pid(self) -> int | None:
+        pid = self._i[_I_PID]
+        return pid or None
+
+    def close(self) -> None:
+        for view in (self._i, self._d, self._q, self._view):
+            view.release()
+        self._mm.close()
+
+    # -- step side (the hot path) -----------------------------------------------------
+
+    def enter_io(self) -> None:
+        # acquire/release bound in __init__: a `with` block costs twice as much here
+        self._acquire()
+        ints = self._i
+        depth = ints[_I_DEPTH]
+        if depth <= 0:
+            self._d[_D_IO_SINCE] = _monotonic()
+            depth = 0
+        ints[_I_DEPTH] = depth + 1
+        self._q[_Q_IO_COUNT] += 1
+        self._release()
+
+    def exit_io(self) -> None:
+        self._acquire()
+        ints = self._i
+        depth = ints[_I_DEPTH] - 1
+        if depth <= 0:
+            depth = 0
+            self._d[_D_IO_SECONDS] += _monotonic() - self._d[_D_IO_SINCE]
+        ints[_I_DEPTH] = depth
+        self._release()
+
+    def wait_gate(self, timeout: float | None = None) -> bool:
+        """Block while the gate is closed; False if ``timeout`` seconds passed first."""
+        self._q[_Q_GATE_CALLS] += 1
+        if self._i[_I_GATE] == 0:
+            return True
+        start = time.monotonic()
+        self._i[_I_AT_GATE] = 1
+        delay = _POLL_FIRST
+        try:
+            while self._i[_I_GATE] != 0:
+                if timeout is not None and time.monotonic() - start >= timeout:
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, _POLL_MAX)
+            return True
+        finally:
+            self._i[_I_AT_GATE] = 0
+            self._d[_D_GATE_SECONDS] += time.monotonic() - start
+
+    def mark_owner(self) -> None:
+        self._i[_I_PID] = os.getpid()
+
+
+# -- the process's own channel, resolved once from M27_CHANNEL --------------------------
+
+_channel: Channel | None = None
+_resolved = False
+_resolve_lock = threading.Lock()
+
+
+def _step_channel() -> Channel | None:
+    global _channel, _resolved
+    if _resolved:
+        return _channel
+    with _resolve_lock:
+        if not _resolved:
+            path = os.environ.get("M27_CHANNEL", "")
+            if path:
+                try:
+                    _channel = Channel.open(path)
+                    _channel.mark_owner()
+                except M27Error as exc:
+                    # A step's computation is worth more than its telemetry: say it once
+                    # and run as if outside the agent (the agent then pauses by signal).
+                    print(f"m27: M27_CHANNEL ignored: {exc}", file=sys.stderr)
+            _resolved = True
+    return _channel
+
+
+def _reset_step_channel() -> None:
+    """Forget the resolved channel (tests and forked children that change M27_CHANNEL)."""
+    global _channel, _resolved
+    with _resolve_lock:
+        if _channel is not None:
+            _channel.close()
+        _channel, _resolved = None, False
+
+
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at fork time would never be released in the child;
+    # the child keeps the shared page (its I/O is the step's I/O) with a fresh lock.
+    if _channel is not None:
+        _channel._lock = threading.Lock()
+        _channel._acquire = _channel._lock.acquire
+        _channel._release = _channel._lock.release
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _IoWait:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        channel = _channel if _resolved else _step_channel()
+        if channel is not None:
+            channel.enter_io()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        channel = _channel if _resolved else _step_channel()
+        if channel is not None:
+            channel.exit_io()
+
+
+_IO_WAIT: Final = _IoWait()
+
+
+def io_wait() -> _IoWait:
+    """``with m27.io_wait(): save(frame)`` — "this process is reading or writing, not computing".
+
+    While any such block is open the agent may lend this step's GPU to a guest. Blocks
+    nest and may be entered from several threads; the process counts as waiting on I/O
+    while at least one is open. Costs well under a microsecond (benchmarks/bench_step_api.py).
+    """
+    return _IO_WAIT
+
+
+def gate(timeout: float | None = None) -> bool:
+    """Wait until the agent lets this step compute; True at once outside the agent.
+
+    A ready-tier (guest) step calls it after loading its data, and may call it again at
+    any safe point (each iteration): the agent then pauses it there instead of by signal.
+    Returns False only when ``timeout`` seconds passed with the gate still closed.
+    """
+    channel = _channel if _resolved else _step_channel()
+    if channel is None:
+        return True
+    return channel.wait_gate(timeout)

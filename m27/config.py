@@ -1,0 +1,302 @@
+"""Node settings: defaults, then ``~/.m2config`` (INI), then environment variables.
+
+The INI file is the one the first users already wrote (DESIGN.md appendix): sections
+``[performance]`` and ``[checkpoint]``, inline ``#`` comments, values with units (``50ms``,
+``128KB``). Every effective value remembers where it came from (``Settings.sources``) so
+``m27 config`` can answer "why is it 256 KiB?" without guessing.
+
+Precedence, lowest first: default < file < ``M2_CHUNK_SIZE`` < ``M27_<KEY>``. A typo fails
+loudly with the file, the line and a suggestion: a silently ignored ``io_timout`` would be
+worse than an error.
+"""
+
+from __future__ import annotations
+
+import configparser
+import difflib
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from m27._exceptions import ConfigError
+from m27.units import parse_duration, parse_size
+
+
+def _default_cpu_slots() -> int:
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Effective node settings; ``sources[key]`` says where each value came from."""
+
+    gpu_streams: int = 4
+    memory_overprovision: float = 1.0
+    io_timeout: float = 0.05
+    cpu_slots: int = field(default_factory=_default_cpu_slots)
+    compression_level: int = 3
+    diff_threshold: int = 131072
+    keep_last: int = 3
+    max_in_flight: int = 2
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class _Key:
+    section: str
+    parse: Callable[[str], Any]
+    accepted: str
+
+
+def _int_between(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text.strip())
+        if value < low or (high is not None and value > high):
+            raise ValueError("out of range")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    value = float(text.strip())
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError("out of range")
+    return value
+
+
+def _positive_duration(text: str) -> float:
+    value = parse_duration(text)
+    if value <= 0:
+        raise ValueError("out of range")
+    return value
+
+
+def _positive_size(text: str) -> int:
+    value = parse_size(text)
+    if value <= 0:
+        raise ValueError("out of range")
+    return value
+
+
+KEYS: dict[str, _Key] = {
+    "gpu_streams": _Key("performance", _int_between(1), "a whole number >= 1, e.g. 4"),
+    "memory_overprovision": _Key("performance", _positive_float, "a number > 0, e.g. 1.2"),
+    "io_timeout": _Key("performance", _positive_duration, "a duration > 0, e.g. 50ms or 0.05"),
+    "cpu_slots": _Key("performance", _int_between(1), "a whole number >= 1, e.g. 8"),
+    "compression_level": _Key("checkpoint", _int_between(1, 22), "a whole number from 1 to 22"),
+    "diff_threshold": _Key("checkpoint", _positive_size, "a size > 0, e.g. 128KB or 1MiB"),
+    "keep_last": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 3"),
+    "max_in_flight": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 2"),
+}
+SECTIONS = ("performance", "checkpoint")
+
+#: The seed's chunk-size variable; a bare number is KiB (the seed sets ``M2_CHUNK_SIZE=256``).
+CHUNK_SIZE_ENV = "M2_CHUNK_SIZE"
+
+_SECTION_LINE = re.compile(r"^\s*\[([^\]]*)\]")
+_KEY_LINE = re.compile(r"^([^\s=:#;\[][^=:]*?)\s*[=:]")
+
+
+def m27_home(env: Mapping[str, str] | None = None) -> Path:
+    """The node's home: ``$M27_HOME``, default ``~/.m27`` (not created here)."""
+    env = os.environ if env is None else env
+    value = env.get("M27_HOME")
+    if value:
+        return Path(value).expanduser()
+    return _user_home(env) / ".m27"
+
+
+def config_path(env: Mapping[str, str] | None = None) -> Path:
+    """The settings file: ``$M27_CONFIG``, default ``~/.m2config``."""
+    env = os.environ if env is None else env
+    value = env.get("M27_CONFIG")
+    if value:
+        return Path(value).expanduser()
+    return _user_home(env) / ".m2config"
+
+
+def load_settings(env: Mapping[str, str] | None = None, path: Path | str | None = None) -> Settings:
+    """Settings from defaults, the INI file (if it exists) and the environment.
+
+    Raises :class:`~m27.ConfigError` naming the file and line (or the variable) of the
+    first bad entry, with the accepted form or a "did you mean".
+    """
+    env = os.environ if env is None else env
+    # A missing ~/.m2config or $M27_CONFIG file means "defaults" (tests point M27_CONFIG at
+    # a missing file to ignore the user's); a path passed in by code must exist.
+    explicit = path is not None
+    file = Path(path).expanduser() if path is not None else config_path(env)
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    defaults = Settings()
+    for key in KEYS:
+        values[key] = getattr(defaults, key)
+        sources[key] = "default"
+
+    if file.exists():
+        _load_file(file, _display(file, env), values, sources)
+    elif explicit:
+        raise ConfigError(f"config file {file} does not exist", file=str(file))
+
+    chunk = env.get(CHUNK_SIZE_ENV)
+    if chunk is not None:
+        values["diff_threshold"] = _parse_chunk_size(chunk)
+        sources["diff_threshold"] = f"env {CHUNK_SIZE_ENV}"
+    for key, spec in KEYS.items():
+        name = f"M27_{key.upper()}"
+        raw = env.get(name)
+        if raw is None:
+            continue
+        try:
+            values[key] = spec.parse(raw)
+        except ValueError:
+            raise ConfigError(
+                f"env {name}={raw!r}: {key} must be {spec.accepted}",
+                env=name,
+                key=key,
+                value=raw,
+            ) from None
+        sources[key] = f"env {name}"
+    return Settings(**values, sources=MappingProxyType(sources))
+
+
+def _load_file(file: Path, shown: str, values: dict[str, Any], sources: dict[str, str]) -> None:
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {file}: {exc}", file=str(file)) from exc
+    parser = configparser.ConfigParser(
+        inline_comment_prefixes=("#", ";"),
+        interpolation=None,
+        strict=True,
+        default_section="\0no-default-section",  # so [DEFAULT] is checked like any other
+    )
+    try:
+        parser.read_string(text, source=str(file))
+    except configparser.DuplicateOptionError as exc:
+        raise ConfigError(
+            f"{shown}:{exc.lineno}: {exc.option} is set twice in [{exc.section}]",
+            file=str(file),
+            line=exc.lineno,
+            key=exc.option,
+        ) from None
+    except configparser.DuplicateSectionError as exc:
+        raise ConfigError(
+            f"{shown}:{exc.lineno}: section [{exc.section}] appears twice",
+            file=str(file),
+            line=exc.lineno,
+        ) from None
+    except configparser.MissingSectionHeaderError as exc:
+        raise ConfigError(
+            f"{shown}:{exc.lineno}: a setting before any [section] header "
+            f"(use [{SECTIONS[0]}] or [{SECTIONS[1]}])",
+            file=str(file),
+            line=exc.lineno,
+        ) from None
+    except configparser.ParsingError as exc:
+        lineno = exc.errors[0][0] if exc.errors else 0
+        raise ConfigError(
+            f"{shown}:{lineno}: cannot parse this line (expected key = value)",
+            file=str(file),
+            line=lineno,
+        ) from None
+
+    section_lines, key_lines = _line_numbers(text)
+    for section in parser.sections():
+        where = section_lines.get(section, 0)
+        if section.lower() not in SECTIONS:
+            raise ConfigError(
+                f"{shown}:{where}: unknown section [{section}]{_suggest(section, SECTIONS)}",
+                file=str(file),
+                line=where,
+                section=section,
+            )
+        for key, raw in parser.items(section):
+            line = key_lines.get((section, key), where)
+            spec = KEYS.get(key)
+            if spec is None:
+                raise ConfigError(
+                    f"{shown}:{line}: unknown key {key!r} in [{section}]{_suggest(key, KEYS)}",
+                    file=str(file),
+                    line=line,
+                    key=key,
+                )
+            if spec.section != section.lower():
+                raise ConfigError(
+                    f"{shown}:{line}: {key} belongs in [{spec.section}], not [{section}]",
+                    file=str(file),
+                    line=line,
+                    key=key,
+                )
+            try:
+                values[key] = spec.parse(raw)
+            except ValueError:
+                raise ConfigError(
+                    f"{shown}:{line}: {key} = {raw!r} is not valid: use {spec.accepted}",
+                    file=str(file),
+                    line=line,
+                    key=key,
+                    value=raw,
+                ) from None
+            sources[key] = f"{shown}:{line}"
+
+
+def _line_numbers(text: str) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    """Where each section header and key sits; configparser keeps no line numbers."""
+    sections: dict[str, int] = {}
+    keys: dict[tuple[str, str], int] = {}
+    current = ""
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _SECTION_LINE.match(line)
+        if header:
+            current = header.group(1).strip()
+            sections.setdefault(current, number)
+            continue
+        key = _KEY_LINE.match(line)
+        if key and current:
+            keys.setdefault((current, key.group(1).strip().lower()), number)
+    return sections, keys
+
+
+def _parse_chunk_size(raw: str) -> int:
+    """``M2_CHUNK_SIZE``: a bare number is KiB (the seed's 256 meant 256 KiB); units work too."""
+    text = raw.strip()
+    try:
+        value = int(float(text) * 1024) if re.fullmatch(r"\d+(\.\d+)?", text) else parse_size(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(
+            f"env {CHUNK_SIZE_ENV}={raw!r}: use a number of KiB (e.g. 256) or a size "
+            "with a unit (e.g. 256KB, 1MiB)",
+            env=CHUNK_SIZE_ENV,
+            key="diff_threshold",
+            value=raw,
+        )
+    return value
+
+
+def _suggest(word: str, choices: Mapping[str, Any] | tuple[str, ...]) -> str:
+    options = sorted(choices)
+    match = difflib.get_close_matches(word.lower(), options, n=1, cutoff=0.6)
+    if match:
+        return f"; did you mean {match[0]!r}?"
+    return f"; known: {', '.join(options)}"
+
+
+def _user_home(env: Mapping[str, str]) -> Path:
+    home = env.get("HOME")
+    return Path(home) if home else Path.home()
+
+
+def _display(file: Path, env: Mapping[str, str]) -> str:
+    """``~/.m2config`` for the usual file (as users write it), the full path otherwise."""
+    try:
+        return "~/" + str(file.relative_to(_user_home(env)))
+    except ValueError:
+        return str(file)

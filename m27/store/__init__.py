@@ -1,0 +1,43 @@
+"""Where events are kept: the EventStore protocol and its backends.
+
+``sqlite.py`` is the default (one WAL-mode file per node, shared by every process of the
+node); ``memory.py`` is for unit tests. Both pass the same contract suite
+(tests/unit/test_store_contract.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from m27.events import Event, Recorded
+
+
+class EventStore(Protocol):
+    """An append-only, gapless, totally ordered log of events."""
+
+    def append(self, events: Sequence[Event]) -> int:
+        """Append all of `events` atomically (all or none); return the last sequence number."""
+        ...
+
+    def read(self, after: int = 0, limit: int | None = None) -> list[Recorded]:
+        """Events with sequence > `after`, in order (at most `limit`)."""
+        ...
+
+    def last_seq(self) -> int:
+        """The highest sequence number stored (0 when empty)."""
+        ...
+
+    def follow(self, after: int, timeout: float) -> list[Recorded]:
+        """Like `read`, but waits up to `timeout` seconds for at least one new event."""
+        ...
+
+    def get_cursor(self, name: str) -> int:
+        """A named durable position in the log (0 if never set), for tailers."""
+        ...
+
+    def set_cursor(self, name: str, seq: int) -> None:
+        """Move a named cursor durably."""
+        ...
+
+    def close(self) -> None: ...

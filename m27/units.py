@@ -1,0 +1,67 @@
+"""Durations (`300s`, `5m`, `1h`, `50ms`) and sizes (`128KB`, `8GiB`) as users write them.
+
+KB/MB/GB are read as powers of 1024, like the seed's `diff_threshold = 128KB` meant; the
+IEC spellings KiB/MiB/GiB mean the same. A bare number is seconds or bytes.
+"""
+
+from __future__ import annotations
+
+import re
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Seconds in `text`; raises ValueError with the accepted forms."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a duration: {text!r}")
+    if isinstance(text, int | float):
+        if text < 0:
+            raise ValueError(f"a duration cannot be negative: {text!r}")
+        return float(text)
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 50ms, 300s, 5m, 1h)")
+    value, unit = match.groups()
+    return float(value) * _DURATION_UNITS[(unit or "s").lower()]
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in `text`; raises ValueError with the accepted forms."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a size: {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"a size cannot be negative: {text!r}")
+        return text
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use e.g. 128KB, 256MiB, 8GiB)")
+    value, unit = match.groups()
+    prefix = (unit or "").upper().rstrip("B").rstrip("I")
+    if prefix not in _SIZE_UNITS:
+        raise ValueError(f"not a size: {text!r} (use e.g. 128KB, 256MiB, 8GiB)")
+    return int(float(value) * _SIZE_UNITS[prefix])
+
+
+def format_duration(seconds: float) -> str:
+    """Short human form: 850ms, 12.3s, 4m05s, 2h03m."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def format_size(n: float) -> str:
+    """Short human form in IEC units."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}TiB"

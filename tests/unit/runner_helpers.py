@@ -1,0 +1,38 @@
+"""Small helpers shared by the runner tests (real child processes, a memory store)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from m27.events import Event
+from m27.runner import StepLaunch
+from m27.store.memory import MemoryEventStore
+
+PY = sys.executable
+
+
+def launch(code: str, **kw: object) -> StepLaunch:
+    return StepLaunch(run_id="r1", step="s1", argv=(PY, "-c", code), **kw)  # type: ignore[arg-type]
+
+
+def events(store: MemoryEventStore) -> list[Event]:
+    return [r.event for r in store.read()]
+
+
+def of(store: MemoryEventStore, kind: type[Event]) -> list[Event]:
+    return [e for e in events(store) if isinstance(e, kind)]
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie nobody reaps counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def collect(lines: list[tuple[str, str]]) -> Callable[[str, str], None]:
+    return lambda stream, line: lines.append((stream, line))

@@ -1,0 +1,99 @@
+"""Event encoding: every type survives a round trip; unknown kinds and versions fail loudly."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from typing import Any
+
+import pytest
+
+from m27._exceptions import UnknownEventError
+from m27.events import EVENT_TYPES, Event, GpuLost, RunSubmitted, StepStarted, decode, encode
+
+
+def _sample_value(hint: Any, name: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or type(hint).__name__ == "UnionType":
+        return _sample_value(next(a for a in args if a is not type(None)), name)
+    if origin is tuple:
+        return ("a", "b") if args[0] is str else (0, 3)
+    if origin is dict:
+        return {"K": "v"}
+    return {str: f"{name}-x", int: 7, float: 1.5, bool: True}[hint]
+
+
+def sample_event(cls: type[Event]) -> Event:
+    hints = typing.get_type_hints(cls)
+    kwargs = {f.name: _sample_value(hints[f.name], f.name) for f in dataclasses.fields(cls)}
+    return cls(**kwargs)
+
+
+ALL = sorted(EVENT_TYPES.values(), key=lambda c: c.__name__)
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_every_event_type_round_trips_through_json(cls: type[Event]) -> None:
+    original = sample_event(cls)
+    kind, version, payload = encode(original)
+    assert (kind, version) == (cls.__name__, cls.version)
+    json.loads(payload)  # plain JSON, readable by any tool
+    again = decode(kind, version, payload)
+    assert again == original
+    for f in dataclasses.fields(cls):
+        assert type(getattr(again, f.name)) is type(getattr(original, f.name))
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_events_are_frozen_and_past_tense(cls: type[Event]) -> None:
+    instance = sample_event(cls)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        instance.at = 0.0  # type: ignore[misc]
+    assert cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    assert cls.__name__.endswith(("ed", "Lost", "Measured", "Written", "Restored"))
+
+
+def test_tuples_come_back_as_tuples() -> None:
+    started = StepStarted(
+        at=1.0,
+        run_id="r",
+        step="s",
+        attempt=1,
+        pid=2,
+        pgid=2,
+        command=("gmx", "mdrun"),
+        gpus=(0, 1),
+    )
+    again = decode(*encode(started))
+    assert isinstance(again, StepStarted)
+    assert again.command == ("gmx", "mdrun") and again.gpus == (0, 1)
+
+
+def test_decode_accepts_a_parsed_payload_and_fills_defaults() -> None:
+    assert decode("GpuLost", 1, {"at": 2.0, "gpu": 1}) == GpuLost(at=2.0, gpu=1)
+
+
+def test_unknown_kind_fails_loudly() -> None:
+    with pytest.raises(UnknownEventError, match="GpuMelted") as info:
+        decode("GpuMelted", 1, "{}")
+    assert info.value.context["kind"] == "GpuMelted"
+
+
+def test_newer_version_fails_loudly() -> None:
+    _, _, payload = encode(GpuLost(at=1.0, gpu=0))
+    with pytest.raises(UnknownEventError, match="version 2"):
+        decode("GpuLost", GpuLost.version + 1, payload)
+
+
+def test_payload_missing_a_required_field_fails_loudly() -> None:
+    with pytest.raises(UnknownEventError, match="RunSubmitted"):
+        decode("RunSubmitted", 1, json.dumps({"at": 1.0, "run_id": "r"}))
+
+
+def test_encoding_a_live_object_is_refused() -> None:
+    bad = RunSubmitted(
+        at=1.0, run_id="r", pipeline="p", spec_path="", steps=(), vars={"x": object()}
+    )  # type: ignore[dict-item]
+    with pytest.raises(TypeError):
+        encode(bad)

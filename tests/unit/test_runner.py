@@ -1,0 +1,298 @@
+"""The runner against real child processes: how a step ends, its environment, its output."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from m27._proc import LineSplitter
+from m27.clock import FakeClock
+from m27.events import StepFailed, StepStarted, StepSucceeded
+from m27.runner import StepLaunch, resolve_argv, run_step
+from m27.store.memory import MemoryEventStore
+from tests.unit.runner_helpers import PY, collect, events, launch, of
+
+
+@pytest.fixture
+def store() -> MemoryEventStore:
+    return MemoryEventStore()
+
+
+# --- how a process ends ----------------------------------------------------------------
+
+
+def test_exit_zero_records_started_then_succeeded(store: MemoryEventStore, m27_home: Path) -> None:
+    result = run_step(launch("print('hi')"), store)
+
+    assert result.ok and result.attempts == 1 and result.exit_code == 0
+    assert result.reason == "succeeded" and result.log_tail == "hi"
+    started, succeeded = events(store)
+    assert isinstance(started, StepStarted) and isinstance(succeeded, StepSucceeded)
+    assert (started.run_id, started.step, started.attempt) == ("r1", "s1", 1)
+    assert started.pgid == started.pid > 0
+    assert started.command == (PY, "-c", "print('hi')")
+    assert started.log_path == str(m27_home / "runs" / "r1" / "s1.log")
+    assert started.host and started.resume_from is None
+    assert succeeded.attempt == 1
+
+
+def test_exit_code_three_is_a_failure_with_the_stderr_tail(store: MemoryEventStore) -> None:
+    code = "import sys; print('boom', file=sys.stderr); sys.exit(3)"
+    result = run_step(launch(code), store)
+
+    assert not result.ok and not result.cancelled
+    assert (result.exit_code, result.signal) == (3, None)
+    assert result.reason == "exited with code 3"
+    (failed,) = of(store, StepFailed)
+    assert isinstance(failed, StepFailed)
+    assert failed.exit_code == 3 and failed.log_tail == "boom" and not failed.will_retry
+
+
+def test_death_by_signal_records_the_signal_not_an_exit_code(store: MemoryEventStore) -> None:
+    result = run_step(launch("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"), store)
+
+    assert (result.exit_code, result.signal) == (None, signal.SIGKILL)
+    assert result.reason == "killed by SIGKILL"
+    (failed,) = of(store, StepFailed)
+    assert isinstance(failed, StepFailed) and failed.signal == signal.SIGKILL
+
+
+# --- environment -----------------------------------------------------------------------
+
+SHOWN = (
+    "M27_RUN_ID M27_STEP M27_ATTEMPT M27_HOME M27_CHECKPOINT_DIR M27_CHECKPOINT_INTERVAL"
+    " M27_RESUME_FROM CUDA_VISIBLE_DEVICES CUDA_LAUNCH_BLOCKING MY_VAR"
+)
+DUMP_ENV = (
+    "import json, os; print(json.dumps({k: os.environ[k] for k in "
+    + repr(SHOWN.split())
+    + " if k in os.environ}))"
+)
+
+
+def test_child_gets_m27_variables_and_its_gpus(
+    store: MemoryEventStore, tmp_path: Path, m27_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    monkeypatch.setenv("M27_RESUME_FROM", "/inherited/from/parent")
+    ckpt = tmp_path / "ckpt" / "s1"
+    lines: list[tuple[str, str]] = []
+    step = launch(
+        DUMP_ENV,
+        env={"MY_VAR": "x", "M27_STEP": "overridden"},
+        gpus=(0, 2),
+        checkpoint_dir=ckpt,
+        checkpoint_interval=30,
+    )
+    assert run_step(step, store, on_line=collect(lines)).ok
+
+    env = json.loads(lines[0][1])
+    assert env == {
+        "M27_RUN_ID": "r1",
+        "M27_STEP": "s1",
+        "M27_ATTEMPT": "1",
+        "M27_HOME": str(m27_home),
+        "M27_CHECKPOINT_DIR": str(ckpt),
+        "M27_CHECKPOINT_INTERVAL": "30.0",
+        "CUDA_VISIBLE_DEVICES": "0,2",
+        "CUDA_LAUNCH_BLOCKING": "1",
+        "MY_VAR": "x",
+    }
+    assert ckpt.is_dir()
+    started = of(store, StepStarted)[0]
+    assert isinstance(started, StepStarted) and started.gpus == (0, 2)
+
+
+def test_step_without_gpus_cannot_see_the_parents_gpus(
+    store: MemoryEventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    lines: list[tuple[str, str]] = []
+    run_step(launch(DUMP_ENV), store, on_line=collect(lines))
+
+    assert json.loads(lines[0][1])["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_resume_path_is_asked_before_each_attempt(store: MemoryEventStore) -> None:
+    answers = iter([None, "/ckpt/r1/s1/000002"])
+    code = (
+        "import os, sys; print(os.environ.get('M27_RESUME_FROM', '-'), os.environ['M27_ATTEMPT']);"
+        " sys.exit(0 if 'M27_RESUME_FROM' in os.environ else 1)"
+    )
+    lines: list[tuple[str, str]] = []
+    result = run_step(
+        launch(code, retries=1), store, on_line=collect(lines), resume_from=lambda: next(answers)
+    )
+
+    assert result.ok and result.attempts == 2
+    assert [line for _, line in lines] == ["- 1", "/ckpt/r1/s1/000002 2"]
+    resumes = [e.resume_from for e in of(store, StepStarted) if isinstance(e, StepStarted)]
+    assert resumes == [None, "/ckpt/r1/s1/000002"]
+
+
+def test_bare_python_means_this_interpreter(store: MemoryEventStore) -> None:
+    lines: list[tuple[str, str]] = []
+    step = StepLaunch("r1", "s1", ("python", "-c", "import sys; print(sys.executable)"))
+    assert run_step(step, store, on_line=collect(lines)).ok
+
+    assert lines == [("stdout", PY)]
+    started = of(store, StepStarted)[0]
+    assert isinstance(started, StepStarted) and started.command[0] == PY
+    assert resolve_argv(("/usr/bin/python3", "x.py")) == ("/usr/bin/python3", "x.py")
+
+
+# --- output ----------------------------------------------------------------------------
+
+HANDSHAKE = """
+import os, sys, time
+def say(stream, text, ack):
+    print(text, file=stream, flush=True)
+    end = time.monotonic() + 10
+    while not os.path.exists(ack):
+        if time.monotonic() > end:
+            sys.exit(9)
+        time.sleep(0.005)
+d = sys.argv[1]
+say(sys.stdout, "out-1", d + "/a")
+say(sys.stderr, "err-1", d + "/b")
+say(sys.stdout, "out-2", d + "/c")
+"""
+
+
+def test_lines_reach_callback_and_log_live_in_order(
+    store: MemoryEventStore, tmp_path: Path, m27_home: Path
+) -> None:
+    """The child waits for each line to be seen before writing the next: live, not at exit."""
+    log_path = m27_home / "runs" / "r1" / "s1.log"
+    caller = threading.get_ident()
+    seen: list[tuple[str, str]] = []
+    logged_when_seen: list[str] = []
+
+    def on_line(stream: str, line: str) -> None:
+        assert threading.get_ident() == caller  # Prefect's run logger is bound to it
+        seen.append((stream, line))
+        logged_when_seen.append(log_path.read_text().splitlines()[-1])
+        (tmp_path / "abc"[len(seen) - 1]).touch()
+
+    step = StepLaunch("r1", "s1", (PY, "-c", HANDSHAKE, str(tmp_path)))
+    assert run_step(step, store, on_line=on_line).ok
+
+    assert seen == [("stdout", "out-1"), ("stderr", "err-1"), ("stdout", "out-2")]
+    assert logged_when_seen == ["out-1", "err-1", "out-2"]
+    header, *body = log_path.read_text().splitlines()
+    assert header.startswith(f"=== attempt 1: {PY} -c '\\nimport os, sys, time\\ndef say")
+    assert header.endswith(f"' {tmp_path} ===")
+    assert body == [
+        "out-1",
+        "err-1",
+        "out-2",
+        "=== attempt 1 succeeded ===",
+    ]
+
+
+def test_invalid_utf8_and_unterminated_last_line_are_kept(store: MemoryEventStore) -> None:
+    code = "import sys; sys.stdout.buffer.write(b'ok \\xff\\xfe bad\\nno newline at end')"
+    lines: list[tuple[str, str]] = []
+    assert run_step(launch(code), store, on_line=collect(lines)).ok
+
+    assert lines == [("stdout", "ok \ufffd\ufffd bad"), ("stdout", "no newline at end")]
+
+
+def test_huge_burst_on_both_streams_does_not_deadlock(store: MemoryEventStore) -> None:
+    code = (
+        "import sys\n"
+        "for i in range(20000):\n"
+        "    sys.stdout.write(f'o{i:05d}' + 'x' * 60 + '\\n')\n"
+        "    sys.stderr.write(f'e{i:05d}' + 'y' * 60 + '\\n')\n"
+    )
+    counts = {"stdout": 0, "stderr": 0}
+
+    def on_line(stream: str, line: str) -> None:
+        counts[stream] += 1
+
+    result = run_step(launch(code), store, on_line=on_line)
+
+    assert result.ok and counts == {"stdout": 20000, "stderr": 20000}
+    assert len(result.log_tail.splitlines()) == 50
+
+
+def test_a_failing_callback_does_not_stop_the_step(store: MemoryEventStore, m27_home: Path) -> None:
+    def on_line(stream: str, line: str) -> None:
+        raise ValueError("logger broke")
+
+    assert run_step(launch("print('a'); print('b')"), store, on_line=on_line).ok
+    assert "a\nb\n" in (m27_home / "runs" / "r1" / "s1.log").read_text()
+
+
+def test_line_splitter_joins_split_characters_and_collapses_progress() -> None:
+    splitter = LineSplitter(max_line=8)
+    euro = "€".encode()
+    assert splitter.feed(b"a" + euro[:1]) == []
+    assert splitter.feed(euro[1:] + b"\r\n10%\r20%\r30%\n") == ["a€", "30%"]
+    assert splitter.feed(b"0123456789") == ["01234567"]
+    assert splitter.finish() == ["89"]
+    assert splitter.finish() == []
+
+
+# --- retries and outputs ---------------------------------------------------------------
+
+FAIL_TWICE = """
+import sys
+from pathlib import Path
+counter = Path(sys.argv[1])
+n = int(counter.read_text()) if counter.exists() else 0
+counter.write_text(str(n + 1))
+print("try", n + 1)
+sys.exit(1 if n < 2 else 0)
+"""
+
+
+def test_retries_until_success_and_waits_on_the_clock(
+    store: MemoryEventStore, tmp_path: Path, m27_home: Path
+) -> None:
+    clock = FakeClock()
+    step = StepLaunch(
+        "r1", "s1", (PY, "-c", FAIL_TWICE, str(tmp_path / "n")), retries=2, retry_delay=5
+    )
+    result = run_step(step, store, clock=clock)
+
+    assert result.ok and result.attempts == 3 and result.duration_s == 10.0
+    kinds = [type(e).__name__ for e in events(store)]
+    assert kinds == ["StepStarted", "StepFailed"] * 2 + ["StepStarted", "StepSucceeded"]
+    assert [e.attempt for e in of(store, StepStarted) if isinstance(e, StepStarted)] == [1, 2, 3]
+    assert all(isinstance(e, StepFailed) and e.will_retry for e in of(store, StepFailed))
+    log = (m27_home / "runs" / "r1" / "s1.log").read_text()
+    headers = [line[12] for line in log.splitlines() if line.startswith("=== attempt")]
+    assert headers == ["1", "1", "2", "2", "3", "3"]  # a start and an end line per attempt
+    assert "try 1\n" in log and "try 3\n" in log
+
+
+def test_last_failed_attempt_says_no_retry(store: MemoryEventStore) -> None:
+    result = run_step(launch("raise SystemExit(2)", retries=1), store)
+
+    assert result.attempts == 2 and result.exit_code == 2
+    retries = [e.will_retry for e in of(store, StepFailed) if isinstance(e, StepFailed)]
+    assert retries == [True, False]
+
+
+def test_missing_declared_output_is_a_retried_failure(
+    store: MemoryEventStore, tmp_path: Path
+) -> None:
+    code = "open('a.txt', 'w').close()"
+    step = launch(code, workdir=tmp_path, outputs=("a.txt", "sub/b.txt"), retries=1)
+    result = run_step(step, store)
+
+    assert not result.ok and result.attempts == 2 and result.exit_code == 0
+    assert result.reason == "declared output missing: sub/b.txt"
+
+
+def test_declared_outputs_are_recorded_on_success(store: MemoryEventStore, tmp_path: Path) -> None:
+    step = launch("open('a.txt', 'w').close()", workdir=tmp_path, outputs=("a.txt",))
+    assert run_step(step, store).ok
+
+    succeeded = of(store, StepSucceeded)[0]
+    assert isinstance(succeeded, StepSucceeded) and succeeded.outputs == ("a.txt",)
