@@ -1,0 +1,122 @@
+"""The MD example killed with SIGKILL mid-run resumes from its newest checkpoint.
+
+This is the promise checkpoints exist for, tested the way it happens: a real child
+process, ``kill -9`` at an arbitrary moment (the logs are usually ahead of the last
+checkpoint, and a save may be half written), then the same command again. The resumed
+run must continue the step counter and the energy, and end bit for bit where an
+uninterrupted run with the same seed ends.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "md"
+STEPS, LOG_EVERY, CHECKPOINT_EVERY = 2400, 10, 100
+KILL_AFTER_STEP = 5 * CHECKPOINT_EVERY  # well before the end, after a few checkpoints
+
+
+def child_env(tmp_path: Path, checkpoints: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("M27_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        M27_HOME=str(tmp_path / "home"),
+        M27_CHECKPOINT_DIR=str(checkpoints),
+    )
+    return env
+
+
+def md_command(system: Path, out: Path) -> list[str]:
+    return [
+        sys.executable,
+        str(EXAMPLE / "md.py"),
+        *("--system", str(system), "--out", str(out), "--steps", str(STEPS)),
+        *("--log-every", str(LOG_EVERY), "--frame-every", "200"),
+        *("--checkpoint-every-steps", str(CHECKPOINT_EVERY), "--backend", "numpy"),
+    ]
+
+
+def last_logged_step(energy_csv: Path) -> int:
+    if not energy_csv.exists():
+        return -1
+    rows = [line for line in energy_csv.read_text().split("\n")[1:-1] if line]
+    return int(rows[-1].split(",", 1)[0]) if rows else -1
+
+
+def energy_table(path: Path) -> np.ndarray:
+    return np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Path:
+    (tmp_path / "small.in").write_text("cells = 3\ndensity = 0.8442\ntemperature = 1.5\nseed = 9\n")
+    target = tmp_path / "system.npz"
+    prepare = [sys.executable, str(EXAMPLE / "prepare.py")]
+    arguments = ["--input", str(tmp_path / "small.in"), "--out", str(target)]
+    subprocess.run([*prepare, *arguments], check=True, capture_output=True)
+    return target
+
+
+def test_md_killed_mid_run_resumes_its_step_counter_energy_and_trajectory(
+    tmp_path: Path, system: Path
+) -> None:
+    reference_out, out = tmp_path / "reference", tmp_path / "killed"
+    reference = subprocess.run(
+        md_command(system, reference_out),
+        env=child_env(tmp_path, tmp_path / "reference-checkpoints"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert reference.returncode == 0, reference.stderr
+
+    env = child_env(tmp_path, tmp_path / "checkpoints")
+    victim = subprocess.Popen(
+        md_command(system, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 60
+    while last_logged_step(out / "energy.csv") < KILL_AFTER_STEP:
+        assert victim.poll() is None, "md.py ended before it could be killed"
+        assert time.monotonic() < deadline, "md.py made no progress in 60 s"
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait(timeout=30) == -signal.SIGKILL
+    assert victim.stderr is not None
+    victim.stderr.close()
+    reached = last_logged_step(out / "energy.csv")
+    assert KILL_AFTER_STEP <= reached < STEPS
+
+    resumed = subprocess.run(
+        md_command(system, out), env=env, capture_output=True, text=True, timeout=120
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    match = re.search(r"resumed from checkpoint at step (\d+)", resumed.stdout)
+    assert match, resumed.stdout
+    start = int(match.group(1))
+    assert 0 < start <= reached and start % CHECKPOINT_EVERY == 0
+    assert f"step {STEPS}/{STEPS}" in resumed.stdout
+
+    # The log reads as one run: every step once, in order, up to the last.
+    table = energy_table(out / "energy.csv")
+    assert table[:, 0].astype(int).tolist() == list(range(0, STEPS + 1, LOG_EVERY))
+    # The energy carries on across the resume: no jump beyond the usual fluctuation.
+    total = table[:, 4]
+    at = start // LOG_EVERY
+    usual = np.max(np.abs(np.diff(total[: at + 1])))
+    assert abs(total[at + 1] - total[at]) <= 2 * usual
+    # And the run is the uninterrupted one, bit for bit.
+    assert (out / "energy.csv").read_text() == (reference_out / "energy.csv").read_text()
+    assert (out / "trajectory.xyz").read_text() == (reference_out / "trajectory.xyz").read_text()
+    final, expected = np.load(out / "final.npz"), np.load(reference_out / "final.npz")
+    assert np.array_equal(final["positions"], expected["positions"])
+    assert np.array_equal(final["velocities"], expected["velocities"])
