@@ -43,6 +43,12 @@ class M27Error(Exception):
 class SpecError(M27Error):
     """A pipeline file is invalid; ``problems`` lists every problem, not just the first."""
 
+    problems: list[Any]
+
+    def __init__(self, message: str, **context: Any) -> None:
+        context.setdefault("problems", [])
+        super().__init__(message, **context)
+
 
 class ConfigError(M27Error):
     """A configuration file or environment variable has an unknown key or a bad value."""

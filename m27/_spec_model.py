@@ -1,0 +1,193 @@
+"""The validated pipeline: what the flow, the agent and the runner read.
+
+Everything here is already checked and rendered; a `Pipeline` only exists if its file had
+no problem at all, so consumers never re-validate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+STEP_TYPES = ("cpu", "gpu", "gpu_light")
+EXECUTORS = ("local", "slurm")
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a pipeline file, where it is, and how to fix it."""
+
+    file: str
+    line: int
+    column: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.column}" if self.line > 0 else self.file
+        prefix = f"{where}: {self.field}" if self.field else where
+        return f"{prefix}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "column": self.column,
+            "field": self.field,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step, rendered: `argv` is what to start, `command` what the user wrote."""
+
+    name: str
+    type: str
+    command: str | tuple[str, ...]
+    argv: tuple[str, ...]
+    depends_on: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    checkpoint: float | None = None
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    retries: int = 0
+    timeout: float | None = None
+    priority: int = 0
+    gpus: int = 0
+    gpu_memory: int | None = None
+    workdir: str | None = None
+    shell: bool = False
+    executor: str = "local"
+    slurm: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    container: str | None = None
+    binds: tuple[str, ...] = ()
+    line: int = 0
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.type != "cpu"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A valid pipeline: steps in file order, effective variables, where it lives."""
+
+    name: str
+    path: Path
+    steps: tuple[Step, ...]
+    vars: Mapping[str, str]
+    priority: int = 0
+    workdir: Path = Path(".")
+
+    def step(self, name: str) -> Step:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(f"pipeline {self.name!r} has no step {name!r}")
+
+    def topo_order(self) -> list[str]:
+        """Step names so that every step comes after its dependencies; ties in file order."""
+        return topo_order((s.name, s.depends_on) for s in self.steps)
+
+    def dependents(self, name: str) -> set[str]:
+        """Every step that waits, directly or not, on `name` (what a failure of it blocks)."""
+        self.step(name)
+        direct: dict[str, set[str]] = {s.name: set() for s in self.steps}
+        for s in self.steps:
+            for dep in s.depends_on:
+                direct[dep].add(s.name)
+        seen: set[str] = set()
+        todo = [name]
+        while todo:
+            for child in direct[todo.pop()]:
+                if child not in seen:
+                    seen.add(child)
+                    todo.append(child)
+        return seen
+
+
+def topo_order(graph: Iterable[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """Kahn's order, picking the earliest step in file order among the ready ones."""
+    nodes = list(graph)
+    done: set[str] = set()
+    order: list[str] = []
+    while len(order) < len(nodes):
+        for name, deps in nodes:
+            if name not in done and all(d in done for d in deps):
+                done.add(name)
+                order.append(name)
+                break
+        else:
+            raise ValueError("dependency cycle")  # validation rejects cycles before this
+    return order
+
+
+def find_cycles(graph: Mapping[str, tuple[str, ...]]) -> list[list[str]]:
+    """One cycle per strongly connected group of steps (self-loops excluded), as paths
+    `[a, b, c, a]` that start at the group's first step in file order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def connect(node: str) -> None:  # Tarjan; pipelines are small, recursion is fine
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in graph[node]:
+            if dep not in graph or dep == node:
+                continue
+            if dep not in index:
+                connect(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            group: set[str] = set()
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.add(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for node in graph:
+        if node not in index:
+            connect(node)
+    order = list(graph)
+    cycles = []
+    for group in sorted(groups, key=lambda g: min(order.index(n) for n in g)):
+        start = min(group, key=order.index)
+        cycles.append(_path_back(graph, group, start, order))
+    return cycles
+
+
+def _path_back(
+    graph: Mapping[str, tuple[str, ...]], group: set[str], start: str, order: list[str]
+) -> list[str]:
+    """A shortest path start -> ... -> start inside one strongly connected group."""
+    parents: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt: list[str] = []
+        for node in frontier:
+            for dep in graph[node]:
+                if dep == start:
+                    path = [start]
+                    while node != start:
+                        path.append(node)
+                        node = parents[node]
+                    return [start, *reversed(path[1:]), start]
+                if dep in group and dep not in parents and dep != start:
+                    parents[dep] = node
+                    nxt.append(dep)
+        frontier = nxt
+    raise AssertionError("a strongly connected group always has a cycle")  # pragma: no cover

@@ -1,0 +1,314 @@
+"""Valid pipeline files load into the model the flow and the agent rely on."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from m27._exceptions import SpecError
+from m27.commands import validate
+from m27.spec import Pipeline, Step, load_pipeline, parse_pipeline
+
+SEED = """\
+pipeline:
+  - name: preprocessing
+    type: cpu
+    command: python prepare_pdb.py --input {{INPUT_FILE}}
+    output: /tmp/preprocessed.pdb
+  - name: md_simulation
+    type: gpu
+    depends_on: [preprocessing]
+    checkpoint: 300s   # save incremental state every 5 minutes
+    command: gmx mdrun -deffnm simulation -v
+  - name: analysis
+    type: gpu_light
+    depends_on: [md_simulation]
+    command: python analyze_trajectory.py
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "p.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _one_step(tmp_path: Path, body: str, head: str = "", **overrides: str) -> Step:
+    text = head + "pipeline:\n  - name: s\n" + "".join(f"    {line}\n" for line in body.split("\n"))
+    return load_pipeline(_write(tmp_path, text), overrides).steps[0]
+
+
+def test_seed_file_loads_as_written(tmp_path: Path) -> None:
+    path = _write(tmp_path, SEED, "md_pipeline.yaml")
+    pipeline = load_pipeline(path, {"INPUT_FILE": "x.pdb"})
+    assert pipeline.name == "md_pipeline"
+    assert pipeline.path == path.resolve()
+    assert pipeline.workdir == tmp_path.resolve()
+    assert pipeline.vars == {"INPUT_FILE": "x.pdb"}
+    pre, md, ana = pipeline.steps
+    assert pre.argv == ("python", "prepare_pdb.py", "--input", "x.pdb")
+    assert pre.command == "python prepare_pdb.py --input {{INPUT_FILE}}"
+    assert pre.outputs == ("/tmp/preprocessed.pdb",)
+    assert (pre.type, pre.gpus, pre.checkpoint, pre.line) == ("cpu", 0, None, 2)
+    assert md.depends_on == ("preprocessing",)
+    assert md.checkpoint == 300.0
+    assert md.argv == ("gmx", "mdrun", "-deffnm", "simulation", "-v")
+    assert (md.type, md.gpus, md.line) == ("gpu", 1, 6)
+    assert (ana.type, ana.gpus, ana.depends_on) == ("gpu_light", 1, ("md_simulation",))
+    assert all(s.executor == "local" and s.retries == 0 and not s.shell for s in pipeline.steps)
+    assert pipeline.topo_order() == ["preprocessing", "md_simulation", "analysis"]
+    assert pipeline.dependents("preprocessing") == {"md_simulation", "analysis"}
+    assert pipeline.dependents("analysis") == set()
+
+
+def test_seed_file_without_its_variable_names_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"--set INPUT_FILE=\.\.\."):
+        load_pipeline(_write(tmp_path, SEED))
+
+
+FULL = """\
+name: md-study
+priority: 5
+workdir: runs
+executor: slurm
+vars:
+  INPUT: default.pdb
+  TEMP: 300.10
+  OUTDIR: out
+  REQUIRED:
+env:
+  OMP_NUM_THREADS: 4
+  DATA: /data/{{INPUT}}
+steps:
+  - name: prep
+    type: cpu
+    command: [python, prep.py, "--in={{INPUT}}", "{{ TEMP }}"]
+    output: ["{{OUTDIR}}/a.pdb", "{{OUTDIR}}/b.pdb"]
+    env: {DATA: "override-{{REQUIRED}}", EXTRA: "1"}
+    retries: 3
+    timeout: 1h
+    priority: -2
+    executor: local
+  - name: sim
+    type: gpu
+    depends_on: prep
+    gpus: 2
+    gpu_memory: 8GiB
+    checkpoint: 50ms
+    workdir: /scratch/{{INPUT}}
+    slurm: {partition: gpu, time: "02:00:00", nodes: 1}
+    container: docker://gromacs:2024
+    binds: [/data, /scratch]
+    shell: true
+    command: gmx mdrun -s {{INPUT}} | tee log.txt
+"""
+
+
+def test_mapping_form_with_every_key(tmp_path: Path) -> None:
+    pipeline = load_pipeline(_write(tmp_path, FULL), {"INPUT": "given.pdb", "REQUIRED": "r"})
+    assert pipeline.name == "md-study"
+    assert pipeline.priority == 5
+    assert pipeline.workdir == (tmp_path / "runs").resolve()
+    assert pipeline.vars == {
+        "INPUT": "given.pdb",
+        "TEMP": "300.10",
+        "OUTDIR": "out",
+        "REQUIRED": "r",
+    }
+    prep, sim = pipeline.steps
+    assert prep.command == ("python", "prep.py", "--in={{INPUT}}", "{{ TEMP }}")
+    assert prep.argv == ("python", "prep.py", "--in=given.pdb", "300.10")
+    assert prep.outputs == ("out/a.pdb", "out/b.pdb")
+    assert dict(prep.env) == {"OMP_NUM_THREADS": "4", "DATA": "override-r", "EXTRA": "1"}
+    assert (prep.retries, prep.timeout, prep.priority, prep.executor) == (3, 3600.0, 3, "local")
+    assert prep.workdir == str((tmp_path / "runs").resolve())
+    assert dict(sim.env) == {"OMP_NUM_THREADS": "4", "DATA": "/data/given.pdb"}
+    assert (sim.gpus, sim.gpu_memory, sim.checkpoint) == (2, 8 * 1024**3, 0.05)
+    assert sim.workdir == "/scratch/given.pdb"
+    assert (sim.priority, sim.executor) == (5, "slurm")
+    assert dict(sim.slurm) == {"partition": "gpu", "time": "02:00:00", "nodes": 1}
+    assert (sim.container, sim.binds) == ("docker://gromacs:2024", ("/data", "/scratch"))
+    assert sim.argv == ("/bin/sh", "-c", "gmx mdrun -s 'given.pdb' | tee log.txt")
+
+
+def test_set_overrides_vars_defaults_and_defaults_fill_the_rest(tmp_path: Path) -> None:
+    head = "vars:\n  A: from-file\n  B: 7\n"
+    step = _one_step(tmp_path, "type: cpu\ncommand: run {{A}} {{B}}", head, A="from-set")
+    assert step.argv == ("run", "from-set", "7")
+
+
+def test_null_var_is_declared_but_must_be_set(tmp_path: Path) -> None:
+    head = "vars:\n  NEEDED:\n"
+    with pytest.raises(SpecError, match="undefined variable 'NEEDED'"):
+        _one_step(tmp_path, "type: cpu\ncommand: run {{NEEDED}}", head)
+    assert _one_step(tmp_path, "type: cpu\ncommand: run {{NEEDED}}", head, NEEDED="x").argv == (
+        "run",
+        "x",
+    )
+
+
+def test_vars_default_is_not_itself_a_template(tmp_path: Path) -> None:
+    head = "vars:\n  A: '{{B}}'\n  B: b\n"
+    assert _one_step(tmp_path, "type: cpu\ncommand: echo {{A}}", head).argv == ("echo", "{{B}}")
+
+
+@pytest.mark.parametrize(
+    ("field", "written", "expected"),
+    [
+        ("checkpoint", "50ms", 0.05),
+        ("checkpoint", "300s", 300.0),
+        ("checkpoint", "5m", 300.0),
+        ("checkpoint", "1h", 3600.0),
+        ("checkpoint", "90", 90.0),
+        ("timeout", "1.5", 1.5),
+        ("gpu_memory", "128KB", 128 * 1024),
+        ("gpu_memory", "8GiB", 8 * 1024**3),
+        ("gpu_memory", "512MiB", 512 * 1024**2),
+        ("gpu_memory", "4096", 4096),
+    ],
+)
+def test_durations_and_sizes_are_parsed(
+    tmp_path: Path, field: str, written: str, expected: float
+) -> None:
+    step = _one_step(tmp_path, f"type: gpu\ncommand: x\n{field}: {written}")
+    assert getattr(step, field) == expected
+
+
+def test_plain_scalars_are_taken_as_written_not_as_yaml_types(tmp_path: Path) -> None:
+    assert _one_step(tmp_path, "type: cpu\ncommand: true").argv == ("true",)
+    step = _one_step(tmp_path, "type: cpu\ncommand: [sleep, 5.10, yes, 0x1F]")
+    assert step.argv == ("sleep", "5.10", "yes", "0x1F")
+
+
+def test_steps_alias_and_bare_list_are_accepted(tmp_path: Path) -> None:
+    alias = load_pipeline(_write(tmp_path, "steps:\n  - {name: a, type: cpu, command: x}\n"))
+    bare = load_pipeline(_write(tmp_path, "- {name: a, type: cpu, command: x}\n", "bare.yml"))
+    assert [s.name for s in alias.steps] == [s.name for s in bare.steps] == ["a"]
+    assert bare.name == "bare"
+
+
+def test_yaml_anchors_and_merge_keys_share_step_settings(tmp_path: Path) -> None:
+    text = (
+        "pipeline:\n"
+        "  - &gpu {name: a, type: gpu, command: x, retries: 2, gpus: 2}\n"
+        "  - <<: *gpu\n"
+        "    name: b\n"
+        "    depends_on: a\n"
+    )
+    b = load_pipeline(_write(tmp_path, text)).step("b")
+    assert (b.type, b.retries, b.gpus, b.depends_on) == ("gpu", 2, 2, ("a",))
+
+
+def test_topo_order_keeps_file_order_among_ready_steps(tmp_path: Path) -> None:
+    text = "pipeline:\n" + "".join(
+        f"  - {{name: {name}, type: cpu, command: x, depends_on: [{deps}]}}\n"
+        for name, deps in [
+            ("report", "merge"),
+            ("fetch_b", ""),
+            ("merge", "fetch_a, fetch_b"),
+            ("fetch_a", ""),
+            ("lint", ""),
+        ]
+    )
+    pipeline = load_pipeline(_write(tmp_path, text))
+    assert pipeline.topo_order() == ["fetch_b", "fetch_a", "merge", "report", "lint"]
+    assert pipeline.dependents("fetch_a") == {"merge", "report"}
+    assert pipeline.dependents("lint") == set()
+
+
+def test_step_lookup_by_name(tmp_path: Path) -> None:
+    pipeline = load_pipeline(_write(tmp_path, SEED), {"INPUT_FILE": "a"})
+    assert pipeline.step("analysis").line == 11
+    with pytest.raises(KeyError, match="no step 'nope'"):
+        pipeline.step("nope")
+    with pytest.raises(KeyError):
+        pipeline.dependents("nope")
+
+
+def test_model_is_immutable(tmp_path: Path) -> None:
+    pipeline = load_pipeline(_write(tmp_path, SEED), {"INPUT_FILE": "a"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pipeline.steps[0].name = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        pipeline.steps[0].env["X"] = "1"  # type: ignore[index]
+    assert isinstance(pipeline, Pipeline)
+
+
+def test_relative_step_workdir_is_resolved_against_the_file_directory(tmp_path: Path) -> None:
+    step = _one_step(tmp_path, "type: cpu\ncommand: x\nworkdir: sub/{{D}}", D="d1")
+    assert step.workdir == str(tmp_path.resolve() / "sub" / "d1")
+
+
+def test_parse_pipeline_uses_the_path_for_name_and_messages(tmp_path: Path) -> None:
+    pipeline = parse_pipeline(SEED, tmp_path / "from_text.yaml", {"INPUT_FILE": "a"})
+    assert pipeline.name == "from_text"
+    with pytest.raises(SpecError, match=r"^inline\.yaml:1:1: "):
+        parse_pipeline("just text\n", "inline.yaml")
+
+
+def test_same_output_in_different_workdirs_does_not_clash(tmp_path: Path) -> None:
+    text = (
+        "pipeline:\n"
+        "  - {name: a, type: cpu, command: x, output: r.txt, workdir: /w/a}\n"
+        "  - {name: b, type: cpu, command: x, output: r.txt, workdir: /w/b}\n"
+    )
+    assert [s.outputs for s in load_pipeline(_write(tmp_path, text)).steps] == [("r.txt",)] * 2
+
+
+def test_empty_optional_sections_mean_not_given(tmp_path: Path) -> None:
+    text = "name:\nvars:\nenv:\npriority:\npipeline:\n  - {name: a, type: cpu, command: x, env: }\n"
+    pipeline = load_pipeline(_write(tmp_path, text))
+    assert (pipeline.name, pipeline.priority, dict(pipeline.steps[0].env)) == ("p", 0, {})
+
+
+def _validate(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="m27")
+    validate.register(parser.add_subparsers())
+    args = parser.parse_args(["validate", *argv])
+    code: int = args.func(args)
+    return code
+
+
+def test_validate_command_prints_ok_and_the_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, SEED, "seed.yaml")
+    assert _validate(str(path), "--set", "INPUT_FILE=x.pdb") == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "OK: pipeline 'seed' (3 steps)",
+        "order: preprocessing -> md_simulation -> analysis",
+    ]
+    assert _validate(str(path), "--set", "INPUT_FILE=x.pdb", "--json") == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ok"] is True
+    assert result["order"] == ["preprocessing", "md_simulation", "analysis"]
+    assert result["steps"][0]["argv"] == ["python", "prepare_pdb.py", "--input", "x.pdb"]
+
+
+def test_validate_command_lists_every_problem_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = "pipeline:\n  - {name: a, type: gpux, command: x}\n  - {name: b, type: cpu}\n"
+    path = _write(tmp_path, text)
+    assert _validate(str(path)) == 2
+    assert capsys.readouterr().out.splitlines() == [
+        f"{path}:2:21: pipeline[0].type: unknown step type 'gpux'; did you mean 'gpu'?",
+        f"{path}:3:5: pipeline[1].command: missing required key 'command'",
+    ]
+    assert _validate(str(path), "--json") == 2
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert [(p["line"], p["column"], p["field"]) for p in problems] == [
+        (2, 21, "pipeline[0].type"),
+        (3, 5, "pipeline[1].command"),
+    ]
+
+
+def test_validate_command_rejects_a_bad_set_argument(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _validate(str(_write(tmp_path, SEED)), "--set", "INPUT_FILE") == 2
+    assert "expected NAME=VALUE" in capsys.readouterr().out
