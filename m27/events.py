@@ -253,10 +253,14 @@ class StepRequested(Event):
 @event
 @dataclass(frozen=True)
 class LeaseGranted(Event):
+    """The agent's answer to a StepRequested; ``channel`` is the step's channel file (its
+    ``M27_CHANNEL``), empty for steps that get none (cpu)."""
+
     run_id: str
     step: str
     gpus: tuple[int, ...]
     tier: str = "immediate"
+    channel: str = ""
 
 
 @event
@@ -384,3 +388,17 @@ class GpuThrottled(Event):
     gpu: int
     reasons: tuple[str, ...]
     uuid: str = ""
+
+
+# --- exporter: what a step reports about its own work -----------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class StepFlopsReported(Event):
+    """A step counted `flops` floating-point operations (``m27.energy.report_flops``); reports
+    add up, and the Energy board divides them by the step's joules into TFLOPS/W."""
+
+    run_id: str
+    step: str
+    flops: float

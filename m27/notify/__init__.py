@@ -1,0 +1,23 @@
+"""Telegram notifications and the Telegram bot.
+
+``notifier`` follows the event log and sends messages through a durable outbox; ``bot``
+answers commands from allow-listed chats. See docs/notify.md.
+"""
+
+from __future__ import annotations
+
+from m27.notify.bot import CommandBot, start_embedded_bot
+from m27.notify.config import NotifyConfig, QuietHours, Secret, load_config
+from m27.notify.notifier import Notifier, NotifierHandle, start_embedded_notifier
+
+__all__ = [
+    "CommandBot",
+    "Notifier",
+    "NotifierHandle",
+    "NotifyConfig",
+    "QuietHours",
+    "Secret",
+    "load_config",
+    "start_embedded_bot",
+    "start_embedded_notifier",
+]

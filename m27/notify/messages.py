@@ -1,0 +1,235 @@
+"""Events -> short Telegram messages (HTML parse mode), readable on a phone.
+
+Pure: the text depends only on the event and the run facts folded up to and including it,
+so every kind has a golden file (tests/unit/golden/notify/). Everything that came from a
+user or a process (run ids, reasons, log lines) is HTML-escaped; a message stays well
+under Telegram's 4096-character limit by trimming the log tail first.
+"""
+
+from __future__ import annotations
+
+import html
+import signal as _signal
+from dataclasses import dataclass
+
+from m27 import events as ev
+from m27.notify.facts import NodeFacts, RunFacts
+from m27.units import format_duration
+
+#: Telegram rejects longer texts; keep a margin for the header and links.
+MAX_TEXT = 4000
+LOG_LINES = 10
+LOG_LINE_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Message:
+    """One text for the chats; ``kind`` drives filters and quiet hours."""
+
+    kind: str
+    text: str
+
+
+def esc(value: object) -> str:
+    return html.escape(str(value), quote=False)
+
+
+def resume_command(run_id: str) -> str:
+    return f"m27 run --resume {run_id}"
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return _signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _how_it_ended(exit_code: int | None, sig: int | None) -> str:
+    if sig is not None:
+        return f"killed by {_signal_name(sig)}"
+    if exit_code is not None:
+        return f"exit code {exit_code}"
+    return "no exit status (process lost)"
+
+
+def _log_block(tail: str, budget: int) -> str:
+    lines = [line[:LOG_LINE_CHARS] for line in tail.rstrip("\n").splitlines()[-LOG_LINES:]]
+    while lines:
+        block = "<pre>" + esc("\n".join(lines)) + "</pre>"
+        if len(block) <= budget:
+            return block
+        lines = lines[1:]
+    return ""
+
+
+def _prefect_link(run: RunFacts | None) -> list[str]:
+    if run is None or not run.prefect_url:
+        return []
+    return [f'<a href="{html.escape(run.prefect_url, quote=True)}">Open in Prefect</a>']
+
+
+def _header(icon: str, title: str, node: str) -> str:
+    where = f" <i>[{esc(node)}]</i>" if node else ""
+    return f"{icon} <b>{title}</b>{where}"
+
+
+def _energy(joules: float | None) -> str:
+    if joules is None:
+        return ""
+    kwh = joules / 3.6e6
+    return f" · {kwh:.2f} kWh" if kwh >= 0.01 else f" · {joules / 3600:.1f} Wh"
+
+
+def _join(lines: list[str]) -> str:
+    return "\n".join(line for line in lines if line)
+
+
+def _run_succeeded(e: ev.RunSucceeded, run: RunFacts, node: str) -> Message:
+    total = len(run.steps)
+    lines = [
+        _header("✅", "Run succeeded", node),
+        f"<code>{esc(e.run_id)}</code> · {esc(run.pipeline or '?')}",
+        f"{run.steps_done}/{total} steps · {format_duration(e.duration_s)}",
+        f"{run.gpu_seconds / 3600:.2f} GPU-h{_energy(run.energy_j)}"
+        if run.gpu_seconds or run.energy_j is not None
+        else "",
+        *_prefect_link(run),
+    ]
+    return Message("run_succeeded", _join(lines))
+
+
+def _run_failed(e: ev.RunFailed, run: RunFacts, node: str) -> Message:
+    failure = run.last_failure
+    crashed = failure is not None and failure.signal is not None
+    lines = [
+        _header("💥" if crashed else "❌", "Run crashed" if crashed else "Run failed", node),
+        f"<code>{esc(e.run_id)}</code> · {esc(run.pipeline or '?')} · "
+        f"{format_duration(e.duration_s)}",
+    ]
+    steps = list(e.failed_steps) or ([failure.step] if failure else [])
+    if failure is not None:
+        lines.append(
+            f"step <b>{esc(failure.step)}</b> (attempt {failure.attempt}): "
+            f"{esc(_how_it_ended(failure.exit_code, failure.signal))}"
+        )
+        if failure.reason:
+            lines.append(f"reason: {esc(failure.reason)}")
+    elif steps:
+        lines.append("failed: " + ", ".join(f"<b>{esc(s)}</b>" for s in steps))
+    if e.reason and (failure is None or e.reason != failure.reason):
+        lines.append(esc(e.reason))
+    tail_lines = [
+        f"log: <code>{esc(failure.log_path)}</code>" if failure and failure.log_path else "",
+        f"Resume: <code>{esc(resume_command(e.run_id))}</code>",
+        *_prefect_link(run),
+    ]
+    if failure is not None and failure.log_tail:
+        used = len(_join(lines + tail_lines)) + 2
+        lines.append(_log_block(failure.log_tail, MAX_TEXT - used))
+    return Message("run_failed", _join(lines + tail_lines))
+
+
+def _run_cancelled(e: ev.RunCancelled, run: RunFacts, node: str) -> Message:
+    by = run.cancel_requested_by
+    lines = [
+        _header("⏹", "Run cancelled", node),
+        f"<code>{esc(e.run_id)}</code> · {esc(run.pipeline or '?')}",
+        f"by {esc(by)}" if by else "",
+        esc(e.reason) if e.reason else "",
+        f"Resume: <code>{esc(resume_command(e.run_id))}</code>",
+    ]
+    return Message("run_cancelled", _join(lines))
+
+
+def _step_retried(e: ev.StepFailed, node: str) -> Message:
+    lines = [
+        _header("🔁", "Step retried", node),
+        f"<code>{esc(e.run_id)}</code> / <b>{esc(e.step)}</b>",
+        f"attempt {e.attempt} failed after {format_duration(e.duration_s)}: "
+        f"{esc(_how_it_ended(e.exit_code, e.signal))}",
+        f"reason: {esc(e.reason)}" if e.reason else "",
+        f"attempt {e.attempt + 1} follows",
+    ]
+    return Message("step_retried", _join(lines))
+
+
+def _checkpoint_restored(e: ev.CheckpointRestored, node: str) -> Message:
+    lines = [
+        _header("♻️", "Checkpoint restored", node),
+        f"<code>{esc(e.run_id)}</code> / <b>{esc(e.step)}</b>",
+        f"resumed at step {e.sim_step} from <code>{esc(e.path)}</code>",
+    ]
+    return Message("checkpoint_restored", _join(lines))
+
+
+def _gpu_lost(e: ev.GpuLost, node: str) -> Message:
+    uuid = f" (<code>{esc(e.uuid)}</code>)" if e.uuid else ""
+    lines = [
+        _header("🚨", f"GPU {e.gpu} lost", node) + uuid,
+        esc(e.reason) if e.reason else "",
+        "its steps are requeued from their last checkpoint",
+    ]
+    return Message("gpu_lost", _join(lines))
+
+
+def _gpu_hot(e: ev.GpuOverheated, node: str) -> Message:
+    lines = [
+        _header("🌡", f"GPU {e.gpu} hot", node),
+        f"{e.temperature_c:.0f} °C (alert at {e.threshold_c:.0f} °C)",
+    ]
+    return Message("gpu_hot", _join(lines))
+
+
+def _gpu_throttled(e: ev.GpuThrottled, node: str) -> Message:
+    reasons = ", ".join(esc(r) for r in e.reasons) or "unknown reason"
+    lines = [_header("🐢", f"GPU {e.gpu} throttled", node), reasons]
+    return Message("gpu_throttled", _join(lines))
+
+
+def _agent_restarted(e: ev.AgentStarted, node: str) -> Message:
+    where = f" on {esc(e.host)}" if e.host else ""
+    detail = f"pid {e.pid}" + (f" · {e.gpus} GPUs" if e.gpus else "")
+    detail += f" · {esc(e.backend)}" if e.backend else ""
+    lines = [
+        _header("🔄", "Agent restarted" + where, node),
+        detail,
+        "unfinished steps resume from their last checkpoint",
+    ]
+    return Message("agent_restarted", _join(lines))
+
+
+def render(event: ev.Event, facts: NodeFacts, node: str = "") -> Message | None:
+    """The message for `event`, or None when it is not worth a phone buzz.
+
+    `facts` must already include `event` (apply first, then render).
+    """
+    run = facts.runs.get(str(getattr(event, "run_id", "")))
+    if isinstance(event, ev.RunSucceeded) and run is not None:
+        return _run_succeeded(event, run, node)
+    if isinstance(event, ev.RunFailed) and run is not None:
+        return _run_failed(event, run, node)
+    if isinstance(event, ev.RunCancelled) and run is not None:
+        return _run_cancelled(event, run, node)
+    if isinstance(event, ev.StepFailed) and event.will_retry:
+        return _step_retried(event, node)
+    if isinstance(event, ev.CheckpointRestored):
+        return _checkpoint_restored(event, node)
+    if isinstance(event, ev.AgentStarted):
+        return _agent_restarted(event, node) if facts.agent_starts > 1 else None
+    if isinstance(event, ev.GpuLost):
+        return _gpu_lost(event, node)
+    if isinstance(event, ev.GpuOverheated):
+        return _gpu_hot(event, node)
+    if isinstance(event, ev.GpuThrottled):
+        return _gpu_throttled(event, node)
+    return None
+
+
+def hello_message(host: str, when: str) -> Message:
+    lines = [
+        "👋 <b>m27 test message</b>",
+        f"from <code>{esc(host)}</code> at {esc(when)}",
+        "Notifications for this chat work.",
+    ]
+    return Message("test", _join(lines))

@@ -1,0 +1,225 @@
+"""The notifier: follow the event log from a durable cursor and feed the outbox.
+
+One loop, two halves: *ingest* reads new events after the cursor, folds them into the run
+facts, renders messages and stores them with the new cursor in one transaction (see
+:mod:`m27.notify.outbox` for why that is at-least-once); *deliver* sends what is due.
+Telegram being slow or down only delays the deliverer; ingestion, and so the run that
+writes the log, never waits on it.
+
+Only one notifier per node delivers: it holds ``$M27_HOME/notify.lock`` (an flock, freed
+by the kernel even after ``kill -9``). An embedded notifier that finds the lock taken,
+because ``m27 notifier`` runs as a service, stays idle.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from m27.clock import Clock, SystemClock
+from m27.notify.config import NotifyConfig
+from m27.notify.delivery import Deliverer, Sender
+from m27.notify.facts import NodeFacts
+from m27.notify.messages import render
+from m27.notify.outbox import Draft, Outbox, outbox_path
+from m27.notify.telegram import TelegramClient, scrub
+from m27.store import EventStore
+
+log = logging.getLogger("m27.notify")
+
+CURSOR = "notifier"
+
+
+def m27_home() -> Path:
+    try:
+        from m27.config import m27_home as home  # type: ignore[attr-defined,unused-ignore]
+
+        return Path(home())
+    except (ImportError, AttributeError):
+        return Path(os.environ.get("M27_HOME", "~/.m27")).expanduser()
+
+
+@dataclass
+class Notifier:
+    store: EventStore
+    config: NotifyConfig
+    outbox: Outbox
+    sender: Sender
+    clock: Clock = field(default_factory=SystemClock)
+    node: str = ""
+    batch: int = 500
+    facts: NodeFacts = field(default_factory=NodeFacts)
+    deliverer: Deliverer = field(init=False)
+    _caught_up: bool = False
+
+    def __post_init__(self) -> None:
+        self.deliverer = Deliverer(self.outbox, self.sender, self.config, self.clock)
+
+    def catch_up(self) -> None:
+        """Rebuild the run facts from the events already handled (before the cursor)."""
+        cursor = self.outbox.cursor(CURSOR)
+        after = 0
+        while after < cursor:
+            chunk = self.store.read(after, min(self.batch, cursor - after))
+            if not chunk:
+                break
+            for rec in chunk:
+                self.facts.apply(rec.seq, rec.event)
+            after = chunk[-1].seq
+        self._caught_up = True
+
+    def ingest(self) -> int:
+        """Handle the next batch of events; returns how many were read."""
+        if not self._caught_up:
+            self.catch_up()
+        cursor = self.outbox.cursor(CURSOR)
+        records = self.store.read(cursor, self.batch)
+        if not records:
+            return 0
+        drafts: list[Draft] = []
+        for rec in records:
+            self.facts.apply(rec.seq, rec.event)
+            try:
+                msg = render(rec.event, self.facts, self.node)
+            except Exception as exc:  # a rendering bug must not stop every later message
+                log.error("cannot render event %s (%s): %s", rec.seq, rec.event.kind, exc)
+                continue
+            if msg is not None and self.config.wants(msg.kind):
+                drafts.append(Draft(rec.seq, msg.kind, msg.text))
+        self.outbox.enqueue(drafts, self.config.chat_ids, self.clock.now(), cursor=records[-1].seq)
+        return len(records)
+
+    def step(self) -> float | None:
+        """Ingest everything new, deliver what is due; returns when delivery wants to run."""
+        while self.ingest() == self.batch:
+            pass
+        return self.deliverer.deliver_due()
+
+    def run(self, stop: threading.Event) -> None:
+        """Loop until `stop` is set; errors are logged and retried, never raised."""
+        real = isinstance(self.clock, SystemClock)
+        while not stop.is_set():
+            try:
+                wake = self.step()
+            except Exception as exc:  # store or Telegram trouble: log, wait, try again
+                log.error("notifier: %s; retrying", scrub(f"{type(exc).__name__}: {exc}"))
+                wake = None
+            now = self.clock.now()
+            wait = self.config.poll_interval_s
+            if wake is not None:
+                wait = max(0.0, min(wait, wake - now))
+            if real:
+                stop.wait(wait)
+            else:
+                self.clock.sleep(wait)
+
+
+class NodeLock:
+    """An exclusive, non-blocking flock on ``$M27_HOME/<name>`` (default notify.lock)."""
+
+    def __init__(self, home: Path, name: str = "notify.lock") -> None:
+        self.path = home / name
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = self.path.open("a+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            return False
+        self._file = f
+        return True
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+
+def open_notifier(
+    store: EventStore,
+    config: NotifyConfig,
+    *,
+    home: Path | None = None,
+    clock: Clock | None = None,
+    sender: Sender | None = None,
+) -> Notifier:
+    """A notifier on the node's outbox and a real Telegram client (unless `sender`)."""
+    home = home or m27_home()
+    client: Sender = sender if sender is not None else TelegramClient.from_config(config)
+    return Notifier(
+        store,
+        config,
+        Outbox(outbox_path(home)),
+        client,
+        clock or SystemClock(),
+        node=os.environ.get("M27_NODE_NAME") or socket.gethostname(),
+    )
+
+
+class NotifierHandle:
+    """What `start_embedded_notifier` returns: a thread you can stop."""
+
+    def __init__(self, thread: threading.Thread | None, stop: threading.Event) -> None:
+        self.thread = thread
+        self._stop = stop
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+
+def start_embedded_notifier(
+    store: EventStore,
+    config: NotifyConfig,
+    *,
+    home: Path | None = None,
+    clock: Clock | None = None,
+) -> NotifierHandle:
+    """Run the notifier in a daemon thread of this process; never raises into the caller.
+
+    Does nothing when no token or chat is configured, or when another notifier (the
+    ``m27 notifier`` service) already holds the node. `store` is used from the notifier's
+    thread (the SQLite and memory stores are thread-safe).
+    """
+    stop = threading.Event()
+    if not config.enabled:
+        return NotifierHandle(None, stop)
+    where = home or m27_home()
+
+    def main() -> None:
+        lock = NodeLock(where)
+        try:
+            if not lock.acquire():
+                log.info("another notifier holds %s; the embedded one stays idle", lock.path)
+                return
+            notifier = open_notifier(store, config, home=where, clock=clock)
+            try:
+                notifier.run(stop)
+            finally:
+                notifier.outbox.close()
+                close = getattr(notifier.sender, "close", None)
+                if close is not None:
+                    close()
+        except Exception as exc:  # the run must go on whatever happens to Telegram
+            log.error("embedded notifier stopped: %s", scrub(f"{type(exc).__name__}: {exc}"))
+        finally:
+            lock.release()
+
+    thread = threading.Thread(target=main, name="m27-notifier", daemon=True)
+    thread.start()
+    return NotifierHandle(thread, stop)
