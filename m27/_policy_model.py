@@ -1,0 +1,188 @@
+"""The data the three-tier policy reads and writes: plain frozen values, no I/O, no clock.
+
+The node agent builds a :class:`PolicyInput` from its projection and its GPU samples; the
+simulator builds the same object from its virtual state. Both hand it to the one
+:func:`m27.policy.decide`, so what a recorded week would have done under m27 is what the
+agent does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+#: (run_id, step name): how the policy names a step.
+StepKey = tuple[str, str]
+StepType = Literal["cpu", "gpu", "gpu_light"]
+Tier = Literal["immediate", "ready", "background"]
+Role = Literal["primary", "guest", "cpu"]
+
+
+def key_text(key: StepKey) -> str:
+    """``run/step``, the way reasons and the CLI show a step."""
+    return f"{key[0]}/{key[1]}"
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Tuning of the policy; the defaults are the ones `~/.m2config` documents.
+
+    ``aging_per_s``: 2 points an hour, so a 20-point gap closes in 10 h and a 50-point gap
+    in a day: priority still matters in a backlog of hours, and nothing starves.
+    ``fifo`` turns the policy into the strict first-in-first-out, exclusive scheduler used
+    as a benchmark baseline: no guests, no aging, no background tier, no backfill.
+    """
+
+    memory_overprovision: float = 1.0
+    io_timeout: float = 0.05
+    io_util_threshold: float = 10.0
+    guests_per_gpu: int = 1
+    cpu_slots: int = 2
+    aging_per_s: float = 1.0 / 1800.0
+    aging_cap: int = 1000
+    background_priority_max: int = 0
+    fifo: bool = False
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A step that asked for a lease and has none yet.
+
+    ``gpu_memory`` is the declared need in bytes (0: unknown, so it is never admitted as a
+    guest on a GPU whose memory is known to be short). ``time_limit`` is the declared
+    run time in seconds, used only to guess which GPU frees first for a reservation.
+    """
+
+    key: StepKey
+    type: StepType = "gpu"
+    priority: int = 0
+    bump: int = 0
+    owner: str = ""
+    gpus: int = 1
+    gpu_memory: int = 0
+    queued_at: float = 0.0
+    time_limit: float | None = None
+
+
+@dataclass(frozen=True)
+class Running:
+    """A step that holds a lease: a GPU primary, a guest, or a CPU step.
+
+    ``io_waiting`` is the step's own hint (``with m27.io_wait():``); the agent may also
+    infer I/O waits from utilization, which it reports in :class:`GpuView`.
+    """
+
+    key: StepKey
+    type: StepType = "gpu"
+    role: Role = "primary"
+    tier: Tier = "immediate"
+    gpus: tuple[int, ...] = ()
+    paused: bool = False
+    gpu_memory: int = 0
+    priority: int = 0
+    bump: int = 0
+    owner: str = ""
+    queued_at: float = 0.0
+    started_at: float = 0.0
+    time_limit: float | None = None
+    io_waiting: bool = False
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """What the last samples say about one GPU.
+
+    ``memory_used`` is observed (None when the backend cannot tell). ``util_low_since`` is
+    when the primary's per-process utilization last dropped below the threshold and has
+    stayed there (None while it computes or when unknown).
+    """
+
+    index: int
+    memory_total: int = 0
+    memory_used: int | None = None
+    lost: bool = False
+    primary_util: float | None = None
+    util_low_since: float | None = None
+
+
+@dataclass(frozen=True)
+class PolicyInput:
+    """Everything :func:`decide` may look at.
+
+    ``usage_by_owner`` is recent GPU-seconds per owner, for fair share between owners at
+    equal priority.
+    """
+
+    pending: tuple[Pending, ...]
+    running: tuple[Running, ...]
+    gpus: tuple[GpuView, ...]
+    now: float
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+    usage_by_owner: Mapping[str, float] = field(default_factory=dict)
+
+
+# --- actions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Start a pending step: as the GPUs' primary (immediate), as a gated guest (ready),
+    or on GPU time nobody above wants (background; may be demoted later)."""
+
+    key: StepKey
+    gpus: tuple[int, ...]
+    tier: Tier
+
+
+@dataclass(frozen=True)
+class StartCpu:
+    """Start a pending cpu step on a CPU slot."""
+
+    key: StepKey
+
+
+@dataclass(frozen=True)
+class PauseGuest:
+    """The primary computes again: stop the guest at its gate (else SIGSTOP its group)."""
+
+    key: StepKey
+    gpu: int
+
+
+@dataclass(frozen=True)
+class ResumeGuest:
+    """The primary waits on I/O: let this guest compute (open its gate, or SIGCONT)."""
+
+    key: StepKey
+    gpu: int
+
+
+@dataclass(frozen=True)
+class Promote:
+    """The primary ended: this guest becomes the primary, keeps its process and data, and
+    computes from now on."""
+
+    key: StepKey
+    gpu: int
+
+
+@dataclass(frozen=True)
+class Demote:
+    """A background primary makes room for higher-tier work: it stays loaded as a paused
+    guest on the same GPU."""
+
+    key: StepKey
+    gpu: int
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """Hold these GPUs for a multi-GPU step so lower-ranked steps do not take them; the
+    step is granted when all are free. Recomputed on every decision."""
+
+    key: StepKey
+    gpus: tuple[int, ...]
+
+
+Action = Grant | StartCpu | PauseGuest | ResumeGuest | Promote | Demote | Reserve

@@ -1,0 +1,108 @@
+"""`m27 simulate TRACE`: replay a trace under several policies and compare them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from m27._exceptions import SpecError
+from m27.units import parse_duration
+
+if TYPE_CHECKING:
+    from m27.sim.trace import Trace
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="replay a trace under m27 and baseline policies",
+        description="TRACE is a JSON Lines trace, an Alibaba openb_pod_list_*.csv, an m27 "
+        "event log (events.db), or `lab[:seed=N,load=X]` for the generated lab week. "
+        "Prints GPU busy %%, idle %% while work waits, makespan, jobs done in the window "
+        "and JCT per priority class for each policy.",
+    )
+    p.add_argument("trace", metavar="TRACE")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs of the simulated node")
+    p.add_argument(
+        "--policy",
+        action="append",
+        default=None,
+        help="manual, fifo, backfill, m27 (repeat or comma-separate; default: all)",
+    )
+    p.add_argument("--report", type=Path, default=None, help="write an HTML report here")
+    p.add_argument("--json", action="store_true", help="one JSON object per policy")
+    p.add_argument("--window", default=None, help="window for busy %% and jobs done (72h)")
+    p.add_argument("--jobs", type=int, default=2000, help="Alibaba: GPU pods to take")
+    p.add_argument("--load", type=float, default=0.9, help="Alibaba: offered load on the node")
+    p.add_argument("--save-trace", type=Path, default=None, help="also write the trace (JSONL)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from m27.sim import POLICIES, compare
+    from m27.sim.report import html_report, table
+    from m27.sim.trace import save_trace
+
+    try:
+        policies = [x for p in (args.policy or [",".join(POLICIES)]) for x in p.split(",") if x]
+        unknown = [p for p in policies if p not in POLICIES]
+        if unknown:
+            raise SpecError(f"unknown policy {', '.join(unknown)}; use {', '.join(POLICIES)}")
+        window = parse_duration(args.window) if args.window else None
+        trace = _load(args)
+    except ValueError as exc:
+        print(f"m27: {exc}", file=sys.stderr)
+        return 2
+    if args.gpus is not None:
+        if args.gpus < 1:
+            print("m27: --gpus must be at least 1", file=sys.stderr)
+            return 2
+        trace = trace.with_gpus(args.gpus)
+    if args.save_trace:
+        save_trace(trace, args.save_trace)
+    results = compare(trace, policies, window=window)
+    if args.json:
+        for _, m in results:
+            sys.stdout.write(json.dumps({"trace": trace.name, **m.to_json()}) + "\n")
+    else:
+        print(f"{trace.name}: {len(trace.jobs)} jobs, {trace.gpus} GPUs")
+        print(table([m for _, m in results]))
+    if args.report:
+        args.report.write_text(html_report(results, f"m27 simulate: {trace.name}"))
+        if not args.json:
+            print(f"report: {args.report}")
+    return 0
+
+
+def _load(args: argparse.Namespace) -> Trace:
+    from m27.sim.alibaba import load_alibaba, scale_to_node, sniff
+    from m27.sim.eventlog import trace_from_events
+    from m27.sim.lab import lab_week
+    from m27.sim.trace import load_trace
+
+    kind = sniff(args.trace)
+    if kind == "lab":
+        opts = dict(kv.split("=", 1) for kv in args.trace.partition(":")[2].split(",") if kv)
+        return lab_week(
+            seed=int(opts.get("seed", 0)),
+            gpus=args.gpus or 4,
+            load=float(opts.get("load", 1.0)),
+        )
+    path = Path(args.trace)
+    if not path.exists():
+        raise SpecError(f"no such trace: {path}", file=str(path))
+    if kind == "alibaba":
+        jobs = load_alibaba(path, limit=args.jobs)
+        return scale_to_node(jobs, gpus=args.gpus or 8, load=args.load)
+    if kind == "events":
+        from m27.store.sqlite import SqliteEventStore
+
+        store = SqliteEventStore(path)
+        try:
+            return trace_from_events(store.read(), gpus=args.gpus or 4)
+        finally:
+            store.close()
+    return load_trace(path)

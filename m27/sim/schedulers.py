@@ -1,0 +1,242 @@
+"""Who decides in a simulation: m27's own policy, and the baselines it is compared with.
+
+`m27` and `fifo` call :func:`m27.policy.decide` unchanged (fifo through
+``PolicyConfig(fifo=True)``). `backfill` (Slurm-like EASY backfill on declared time
+limits) and `manual` (a person who starts the next job after a delay, in working hours)
+are not m27's policy, so they live here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from m27._policy_model import (
+    Action,
+    GpuView,
+    Grant,
+    PolicyConfig,
+    PolicyInput,
+    Running,
+    StartCpu,
+)
+from m27.policy import decide
+from m27.sim.engine import Live, SimState
+
+POLICIES = ("manual", "fifo", "backfill", "m27")
+
+
+class PolicyScheduler:
+    """Drives :func:`m27.policy.decide` from the simulated node, as the agent would."""
+
+    def __init__(self, config: PolicyConfig, name: str = "m27", usage_half_life: float = 3600.0):
+        self.name = name
+        self.config = config
+        self._tau = usage_half_life / math.log(2)
+        self._usage: dict[str, float] = {}
+        self._last = 0.0
+        #: the last input handed to decide (tests compare it with a direct call).
+        self.last_input: PolicyInput | None = None
+
+    def step(self, state: SimState) -> tuple[Sequence[Action], float | None]:
+        now = state.now
+        if self.config.cpu_slots != state.trace.cpu_slots:
+            self.config = replace(self.config, cpu_slots=state.trace.cpu_slots)
+        self._age_usage(state, now)
+        running = tuple(_running(lv) for lv in state.running.values())
+        views = []
+        memory = state.trace.gpu_memory
+        for g in range(state.gpus):
+            prim_id = state.primary[g]
+            prim = state.running[prim_id] if prim_id is not None else None
+            if prim is not None and prim.in_io:
+                views.append(GpuView(g, memory, None, False, 0.0, prim.phase_started))
+            else:
+                views.append(GpuView(g, memory, None, False, 100.0 if prim else None, None))
+        inp = PolicyInput(
+            pending=tuple(lv.pending for lv in state.pending.values()),
+            running=running,
+            gpus=tuple(views),
+            now=now,
+            config=self.config,
+            usage_by_owner=self._usage,
+        )
+        self.last_input = inp
+        d = decide(inp)
+        return d.actions, d.next_check
+
+    def _age_usage(self, state: SimState, now: float) -> None:
+        """Recent GPU-seconds per owner, decaying with a half-life, for fair share."""
+        dt = now - self._last
+        self._last = now
+        if dt <= 0:
+            return
+        decay = math.exp(-dt / self._tau)
+        for owner in self._usage:
+            self._usage[owner] *= decay
+        for lv in state.running.values():
+            if lv.role == "primary":
+                o = lv.job.owner
+                self._usage[o] = self._usage.get(o, 0.0) + dt * len(lv.gpus)
+
+
+def _running(lv: Live) -> Running:
+    assert lv.role is not None
+    return Running(
+        key=lv.job.key,
+        type=lv.job.type,
+        role=lv.role,
+        tier=lv.tier,
+        gpus=lv.gpus,
+        paused=lv.paused,
+        gpu_memory=lv.job.gpu_memory,
+        priority=lv.job.priority,
+        owner=lv.job.owner,
+        queued_at=lv.queued_at,
+        started_at=lv.started_at or 0.0,
+        time_limit=lv.job.time_limit,
+        io_waiting=lv.job.io_hint and lv.role == "primary" and lv.in_io,
+    )
+
+
+def _free_gpus(state: SimState) -> list[int]:
+    return [g for g in range(state.gpus) if state.primary[g] is None]
+
+
+class BackfillScheduler:
+    """EASY backfill, exclusive GPUs: the queue head gets a reservation at the earliest
+    time the declared limits of running jobs promise enough GPUs; a later job may start now
+    only if it ends (by its declared limit) before that, or uses GPUs the head won't need."""
+
+    name = "backfill"
+
+    def step(self, state: SimState) -> tuple[Sequence[Action], float | None]:
+        now = state.now
+        actions: list[Action] = _cpu_fifo(state)
+        free = _free_gpus(state)
+        queue = sorted(
+            (lv for lv in state.pending.values() if lv.job.type != "cpu"),
+            key=lambda lv: (lv.queued_at, lv.job.id),
+        )
+        shadow: float | None = None
+        extra = 0
+        for lv in queue:
+            k = max(1, lv.job.gpus)
+            if k > state.gpus:
+                continue
+            limit = lv.job.time_limit if lv.job.time_limit is not None else math.inf
+            if shadow is None:
+                if k <= len(free):
+                    actions.append(Grant(lv.job.key, tuple(free[:k]), "immediate"))
+                    free = free[k:]
+                    continue
+                shadow, extra = self._shadow(state, now, k, len(free), actions)
+                continue
+            if k > len(free):
+                continue
+            if now + limit <= shadow:
+                actions.append(Grant(lv.job.key, tuple(free[:k]), "immediate"))
+                free = free[k:]
+            elif k <= extra:
+                actions.append(Grant(lv.job.key, tuple(free[:k]), "immediate"))
+                free = free[k:]
+                extra -= k
+        return actions, None
+
+    @staticmethod
+    def _shadow(
+        state: SimState, now: float, need: int, free: int, started: list[Action]
+    ) -> tuple[float, int]:
+        ends: list[tuple[float, int]] = []
+        for lv in state.running.values():
+            if lv.role == "primary":
+                limit = lv.job.time_limit if lv.job.time_limit is not None else math.inf
+                ends.append((max(now, (lv.started_at or now) + limit), len(lv.gpus)))
+        for a in started:
+            if isinstance(a, Grant):
+                lv = state.pending[state.by_key[a.key]]
+                limit = lv.job.time_limit if lv.job.time_limit is not None else math.inf
+                ends.append((now + limit, len(a.gpus)))
+        avail = free
+        for t, n in sorted(ends):
+            avail += n
+            if avail >= need:
+                return t, avail - need
+        return math.inf, 0
+
+
+class ManualScheduler:
+    """A person: notices a free GPU (or a finished upstream step) after `delay` seconds,
+    only between `day_start` and `day_end` hours (trace time 0 is a midnight), then starts
+    queued jobs in order on every free GPU (exclusive)."""
+
+    name = "manual"
+
+    def __init__(self, delay: float = 1800.0, day_start: float = 9.0, day_end: float = 18.0):
+        self.delay = delay
+        self.day = (day_start * 3600.0, day_end * 3600.0)
+        self._due: float | None = None
+
+    def working(self, t: float) -> float:
+        """The first moment at or after `t` when someone is in the lab."""
+        day, into = divmod(t, 86400.0)
+        start, end = self.day
+        if into < start:
+            return day * 86400.0 + start
+        if into >= end:
+            return (day + 1) * 86400.0 + start
+        return t
+
+    def step(self, state: SimState) -> tuple[Sequence[Action], float | None]:
+        now = state.now
+        free = _free_gpus(state)
+        cpu_free = state.trace.cpu_slots - state.cpu_running
+        chance = any(
+            (lv.job.type == "cpu" and cpu_free > 0)
+            or (lv.job.type != "cpu" and max(1, lv.job.gpus) <= len(free))
+            for lv in state.pending.values()
+        )
+        if not chance:
+            self._due = None
+            return [], None
+        if self._due is None:
+            self._due = self.working(now + self.delay)
+        if now < self._due:
+            return [], self._due
+        self._due = None
+        actions: list[Action] = _cpu_fifo(state)
+        for lv in sorted(state.pending.values(), key=lambda lv: (lv.queued_at, lv.job.id)):
+            k = max(1, lv.job.gpus)
+            if lv.job.type != "cpu" and k <= len(free):
+                actions.append(Grant(lv.job.key, tuple(free[:k]), "immediate"))
+                free = free[k:]
+        return actions, None
+
+
+def _cpu_fifo(state: SimState) -> list[Action]:
+    slots = state.trace.cpu_slots - state.cpu_running
+    out: list[Action] = []
+    for lv in sorted(state.pending.values(), key=lambda lv: (lv.queued_at, lv.job.id)):
+        if slots <= 0:
+            break
+        if lv.job.type == "cpu":
+            out.append(StartCpu(lv.job.key))
+            slots -= 1
+    return out
+
+
+def make_scheduler(
+    name: str, config: PolicyConfig | None = None
+) -> PolicyScheduler | BackfillScheduler | ManualScheduler:
+    """A fresh scheduler by name (one per simulation: some keep state)."""
+    cfg = config or PolicyConfig()
+    if name == "m27":
+        return PolicyScheduler(cfg, "m27")
+    if name == "fifo":
+        return PolicyScheduler(replace(cfg, fifo=True), "fifo")
+    if name == "backfill":
+        return BackfillScheduler()
+    if name == "manual":
+        return ManualScheduler()
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
