@@ -20,18 +20,35 @@ from m27._exceptions import (
     StoreError,
     UnknownEventError,
 )
+from m27._step_api import gate, io_wait
+from m27.checkpoint import Checkpointer
+from m27.clock import Clock, FakeClock, SystemClock
+from m27.config import Settings, load_settings
+from m27.spec import Pipeline, Problem, Step, load_pipeline
 
 __all__ = [
     "CheckpointError",
+    "Checkpointer",
+    "Clock",
     "ConfigError",
     "CorruptCheckpointError",
+    "FakeClock",
     "GpuError",
     "M27Error",
     "NotifyError",
+    "Pipeline",
+    "Problem",
     "RunError",
     "RunnerError",
+    "Settings",
     "SpecError",
+    "Step",
     "StoreError",
+    "SystemClock",
     "UnknownEventError",
     "__version__",
+    "gate",
+    "io_wait",
+    "load_pipeline",
+    "load_settings",
 ]

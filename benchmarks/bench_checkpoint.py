@@ -1,0 +1,220 @@
+"""Checkpoint benchmark: m27's differential saves against full np.save and h5py saves.
+
+    python benchmarks/bench_checkpoint.py [--size 1GiB | --quick] [--dir DIR] [--no-gzip]
+
+A float32 state of --size (default 1 GiB) is saved after 1% and after 100% of its chunks
+changed. Columns: save stall (until save() returns), until durable (fsynced and committed),
+bytes written, restore time (page cache warm: this measures the code, not the disk), and
+extra memory at peak as % of the state (tracemalloc over a separate untimed save, plus
+the buffers the checkpointer already held before it).
+Prints a Markdown table; figures are recorded in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from m27.checkpoint import Checkpointer
+from m27.units import format_size, parse_size
+
+Row = dict[str, Any]
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def touch(x: np.ndarray[Any, Any], fraction: float, chunk: int, rng: np.random.Generator) -> None:
+    """Change one value in `fraction` of the chunks (chosen at random)."""
+    per_chunk = chunk // x.itemsize
+    count = -(-x.size // per_chunk)
+    picked = rng.choice(count, size=max(1, round(count * fraction)), replace=False)
+    x[np.minimum(picked * per_chunk, x.size - 1)] += 1.0
+
+
+def measure_memory(run: Callable[[], None], state_bytes: int) -> float:
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        run()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return 100.0 * max(0, peak - before) / state_bytes
+
+
+def bench_m27(
+    x: np.ndarray[Any, Any], fraction: float, root: Path, rng: np.random.Generator
+) -> Row:
+    directory = root / f"m27-{fraction}"
+    ck = Checkpointer(directory, keep_last=2, interval=0)
+    ck.save({"x": x}, step=0)
+    ck.flush()
+    touch(x, fraction, ck.chunk_size, rng)  # warm-up save: buffers reach steady state
+    ck.save({"x": x}, step=1)
+    ck.flush()
+    touch(x, fraction, ck.chunk_size, rng)
+    started = time.perf_counter()
+    ck.save({"x": x}, step=2)
+    stall = time.perf_counter() - started
+    ck.flush()
+    durable = time.perf_counter() - started
+    newest = max(directory.glob("ckpt-*.json"))
+    pack = newest.with_suffix(".pack")
+    written = newest.stat().st_size + (pack.stat().st_size if pack.exists() else 0)
+
+    def again() -> None:
+        touch(x, fraction, ck.chunk_size, rng)
+        ck.save({"x": x}, step=3)
+        ck.flush()
+
+    held = ck.memory_bytes  # staging buffers kept from the warm-up save, and fingerprints
+    memory = measure_memory(again, x.nbytes) + 100.0 * held / x.nbytes
+    ck.close()
+    started = time.perf_counter()
+    with Checkpointer(directory, keep_last=2) as reader:
+        got = reader.restore()
+    restore = time.perf_counter() - started
+    assert got is not None and np.array_equal(got[0]["x"], x), "restore gave other data"
+    del got
+    shutil.rmtree(directory)
+    return {
+        "method": "m27 Checkpointer",
+        "stall": stall,
+        "durable": durable,
+        "written": written,
+        "restore": restore,
+        "memory": memory,
+    }
+
+
+def bench_npsave(x: np.ndarray[Any, Any], root: Path) -> Row:
+    path = root / "state.npy"
+
+    def save() -> None:
+        np.save(path, x)
+        fsync_file(path)
+
+    started = time.perf_counter()
+    np.save(path, x)
+    stall = time.perf_counter() - started
+    fsync_file(path)
+    durable = time.perf_counter() - started
+    written = path.stat().st_size
+    memory = measure_memory(save, x.nbytes)
+    started = time.perf_counter()
+    back = np.load(path)
+    restore = time.perf_counter() - started
+    assert np.array_equal(back, x)
+    del back
+    path.unlink()
+    return {
+        "method": "np.save + fsync",
+        "stall": stall,
+        "durable": durable,
+        "written": written,
+        "restore": restore,
+        "memory": memory,
+    }
+
+
+def bench_h5py(x: np.ndarray[Any, Any], root: Path, gzip: bool) -> Row | None:
+    try:
+        import h5py  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    path = root / "state.h5"
+    options: dict[str, Any] = {"compression": "gzip", "compression_opts": 1} if gzip else {}
+
+    def save() -> None:
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", data=x, **options)
+        fsync_file(path)
+
+    started = time.perf_counter()
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, **options)
+    stall = time.perf_counter() - started
+    fsync_file(path)
+    durable = time.perf_counter() - started
+    written = path.stat().st_size
+    memory = measure_memory(save, x.nbytes) if not gzip else float("nan")
+    started = time.perf_counter()
+    with h5py.File(path, "r") as f:
+        back = f["x"][...]
+    restore = time.perf_counter() - started
+    assert np.array_equal(back, x)
+    del back
+    path.unlink()
+    name = "h5py gzip=1 + fsync" if gzip else "h5py + fsync"
+    return {
+        "method": name,
+        "stall": stall,
+        "durable": durable,
+        "written": written,
+        "restore": restore,
+        "memory": memory,
+    }
+
+
+def fmt(row: Row, changed: str) -> str:
+    memory = "n/a" if row["memory"] != row["memory"] else f"{row['memory']:.1f}%"
+    return (
+        f"| {row['method']} | {changed} | {row['stall'] * 1000:.1f} ms | "
+        f"{row['durable'] * 1000:.0f} ms | {format_size(row['written'])} | "
+        f"{row['restore'] * 1000:.0f} ms | {memory} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="1GiB", help="state size (default 1GiB)")
+    parser.add_argument("--quick", action="store_true", help="same as --size 256MiB")
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--no-gzip", action="store_true", help="skip h5py gzip (38 MB/s)")
+    args = parser.parse_args()
+    size = parse_size("256MiB" if args.quick else args.size)
+    root = Path(tempfile.mkdtemp(prefix="m27-bench-", dir=args.dir))
+    rng = np.random.default_rng(0)
+    x = rng.random(size // 4, dtype=np.float32)
+    try:
+        rows = [fmt(bench_m27(x, 0.01, root, rng), "1%")]
+        rows.append(fmt(bench_m27(x, 1.0, root, rng), "100%"))
+        rows.append(fmt(bench_npsave(x, root), "full"))
+        for gzip in (False, True) if not args.no_gzip else (False,):
+            row = bench_h5py(x, root, gzip)
+            rows.append(
+                fmt(row, "full")
+                if row
+                else f"| h5py{' gzip' * gzip} | - | h5py not installed | | | | |"
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(
+        f"\nfloat32 state of {format_size(size)}, chunk 128 KiB, zstd level 3, "
+        f"{os.cpu_count()} CPUs\n"
+    )
+    print(
+        "| method | changed | save stall | until durable | bytes written | restore | extra memory |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Differential checkpoints: only the chunks that changed since the last save are written.
+
+Public surface: :class:`Checkpointer` (also ``m27.Checkpointer``), :func:`latest_checkpoint`
+and :func:`artifact_for` for the flow, and the listing/verify/gc helpers the CLI uses.
+See docs/checkpoints.md for the format and the guarantees.
+"""
+
+from __future__ import annotations
+
+from m27.checkpoint._checkpointer import Checkpointer
+from m27.checkpoint._format import ManifestInfo
+from m27.checkpoint._reader import verify
+from m27.checkpoint._report import artifact_for, artifact_key
+from m27.checkpoint._retention import Listed, collect_garbage, latest_checkpoint, prune, scan
+
+__all__ = [
+    "Checkpointer",
+    "Listed",
+    "ManifestInfo",
+    "artifact_for",
+    "artifact_key",
+    "collect_garbage",
+    "latest_checkpoint",
+    "prune",
+    "scan",
+    "verify",
+]

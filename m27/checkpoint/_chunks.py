@@ -1,0 +1,131 @@
+"""Cutting arrays into fixed-size chunks and fingerprinting them on the CPU.
+
+A chunk is ``chunk_size`` bytes of the array's C-order bytes (the last one may be shorter).
+The fingerprint is xxh3_64 of the chunk, computed over ``memoryview`` slices of one
+contiguous buffer: no per-chunk copies, ~23 GB/s, 8 bytes of memory per chunk kept between
+saves. The same value doubles as the stored verification hash, so after a restore the
+fingerprints come from the manifest for free.
+
+Non-contiguous views (slices with steps, transposes, Fortran order) are made contiguous
+with ``np.ascontiguousarray``: that is one full copy of that array per save, at memory
+speed (~13 GB/s); store contiguous arrays in hot loops to avoid it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from m27._exceptions import CheckpointError
+
+_xxh3_64 = xxhash.xxh3_64_intdigest
+
+
+def n_chunks(nbytes: int, chunk_size: int) -> int:
+    """How many chunks `nbytes` make (0 for an empty array)."""
+    return -(-nbytes // chunk_size)
+
+
+def chunk_span(index: int, nbytes: int, chunk_size: int) -> tuple[int, int]:
+    """[start, end) byte range of chunk `index`."""
+    start = index * chunk_size
+    return start, min(start + chunk_size, nbytes)
+
+
+def host_bytes(name: str, array: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
+    """The array's C-order bytes as a flat uint8 array (a view when already contiguous)."""
+    if array.dtype.hasobject:
+        raise CheckpointError(
+            f"state[{name!r}] has dtype {array.dtype} holding Python objects; "
+            "only plain NumPy/CuPy dtypes can be checkpointed",
+            array=name,
+        )
+    contiguous = np.ascontiguousarray(array)
+    return contiguous.reshape(-1).view(np.uint8)
+
+
+def fingerprints(data: npt.NDArray[np.uint8], chunk_size: int) -> npt.NDArray[np.uint64]:
+    """xxh3_64 of every chunk of `data`."""
+    view = memoryview(data)  # type: ignore[arg-type]
+    nbytes = data.shape[0]
+    count = n_chunks(nbytes, chunk_size)
+    return np.fromiter(
+        (_xxh3_64(view[o : o + chunk_size]) for o in range(0, nbytes, chunk_size)),
+        dtype=np.uint64,
+        count=count,
+    )
+
+
+def chunk_hash(data: memoryview | bytes) -> int:
+    """The verification hash of one chunk's raw bytes (xxh3_64)."""
+    return _xxh3_64(data)
+
+
+def runs(indices: npt.NDArray[np.int64]) -> list[tuple[int, int]]:
+    """Sorted chunk indices as [first, last] runs of consecutive chunks (one copy per run)."""
+    if indices.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(indices) != 1)
+    starts = np.concatenate(([0], breaks + 1))
+    ends = np.concatenate((breaks, [indices.size - 1]))
+    return [(int(indices[s]), int(indices[e])) for s, e in zip(starts, ends, strict=True)]
+
+
+def copy_changed(
+    data: npt.NDArray[np.uint8],
+    indices: npt.NDArray[np.int64],
+    chunk_size: int,
+    dest: npt.NDArray[np.uint8],
+) -> int:
+    """Copy the chunks at `indices` of `data` back to back into `dest`; bytes copied.
+
+    Changed chunks land compactly in index order, so chunk k of `indices` starts at
+    ``k * chunk_size`` in `dest` (only the array's last chunk can be short).
+    """
+    nbytes = data.shape[0]
+    pos = 0
+    for first, last in runs(indices):
+        start = first * chunk_size
+        end = min((last + 1) * chunk_size, nbytes)
+        dest[pos : pos + end - start] = data[start:end]
+        pos += end - start
+    return pos
+
+
+def changed_bytes(indices: npt.NDArray[np.int64], nbytes: int, chunk_size: int) -> int:
+    """Total bytes of the chunks at `indices` (all full but possibly the array's last)."""
+    if indices.size == 0:
+        return 0
+    total = int(indices.size) * chunk_size
+    last = n_chunks(nbytes, chunk_size) - 1
+    if int(indices[-1]) == last:
+        total -= last * chunk_size + chunk_size - nbytes
+    return total
+
+
+def dtype_to_json(dtype: np.dtype[Any]) -> Any:
+    """A JSON-able description of `dtype` (byte order, structured fields included)."""
+    return np.lib.format.dtype_to_descr(dtype)
+
+
+def dtype_from_json(descr: Any) -> np.dtype[Any]:
+    """Inverse of :func:`dtype_to_json` after a JSON round trip (lists back to tuples)."""
+    return np.lib.format.descr_to_dtype(_tuplify(descr))
+
+
+def _tuplify(descr: Any) -> Any:
+    if isinstance(descr, str):
+        return descr
+    fields = []
+    for field in descr:
+        name, sub, *rest = field
+        if isinstance(name, list):
+            name = tuple(name)
+        item: tuple[Any, ...] = (name, _tuplify(sub))
+        if rest:
+            item += (tuple(rest[0]),)
+        fields.append(item)
+    return fields

@@ -1,0 +1,319 @@
+"""The background half of a save: compress, append to a pack, commit the manifest.
+
+``Checkpointer.save`` hashes the state, copies the changed chunks into a staging buffer
+and hands a :class:`SaveJob` to this writer; it returns at once. The writer runs jobs in
+order on one thread. At most ``max_in_flight`` staging buffers exist and each is held until
+its save is durable, so at most that many saves are in flight and a caller saving faster
+than the disk blocks in :meth:`BackgroundWriter.take_staging` (backpressure).
+
+An error in a job is kept and raised to the caller on its next call (never swallowed);
+jobs queued behind a failed one are dropped, because they describe their chunks relative
+to it, and the caller starts again with a full save.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from m27._exceptions import CheckpointError
+from m27.checkpoint._chunks import chunk_hash, chunk_span, n_chunks
+from m27.checkpoint._format import (
+    FORMAT_VERSION,
+    encode_manifest,
+    manifest_path,
+    pack_path,
+    write_atomic,
+)
+from m27.checkpoint._pack import PackWriter
+from m27.checkpoint._table import ChunkTable, pack_extents
+from m27.clock import Clock
+
+log = logging.getLogger("m27.checkpoint")
+
+Allocator = Callable[[int], npt.NDArray[np.uint8]]
+
+
+class Staging:
+    """A reusable host buffer for one save's changed bytes (allocated once, regrown rarely)."""
+
+    def __init__(self) -> None:
+        self.buffer: npt.NDArray[np.uint8] = np.empty(0, dtype=np.uint8)
+        self.pinned = False
+
+    def reserve(self, nbytes: int, allocator: Allocator | None = None) -> npt.NDArray[np.uint8]:
+        """A view of `nbytes`; `allocator` (pinned host memory for CuPy) when given."""
+        pinned = allocator is not None
+        capacity = self.buffer.shape[0]
+        too_small = capacity < nbytes or (pinned and not self.pinned)
+        # Give memory back after a big save so a 100%-changed save is not paid forever.
+        too_big = capacity > 4 * nbytes and capacity > 1024 * 1024
+        if too_small or too_big:
+            self.buffer = np.empty(0, dtype=np.uint8)
+            self.buffer = allocator(nbytes) if allocator else np.empty(nbytes, dtype=np.uint8)
+            self.pinned = pinned
+        return self.buffer[:nbytes]
+
+
+@dataclass
+class ArrayPlan:
+    """One array of a save: its identity and which chunks changed (in staging order)."""
+
+    name: str
+    kind: str
+    device: int | None
+    dtype: Any
+    shape: tuple[int, ...]
+    nbytes: int
+    chunk_size: int
+    changed: npt.NDArray[np.int64]
+    offset: int
+    fresh: bool
+    hashes: npt.NDArray[np.uint64] | None = None
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (json.dumps(self.dtype), self.shape, self.nbytes, self.chunk_size, self.device)
+
+
+@dataclass
+class SaveJob:
+    seq: int
+    sim_step: int
+    time: float
+    started: float
+    arrays: list[ArrayPlan]
+    values: dict[str, Any]
+    order: list[str]
+    staging: Staging
+    bytes_total: int
+    bytes_changed: int
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A save that is durable: what the caller's event and artifact report."""
+
+    path: Path
+    seq: int
+    sim_step: int
+    time: float
+    bytes_written: int
+    bytes_total: int
+    bytes_changed: int
+    duration_s: float
+
+
+class BackgroundWriter:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        compression_level: int,
+        max_in_flight: int,
+        clock: Clock,
+        on_commit: Callable[[Committed], None],
+    ) -> None:
+        self.directory = directory
+        self._level = compression_level
+        self._clock = clock
+        self._on_commit = on_commit
+        self._tables: dict[str, ChunkTable] = {}
+        # LIFO: the buffer used last is warm and already the right size.
+        self._pool: queue.LifoQueue[Staging] = queue.LifoQueue()
+        for _ in range(max(1, max_in_flight)):
+            self._pool.put(Staging())
+        self._jobs: queue.Queue[SaveJob | None] = queue.Queue()
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="m27-checkpoint", daemon=True)
+        self._thread.start()
+
+    # --- caller side ----------------------------------------------------------------
+
+    def take_staging(self) -> Staging:
+        """A free staging buffer; blocks while `max_in_flight` saves are in flight."""
+        return self._pool.get()
+
+    def buffer_bytes(self) -> int:
+        """Host memory held by idle staging buffers (the save-time copies)."""
+        return sum(s.buffer.nbytes for s in list(self._pool.queue))
+
+    def give_back(self, staging: Staging) -> None:
+        self._pool.put(staging)
+
+    def submit(self, job: SaveJob) -> None:
+        with self._cond:
+            self._pending += 1
+        self._jobs.put(job)
+
+    def flush(self) -> None:
+        """Wait until every submitted save is durable (or dropped after an error)."""
+        with self._cond:
+            while self._pending:
+                self._cond.wait()
+
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
+
+    def take_error(self) -> BaseException | None:
+        """The kept error, cleared, after every job queued behind it was dropped."""
+        self.flush()
+        with self._cond:
+            error, self._error = self._error, None
+            self._tables = {}
+        return error
+
+    def set_base(self, tables: dict[str, ChunkTable]) -> None:
+        """Start from a restored manifest's chunk tables (no save may be in flight)."""
+        self.flush()
+        self._tables = tables
+
+    def close(self) -> None:
+        self.flush()
+        self._jobs.put(None)
+        self._thread.join()
+
+    # --- writer thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                if self._error is None:
+                    self._write(job)
+            except BaseException as exc:
+                with self._cond:
+                    self._error = _as_checkpoint_error(exc, self.directory, job.seq)
+            finally:
+                self._pool.put(job.staging)
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+
+    def _write(self, job: SaveJob) -> None:
+        pack = PackWriter(pack_path(self.directory, job.seq), self._level)
+        try:
+            tables = self._append_chunks(job, pack)
+            pack.commit()
+            body = self._body(job, tables, pack.size)
+            data = encode_manifest(body)
+            path = manifest_path(self.directory, job.seq)
+            write_atomic(path, data)
+        except BaseException:
+            pack.abort()
+            raise
+        self._tables = tables
+        done = Committed(
+            path=path,
+            seq=job.seq,
+            sim_step=job.sim_step,
+            time=job.time,
+            bytes_written=pack.size + len(data),
+            bytes_total=job.bytes_total,
+            bytes_changed=job.bytes_changed,
+            duration_s=self._clock.monotonic() - job.started,
+        )
+        try:
+            self._on_commit(done)
+        except Exception:
+            log.warning("checkpoint %s is durable, but reporting it failed", path, exc_info=True)
+
+    def _append_chunks(self, job: SaveJob, pack: PackWriter) -> dict[str, ChunkTable]:
+        staging = memoryview(job.staging.buffer)  # type: ignore[arg-type]
+        tables: dict[str, ChunkTable] = {}
+        for plan in job.arrays:
+            count = n_chunks(plan.nbytes, plan.chunk_size)
+            base = self._tables.get(plan.name)
+            if plan.fresh:
+                table = ChunkTable.empty(plan.key, count)
+            elif base is None or base.key != plan.key:
+                raise CheckpointError(
+                    f"internal: no chunk table for unchanged chunks of {plan.name!r}",
+                    array=plan.name,
+                )
+            else:
+                table = base.copy()
+            pack.new_array()
+            pos = plan.offset
+            for k, index in enumerate(plan.changed.tolist()):
+                start, end = chunk_span(index, plan.nbytes, plan.chunk_size)
+                chunk = staging[pos : pos + end - start]
+                pos += end - start
+                digest = int(plan.hashes[k]) if plan.hashes is not None else chunk_hash(chunk)
+                offset, length, codec = pack.add(chunk)
+                table.set(index, job.seq, offset, length, end - start, digest, codec)
+            tables[plan.name] = table
+        return tables
+
+    def _body(self, job: SaveJob, tables: dict[str, ChunkTable], pack_bytes: int) -> dict[str, Any]:
+        arrays = {
+            plan.name: {
+                "kind": plan.kind,
+                "device": plan.device,
+                "dtype": plan.dtype,
+                "shape": list(plan.shape),
+                "nbytes": plan.nbytes,
+                "chunk_size": plan.chunk_size,
+                "chunks": tables[plan.name].refs(),
+            }
+            for plan in job.arrays
+        }
+        changed = sum(int(p.changed.size) for p in job.arrays)
+        total = sum(n_chunks(p.nbytes, p.chunk_size) for p in job.arrays)
+        return {
+            "format": FORMAT_VERSION,
+            "seq": job.seq,
+            "time": job.time,
+            "sim_step": job.sim_step,
+            **job.meta,
+            "order": job.order,
+            "arrays": arrays,
+            "values": job.values,
+            "packs": {str(k): v for k, v in pack_extents(list(tables.values())).items()},
+            "stats": {
+                "bytes_written": pack_bytes,
+                "bytes_total": job.bytes_total,
+                "bytes_changed": job.bytes_changed,
+                "chunks_changed": changed,
+                "chunks_total": total,
+            },
+        }
+
+
+def _as_checkpoint_error(exc: BaseException, directory: Path, seq: int) -> BaseException:
+    if isinstance(exc, CheckpointError):
+        return exc
+    if isinstance(exc, OSError):
+        why = exc.strerror or str(exc)
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            why = f"disk full or file size limit reached ({why})"
+        target = exc.filename or str(directory)
+        error = CheckpointError(
+            f"checkpoint {seq} in {directory} was not written: {why} [{target}]; "
+            "the previous checkpoint is intact",
+            file=str(target),
+            errno=exc.errno,
+        )
+        error.__cause__ = exc
+        return error
+    if isinstance(exc, Exception):
+        error = CheckpointError(f"checkpoint {seq} in {directory} was not written: {exc!r}")
+        error.__cause__ = exc
+        return error
+    return exc

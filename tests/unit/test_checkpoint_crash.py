@@ -1,0 +1,163 @@
+"""kill -9 at any moment, or a full disk, leaves a restorable previous checkpoint."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from m27.checkpoint import Checkpointer
+
+ROOT = Path(__file__).resolve().parents[2]
+CHUNK = 1024
+
+#: Shared by this test process and the children: the state saved at `step`.
+EXPECTED = """
+import numpy as np
+
+def expected(step):
+    x = np.arange(6000, dtype=np.int64)
+    x[(step * 700) % 6000 : (step * 700) % 6000 + 500] = step  # a few chunks change per step
+    return {"x": x, "e": np.full(10, step * 0.5), "step": step}
+"""
+
+#: Preloads everything once, then forks one saver per request and kills it after a delay;
+#: no thread exists in this process when it forks (the checkpointer lives in the child).
+ZYGOTE = (
+    EXPECTED
+    + """
+import os, signal, sys, time
+from m27.checkpoint import Checkpointer
+
+directory = sys.argv[1]
+for line in sys.stdin:
+    delay = float(line)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ck = Checkpointer(directory, chunk_size=1024, keep_last=3, max_in_flight=2)
+            got = ck.restore()
+            step = got[1] if got else 0
+            while True:
+                step += 1
+                ck.save(expected(step), step=step)
+        finally:
+            os._exit(1)
+    time.sleep(delay)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    print("killed", flush=True)
+"""
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("M27_RUN_ID", "M27_RESUME_FROM", "M27_CHECKPOINT_DIR", "M2_CHUNK_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def expected(step: int) -> dict[str, Any]:
+    scope: dict[str, Any] = {}
+    exec(EXPECTED, scope)
+    result: dict[str, Any] = scope["expected"](step)
+    return result
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_kill_9_at_random_moments_always_leaves_a_restorable_checkpoint(tmp_path: Path) -> None:
+    directory = tmp_path / "ck"
+    script = tmp_path / "zygote.py"
+    script.write_text(ZYGOTE)
+    rng = random.Random(27)
+    zygote = subprocess.Popen(
+        [sys.executable, str(script), str(directory)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    assert zygote.stdin is not None and zygote.stdout is not None
+    steps = []
+    try:
+        for _ in range(20):
+            zygote.stdin.write(f"{rng.uniform(0.01, 0.12):.4f}\n")
+            zygote.stdin.flush()
+            assert zygote.stdout.readline().strip() == "killed"
+            with Checkpointer(directory, chunk_size=CHUNK, keep_last=3) as ck:
+                got = ck.restore()
+            if got is None:
+                assert not steps, "a checkpoint that existed was lost"
+                continue
+            state, step = got
+            want = expected(step)
+            assert state["step"] == step
+            assert np.array_equal(state["x"], want["x"]) and np.array_equal(state["e"], want["e"])
+            assert not steps or step >= steps[-1], "restore went back past a durable save"
+            steps.append(step)
+    finally:
+        zygote.stdin.close()
+        zygote.wait(timeout=30)
+    assert len(steps) >= 15 and steps[-1] > steps[0], steps
+
+
+DISK_FULL = """
+import resource, signal, sys
+import numpy as np
+from m27 import CheckpointError
+from m27.checkpoint import Checkpointer
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+ck = Checkpointer(sys.argv[1], chunk_size=4096, compression_level=0)
+small = np.arange(10_000, dtype=np.int64)          # 80 kB: fits
+ck.save({"x": small, "note": "small"}, step=1)
+ck.flush()
+big = np.random.default_rng(0).integers(0, 2**62, 100_000)  # 800 kB: exceeds the limit
+ck.save({"x": big, "note": "big"}, step=2)
+try:
+    ck.close()
+except CheckpointError as exc:
+    print("ERROR", exc)
+    sys.exit(3)
+sys.exit(0)
+"""
+
+
+def test_a_full_disk_gives_a_clear_error_and_keeps_the_previous_checkpoint(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "ck"
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(DISK_FULL), str(directory)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "disk full or file size limit reached" in done.stdout
+    assert "ckpt-0000000002.pack" in done.stdout
+    assert "previous checkpoint is intact" in done.stdout
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "ckpt-0000000001.json",
+        "ckpt-0000000001.pack",
+    ]
+    with Checkpointer(directory, chunk_size=4096) as ck:
+        got = ck.restore()
+    assert got is not None
+    state, step = got
+    assert step == 1 and state["note"] == "small"
+    assert np.array_equal(state["x"], np.arange(10_000, dtype=np.int64))

@@ -1,0 +1,145 @@
+"""Keep-last-N retention, garbage collection of packs, and the `m27 checkpoints` command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from m27.checkpoint import Checkpointer, collect_garbage, latest_checkpoint, prune, scan
+from m27.cli import main
+
+CHUNK = 1024
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("M27_RUN_ID", "M27_RESUME_FROM", "M27_CHECKPOINT_DIR", "M2_CHUNK_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def states(n: int) -> list[dict[str, Any]]:
+    x = np.random.default_rng(3).integers(0, 2**62, 16 * CHUNK // 8)  # 16 chunks
+    out = []
+    for step in range(1, n + 1):
+        x = x.copy()
+        x[(step % 8) * 128] = -step  # chunk step % 8 changes; chunks 8-15 never do
+        out.append({"x": x, "step": step})
+    return out
+
+
+def names(directory: Path, suffix: str) -> list[int]:
+    return sorted(int(p.name[5:15]) for p in directory.glob(f"ckpt-*.{suffix}"))
+
+
+def test_only_the_last_n_checkpoints_are_kept_and_their_packs_survive(tmp_path: Path) -> None:
+    saved = states(12)
+    with Checkpointer(tmp_path, chunk_size=CHUNK, keep_last=3) as ck:
+        for s in saved:
+            ck.save(s, step=s["step"])
+    assert names(tmp_path, "json") == [10, 11, 12]
+    # Pack 1 holds the chunks no later save rewrote; it must outlive manifest 1.
+    assert 1 in names(tmp_path, "pack")
+    assert all(p.valid for p in scan(tmp_path))
+    for manifest in tmp_path.glob("*.json"):
+        body = json.loads(manifest.read_bytes())["body"]
+        assert {int(k) for k in body["packs"]} <= set(names(tmp_path, "pack"))
+    with Checkpointer(tmp_path, chunk_size=CHUNK, keep_last=3) as ck:
+        got = ck.restore()
+    assert got is not None and got[1] == 12 and np.array_equal(got[0]["x"], saved[-1]["x"])
+
+
+def test_gc_removes_unreferenced_packs_and_crash_leftovers_only(tmp_path: Path) -> None:
+    x = np.random.default_rng(4).integers(0, 2**62, 4 * CHUNK // 8)
+    with Checkpointer(tmp_path, chunk_size=CHUNK, keep_last=100) as ck:
+        for step in range(1, 5):
+            x[0] = -step  # only chunk 0 changes: each pack after the first is superseded
+            ck.save({"x": x}, step=step)
+    (tmp_path / "ckpt-0000000002.json").unlink()  # pack 2 now unreferenced
+    (tmp_path / ".ckpt-0000000001.json.tmp").write_bytes(b"torn")  # an old crash's leftover
+    (tmp_path / "ckpt-0000000009.pack").write_bytes(b"in flight")  # a save being written now
+    removed = collect_garbage(tmp_path)
+    assert sorted(p.name for p in removed) == [".ckpt-0000000001.json.tmp", "ckpt-0000000002.pack"]
+    assert (tmp_path / "ckpt-0000000009.pack").exists()
+    assert latest_checkpoint(tmp_path) == tmp_path / "ckpt-0000000004.json"
+
+
+def test_prune_counts_only_valid_checkpoints(tmp_path: Path) -> None:
+    with Checkpointer(tmp_path, chunk_size=CHUNK, keep_last=100) as ck:
+        for s in states(5):
+            ck.save(s, step=s["step"])
+    newest = tmp_path / "ckpt-0000000005.json"
+    newest.write_bytes(newest.read_bytes()[:-20])  # corrupt: does not count as one to keep
+    prune(tmp_path, keep_last=2)
+    assert names(tmp_path, "json") == [3, 4, 5]
+    with pytest.raises(Exception, match="keep_last"):
+        prune(tmp_path, keep_last=0)
+
+
+@pytest.fixture
+def run_dir(m27_home: Path) -> Path:
+    directory = m27_home / "checkpoints" / "20260101-000000-abcd" / "md_simulation"
+    with Checkpointer(directory, chunk_size=CHUNK, keep_last=100) as ck:
+        for s in states(4):
+            ck.save(s, step=s["step"] * 100)
+    return directory
+
+
+def test_cli_lists_checkpoints_with_step_bytes_and_change(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoints", "20260101", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["sim_step"] for r in rows] == [100, 200, 300, 400]
+    assert rows[0]["percent_changed"] == 100.0
+    assert rows[1]["percent_changed"] == pytest.approx(6.25)
+    assert rows[1]["bytes_written"] < rows[0]["bytes_written"]
+    assert all(r["valid"] and r["step"] == "md_simulation" for r in rows)
+    assert main(["checkpoints", "last", "md_simulation"]) == 0
+    text = capsys.readouterr().out
+    assert "md_simulation" in text and "6.2%" in text and "yes" in text
+
+
+def test_cli_verify_exits_1_naming_the_corrupt_file(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoints", "verify", "20260101"]) == 0
+    assert "4 ok, 0 corrupt" in capsys.readouterr().out
+    pack = run_dir / "ckpt-0000000003.pack"
+    data = bytearray(pack.read_bytes())
+    data[5] ^= 1
+    pack.write_bytes(bytes(data))
+    assert main(["checkpoints", "verify", "20260101", "md_simulation"]) == 1
+    out = capsys.readouterr().out
+    # Save 4 still points at the chunk of pack 3 it did not rewrite: both are corrupt.
+    assert f"CORRUPT  {run_dir / 'ckpt-0000000003.json'}: pack {pack}" in out
+    assert f"CORRUPT  {run_dir / 'ckpt-0000000004.json'}: pack {pack}" in out
+    assert "2 ok, 2 corrupt" in out
+
+
+def test_cli_gc_keeps_the_newest_n(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["checkpoints", "gc", "20260101", "--keep", "1", "--json"]) == 0
+    removed = {Path(r["path"]).name for r in json.loads(capsys.readouterr().out)}
+    assert {"ckpt-0000000001.json", "ckpt-0000000003.json"} <= removed
+    assert names(run_dir, "json") == [4]
+    with Checkpointer(run_dir, chunk_size=CHUNK) as ck:
+        got = ck.restore()
+    assert got is not None and got[1] == 400
+
+
+def test_cli_rejects_unknown_runs_and_steps(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoints", "nosuchrun"]) == 2
+    assert main(["checkpoints", "20260101", "nosuchstep"]) == 2
+    assert "nosuchstep" in capsys.readouterr().err
+
+
+def test_cli_accepts_a_checkpoint_directory(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoints", "verify", str(run_dir)]) == 0
+    assert "4 ok" in capsys.readouterr().out
