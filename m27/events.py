@@ -13,6 +13,7 @@ Each event type has a schema ``version``. Decoding an unknown kind or a newer ve
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import typing
 from dataclasses import dataclass, field
@@ -77,19 +78,25 @@ def decode(kind: str, version: int, payload: str | dict[str, Any]) -> Event:
             version=version,
         )
     data = json.loads(payload) if isinstance(payload, str) else dict(payload)
-    hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in data:
+    for name, is_tuple in _fields(cls):
+        if name not in data:
             continue
-        value = data[f.name]
-        if isinstance(value, list) and _is_tuple(hints.get(f.name)):
+        value = data[name]
+        if isinstance(value, list) and is_tuple:
             value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
-        kwargs[f.name] = value
+        kwargs[name] = value
     try:
         return cls(**kwargs)
     except TypeError as exc:
         raise UnknownEventError(f"event {kind} payload does not fit: {exc}", kind=kind) from exc
+
+
+@functools.cache
+def _fields(cls: type[Event]) -> tuple[tuple[str, bool], ...]:
+    """(field name, is a tuple) per field; resolving type hints is slow, so once per class."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, _is_tuple(hints.get(f.name))) for f in dataclasses.fields(cls))
 
 
 def _is_tuple(hint: Any) -> bool:
@@ -402,3 +409,56 @@ class StepFlopsReported(Event):
     run_id: str
     step: str
     flops: float
+
+
+# --- scale: the m27 worker and crash truth ---------------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class RunAdmitted(Event):
+    """An m27 worker took a Prefect flow run for this node, on a seat of `tier`; the run
+    holds that seat until it ends (RunSubmitted follows from the flow's own process)."""
+
+    run_id: str
+    flow_run_id: str
+    tier: str
+    node: str = ""
+    host: str = ""
+    worker_pid: int = 0
+
+
+@event
+@dataclass(frozen=True)
+class RunCrashed(Event):
+    """The run's process died without recording an end (kill -9, OOM, power cut); the
+    watchdog stopped its orphaned steps and set the Prefect flow run to Crashed."""
+
+    run_id: str
+    reason: str
+
+
+# --- slurm: steps run as Slurm jobs (m27.slurm) ----------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class SlurmJobSubmitted(Event):
+    """sbatch accepted a step's attempt as Slurm job `job_id` (kept across requeues)."""
+
+    run_id: str
+    step: str
+    job_id: str
+    attempt: int
+
+
+@event
+@dataclass(frozen=True)
+class SlurmJobStateChanged(Event):
+    """The job's Slurm state changed (PENDING, RUNNING, TIMEOUT, ...); `reason` is Slurm's."""
+
+    run_id: str
+    step: str
+    job_id: str
+    state: str
+    reason: str = ""

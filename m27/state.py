@@ -65,6 +65,11 @@ class StepState:
     guest_gpu: int | None = None
     paused: bool = False
     energy_j: float = 0.0
+    #: Floating-point operations the step reported (m27.energy.report_flops), for TFLOPS/W.
+    flops: float = 0.0
+    #: Set for steps run through Slurm (m27.slurm): the job id and its last Slurm state.
+    slurm_job_id: str = ""
+    slurm_state: str = ""
 
     @property
     def done(self) -> bool:
@@ -138,6 +143,9 @@ class NodeState:
     overheated: dict[int, float] = field(default_factory=dict)
     throttled: dict[int, tuple[str, ...]] = field(default_factory=dict)
     agent: AgentInfo | None = None
+    #: Runs an m27 worker took from Prefect for this node, by run id (scale issue); a run
+    #: holds its tier's seat while it is admitted and not ended.
+    admitted: dict[str, ev.RunAdmitted] = field(default_factory=dict)
     unknown_run_events: int = 0
     unhandled_kinds: set[str] = field(default_factory=set)
 
@@ -433,3 +441,45 @@ def _checkpoint_written(state: NodeState, e: ev.CheckpointWritten) -> None:
 def _checkpoint_restored(state: NodeState, e: ev.CheckpointRestored) -> None:
     if step := _step(state, e.run_id, e.step):
         step.restored_from = e.path
+
+
+# --- scale: the m27 worker and crash truth ----------------------------------------------------
+
+
+@_on(ev.RunAdmitted)
+def _run_admitted(state: NodeState, e: ev.RunAdmitted) -> None:
+    # Comes before the run's own RunSubmitted, so it names a run not yet known: not counted
+    # as an unknown-run event.
+    state.admitted[e.run_id] = e
+
+
+@_on(ev.RunCrashed)
+def _run_crashed(state: NodeState, e: ev.RunCrashed) -> None:
+    state.admitted.pop(e.run_id, None)
+    run = state.runs.get(e.run_id)
+    if run is None or run.status != "running":
+        return  # admitted but never started, or already ended: nothing more to say
+    run.status, run.ended_at, run.reason = "failed", e.at, f"crashed: {e.reason}"
+    run.failed_steps = tuple(n for n, s in run.steps.items() if s.status in ("running", "failed"))
+
+
+# --- slurm: steps run as Slurm jobs ---------------------------------------------------------
+
+
+@_on(ev.SlurmJobSubmitted)
+def _slurm_job_submitted(state: NodeState, e: ev.SlurmJobSubmitted) -> None:
+    if step := _step(state, e.run_id, e.step):
+        step.slurm_job_id, step.slurm_state = e.job_id, "SUBMITTED"
+
+
+@_on(ev.SlurmJobStateChanged)
+def _slurm_job_state_changed(state: NodeState, e: ev.SlurmJobStateChanged) -> None:
+    if step := _step(state, e.run_id, e.step):
+        step.slurm_job_id, step.slurm_state = e.job_id, e.state
+
+
+@_on(ev.StepFlopsReported)
+def _flops_reported(state: NodeState, e: ev.StepFlopsReported) -> None:
+    step = _step(state, e.run_id, e.step)
+    if step is not None:
+        step.flops += e.flops

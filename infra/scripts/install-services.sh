@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install the real services the integration tests start on localhost (Debian/Ubuntu, root).
+# Idempotent: installs only what is missing. CI runs it before `make test`.
+#   sudo infra/scripts/install-services.sh
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-services.sh: run as root (sudo $0)" >&2
+    exit 1
+fi
+
+missing=()
+# Prometheus 2.x and promtool (exporter issue: rules, boards, integration test).
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    missing+=(prometheus)
+fi
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    echo "install-services.sh: nothing to install"
+    exit 0
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+# The package list may be stale on a fresh machine; refresh it once if the install fails.
+if ! apt-get install -y --no-install-recommends "${missing[@]}"; then
+    apt-get update
+    apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+# Debian starts nothing under policy-rc.d in containers, but a full system would start the
+# packaged Prometheus on :9090; the tests start their own on a free port either way.
+prometheus --version | head -1

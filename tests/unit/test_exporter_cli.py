@@ -1,0 +1,49 @@
+"""`m27 exporter`: where it listens, and one scrape printed with --once."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from m27._exceptions import ConfigError
+from m27.commands import exporter as command
+from m27.exporter import DEFAULT_LISTEN
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="m27")
+    command.register(parser.add_subparsers())
+    return parser.parse_args(["exporter", *argv])
+
+
+def test_it_binds_localhost_unless_told_otherwise() -> None:
+    assert parse().listen is None
+    assert command.parse_listen(DEFAULT_LISTEN) == ("127.0.0.1", 9427)
+    assert command.parse_listen(":9500") == ("127.0.0.1", 9500)
+    assert command.parse_listen("0.0.0.0:9427") == ("0.0.0.0", 9427)
+    assert command.parse_listen("[::1]:9427") == ("::1", 9427)
+
+
+@pytest.mark.parametrize("bad", ["9427", "host:", "host:http", "h:0", "h:70000"])
+def test_a_bad_listen_address_is_a_config_error(bad: str) -> None:
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        command.parse_listen(bad)
+
+
+def test_once_prints_one_scrape_of_the_nodes_gpus(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("M27_GPUS", "sim:3")
+    args = parse("--once", "--node", "lab-1")
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("m27_gpu_utilization_ratio{") == 3
+    assert 'node="lab-1"' in out
+    assert 'm27_runs_total{outcome="failed"} 0.0' in out
+
+
+def test_a_negative_interval_is_refused() -> None:
+    args = parse("--interval", "-1", "--once")
+    with pytest.raises(ConfigError, match="interval"):
+        args.func(args)
