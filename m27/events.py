@@ -13,7 +13,6 @@ Each event type has a schema ``version``. Decoding an unknown kind or a newer ve
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import typing
 from dataclasses import dataclass, field
@@ -92,11 +91,17 @@ def decode(kind: str, version: int, payload: str | dict[str, Any]) -> Event:
         raise UnknownEventError(f"event {kind} payload does not fit: {exc}", kind=kind) from exc
 
 
-@functools.cache
+_FIELDS: dict[str, tuple[tuple[str, bool], ...]] = {}
+
+
 def _fields(cls: type[Event]) -> tuple[tuple[str, bool], ...]:
     """(field name, is a tuple) per field; resolving type hints is slow, so once per class."""
-    hints = typing.get_type_hints(cls)
-    return tuple((f.name, _is_tuple(hints.get(f.name))) for f in dataclasses.fields(cls))
+    found = _FIELDS.get(cls.__name__)
+    if found is None:
+        hints = typing.get_type_hints(cls)
+        found = tuple((f.name, _is_tuple(hints.get(f.name))) for f in dataclasses.fields(cls))
+        _FIELDS[cls.__name__] = found
+    return found
 
 
 def _is_tuple(hint: Any) -> bool:

@@ -1,0 +1,397 @@
+"""A lab on one machine: Prefect on PostgreSQL, the m27 pool, two m27 workers for two nodes.
+
+The two nodes have one simulated GPU and one CPU slot each. The module starts with both
+nodes busy (a by-hand run holding the GPU as primary, a guest and the CPU slot, recorded in
+each node's log), so what the workers take, and in which order, is decided by the seats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from m27 import runids
+from m27._exceptions import SpecError
+from m27.commands import deploy as deploy_cmd
+from m27.commands import pool as pool_cmd
+from m27.crash import pid_alive
+from m27.events import (
+    Event,
+    LeaseGranted,
+    LeaseReleased,
+    RunAdmitted,
+    RunCancelled,
+    RunCrashed,
+    RunSubmitted,
+    RunSucceeded,
+)
+from m27.state import fold
+from m27.store.sqlite import open_store
+from tests.integration.conftest_scale import (
+    Lab,
+    postgres_prefect,  # noqa: F401  (fixture)
+    start_worker,
+    stop_worker,
+    sync_client,
+    tail,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+PIPELINE = """\
+name: sleeper
+vars:
+  SECONDS: "1"
+pipeline:
+  - name: work
+    type: cpu
+    command: sleep {{SECONDS}}
+"""
+
+
+def _cli(module: Any, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    module.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+class Node:
+    def __init__(self, name: str, home: Path) -> None:
+        self.name, self.home = name, home
+        self.blocker: subprocess.Popen[bytes] | None = None
+
+    def append(self, *events: Event) -> None:
+        store = open_store(self.home)
+        try:
+            store.append(list(events))
+        finally:
+            store.close()
+
+    def state(self) -> Any:
+        store = open_store(self.home)
+        try:
+            return fold(store.read())
+        finally:
+            store.close()
+
+    def admitted(self) -> list[str]:
+        store = open_store(self.home)
+        try:
+            return [r.event.run_id for r in store.read() if isinstance(r.event, RunAdmitted)]
+        finally:
+            store.close()
+
+    def occupy(self) -> None:
+        """A run started by hand holds the GPU (primary), a guest seat and the CPU slot."""
+        self.blocker = subprocess.Popen(["sleep", "600"])
+        now = time.time()
+        self.append(
+            RunSubmitted(
+                at=now,
+                run_id="blocker",
+                pipeline="blocker",
+                spec_path="",
+                steps=("gpu", "guest", "cpu"),
+                pid=self.blocker.pid,
+                host=socket.gethostname(),
+            ),
+            LeaseGranted(at=now, run_id="blocker", step="gpu", gpus=(0,), tier="immediate"),
+            LeaseGranted(at=now, run_id="blocker", step="guest", gpus=(0,), tier="guest"),
+            LeaseGranted(at=now, run_id="blocker", step="cpu", gpus=(), tier="background"),
+        )
+
+    def release(self) -> None:
+        now = time.time()
+        self.append(
+            *(LeaseReleased(at=now, run_id="blocker", step=s) for s in ("gpu", "guest", "cpu")),
+            RunSucceeded(at=now, run_id="blocker", duration_s=1.0),
+        )
+        if self.blocker is not None:
+            self.blocker.kill()
+            self.blocker.wait()
+
+
+@pytest.fixture(scope="module")
+def lab(
+    postgres_prefect: Lab,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Any]]:
+    base = tmp_path_factory.mktemp("scale")
+    spec = base / "sleeper.yaml"
+    spec.write_text(PIPELINE)
+    nodes = {n: Node(n, base / f"node-{n}") for n in ("a", "b")}
+    for node in nodes.values():
+        node.home.mkdir()
+        node.occupy()
+    with temporary_settings({PREFECT_API_URL: postgres_prefect.api_url}):
+        assert _cli(pool_cmd, ["pool", "init"]) == 0
+        # Deployed first so its minute boundary passes while the other tests run.
+        _deploy(
+            {"spec": spec},
+            "every-minute",
+            "background",
+            "--cron",
+            "* * * * *",
+            "--set",
+            "SECONDS=0",
+        )
+        workers = [
+            start_worker(postgres_prefect, "a", nodes["a"].home),
+            start_worker(postgres_prefect, "b", nodes["b"].home, via_prefect_cli=True),
+        ]
+        try:
+            yield {"lab": postgres_prefect, "spec": spec, "nodes": nodes, "base": base}
+        finally:
+            for w in workers:
+                stop_worker(w)
+            for node in nodes.values():
+                if node.blocker is not None and node.blocker.poll() is None:
+                    node.blocker.kill()
+                    node.blocker.wait()
+
+
+def _deploy(lab: dict[str, Any], name: str, tier: str, *extra: str) -> None:
+    argv = ["deploy", str(lab["spec"]), "--name", name, "--tier", tier, *extra]
+    assert _cli(deploy_cmd, argv) == 0
+
+
+def _run(client: Any, name: str) -> UUID:
+    dep = client.read_deployment_by_name(f"m27-pipeline/{name}")
+    return UUID(str(client.create_flow_run_from_deployment(dep.id).id))
+
+
+def _state(client: Any, flow_run_id: UUID) -> str:
+    fr = client.read_flow_run(flow_run_id)
+    return fr.state.type.value if fr.state else ""
+
+
+def _where(lab: dict[str, Any], flow_run_id: UUID) -> Node | None:
+    run_id = runids.from_flow_run(str(flow_run_id))
+    for node in lab["nodes"].values():
+        if run_id in node.admitted():
+            return node
+    return None
+
+
+def _debug(lab: dict[str, Any]) -> str:
+    return "\n".join(
+        f"--- worker {n.name}:\n{tail(n.home / 'worker.log')}" for n in lab["nodes"].values()
+    )
+
+
+def test_pool_init_makes_tier_queues_and_is_idempotent(lab: dict[str, Any]) -> None:
+    assert _cli(pool_cmd, ["pool", "init"]) == 0  # second time: nothing changes
+    with sync_client(lab["lab"]) as client:
+        pool = client.read_work_pool("m27")
+        queues = {q.name: q.priority for q in client.read_work_queues(work_pool_name="m27")}
+    assert pool.type == "m27"
+    assert {k: v for k, v in queues.items() if k != "default"} == {
+        "immediate": 1,
+        "ready": 2,
+        "background": 3,
+    }
+
+
+def test_deploy_creates_then_updates_one_deployment(lab: dict[str, Any]) -> None:
+    _deploy(
+        lab,
+        "nightly",
+        "background",
+        "--cron",
+        "0 2 * * *",
+        "--timezone",
+        "Europe/Berlin",
+        "--set",
+        "SECONDS=7",
+    )
+    _deploy(lab, "nightly", "ready", "--cron", "30 3 * * *", "--set", "SECONDS=8")
+    with sync_client(lab["lab"]) as client:
+        dep = client.read_deployment_by_name("m27-pipeline/nightly")
+        schedules = client.read_deployment_schedules(dep.id)
+        client.delete_deployment(dep.id)
+    assert dep.work_pool_name == "m27" and dep.work_queue_name == "ready"
+    assert dep.parameters == {
+        "spec_path": str(lab["spec"].resolve()),
+        "overrides": {"SECONDS": "8"},
+        "pipeline_name": "sleeper",
+    }
+    assert [(s.schedule.cron, s.schedule.timezone) for s in schedules] == [("30 3 * * *", "UTC")]
+    assert dep.entrypoint == "flows/pipeline.py:pipeline_flow"
+    assert dep.pull_steps == [
+        {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $M27_FLOWS_DIR }}"}}
+    ]
+
+
+def test_prefect_yaml_deploys_what_m27_deploy_would(lab: dict[str, Any]) -> None:
+    import sys
+
+    from tests.integration.conftest_scale import ROOT
+
+    env = lab["lab"].client_env(PREFECT_HOME=str(lab["base"] / "cli-home"))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "--no-prompt",
+            "deploy",
+            "--all",
+            "--prefect-file",
+            "deployments/prefect.yaml",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    _deploy(lab, "via-m27", "background")
+    with sync_client(lab["lab"]) as client:
+        yaml_dep = client.read_deployment_by_name("m27-pipeline/md-example-nightly")
+        m27_dep = client.read_deployment_by_name("m27-pipeline/via-m27")
+        client.delete_deployment(yaml_dep.id)
+        client.delete_deployment(m27_dep.id)
+    same = ("entrypoint", "work_pool_name", "work_queue_name", "pull_steps")
+    assert {k: getattr(yaml_dep, k) for k in same} == {k: getattr(m27_dep, k) for k in same}
+    assert set(yaml_dep.parameters) == set(m27_dep.parameters)
+    assert sorted(yaml_dep.tags) == ["m27", "pipeline:md-example", "tier:background"]
+
+
+def test_deploy_refuses_a_bad_pipeline_before_calling_prefect(
+    lab: dict[str, Any], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pipeline:\n  - name: x\n    type: tpu\n    command: echo\n")
+    with pytest.raises(SpecError):
+        _cli(deploy_cmd, ["deploy", str(bad), "--name", "bad"])
+
+
+def test_busy_nodes_take_nothing_then_start_waiting_runs_in_tier_order(
+    lab: dict[str, Any],
+) -> None:
+    for tier in ("background", "ready", "immediate"):
+        _deploy(lab, f"t-{tier}", tier, "--set", "SECONDS=0.2")
+    with sync_client(lab["lab"]) as client:
+        # Queued lowest tier first, while both nodes are busy.
+        runs = {tier: _run(client, f"t-{tier}") for tier in ("background", "ready", "immediate")}
+        time.sleep(4)  # several polls of both workers
+        assert {t: _state(client, r) for t, r in runs.items()} == dict.fromkeys(runs, "SCHEDULED")
+        a, b = lab["nodes"]["a"], lab["nodes"]["b"]
+        a.release()
+        for tier, fr in runs.items():
+            wait_for(
+                f"{tier} run to complete\n{_debug(lab)}",
+                lambda fr=fr: _state(client, fr) == "COMPLETED",
+                timeout=120,
+            )
+    ids = {runids.from_flow_run(str(fr)): tier for tier, fr in runs.items()}
+    order = [ids[r] for r in a.admitted() if r in ids]
+    assert order == ["immediate", "ready", "background"]
+    assert not set(ids) & set(b.admitted())
+    assert all(a.state().runs[r].status == "succeeded" for r in ids)
+    b.release()
+
+
+def test_worker_publishes_its_node_capacity(lab: dict[str, Any]) -> None:
+    from prefect.variables import Variable
+
+    value = wait_for("capacity of node a", lambda: Variable.get("m27-capacity-a"), timeout=30)
+    assert value["node"] == "a" and value["gpus"] == 1 and value["cpu_slots"] == 1
+    assert set(value["free"]) == {"immediate", "ready", "background"}
+    local = (lab["nodes"]["a"].home / "capacity.json").read_text()
+    assert '"free"' in local
+
+
+def _started_step(lab: dict[str, Any], fr: UUID) -> tuple[Node, int, int]:
+    run_id = runids.from_flow_run(str(fr))
+
+    def probe() -> tuple[Node, int, int] | None:
+        node = _where(lab, fr)
+        if node is None:
+            return None
+        run = node.state().runs.get(run_id)
+        if run is None or run.steps["work"].status != "running":
+            return None
+        return node, run.pid, int(run.steps["work"].pid or 0)
+
+    return wait_for(f"step of {run_id} to start\n{_debug(lab)}", probe, timeout=90)
+
+
+def test_kill_9_of_a_flow_run_process_ends_crashed_in_prefect_and_the_log(
+    lab: dict[str, Any],
+) -> None:
+    _deploy(lab, "long-crash", "immediate", "--set", "SECONDS=300")
+    with sync_client(lab["lab"]) as client:
+        fr = _run(client, "long-crash")
+        node, flow_pid, step_pid = _started_step(lab, fr)
+        os.kill(flow_pid, signal.SIGKILL)
+        wait_for("Crashed in Prefect", lambda: _state(client, fr) == "CRASHED", timeout=30)
+    run_id = runids.from_flow_run(str(fr))
+    wait_for(
+        "RunCrashed in the node's log",
+        lambda: any(isinstance(r, RunCrashed) and r.run_id == run_id for r in _events(node)),
+        timeout=15,
+    )
+    wait_for("the orphaned step to stop", lambda: not pid_alive(step_pid), timeout=15)
+    assert node.state().runs[run_id].status == "failed"
+
+
+def test_cancelling_from_prefect_stops_the_step_processes(lab: dict[str, Any]) -> None:
+    from prefect.states import Cancelling
+
+    _deploy(lab, "long-cancel", "immediate", "--set", "SECONDS=300")
+    with sync_client(lab["lab"]) as client:
+        fr = _run(client, "long-cancel")
+        node, _flow_pid, step_pid = _started_step(lab, fr)
+        client.set_flow_run_state(fr, Cancelling(), force=True)
+        wait_for(
+            f"Cancelled in Prefect\n{_debug(lab)}",
+            lambda: _state(client, fr) == "CANCELLED",
+            timeout=60,
+        )
+    wait_for("the step process to stop", lambda: not pid_alive(step_pid), timeout=15)
+    run_id = runids.from_flow_run(str(fr))
+    assert any(isinstance(e, RunCancelled) and e.run_id == run_id for e in _events(node))
+    assert node.state().runs[run_id].steps["work"].status == "cancelled"
+
+
+def test_a_cron_schedule_fires_and_a_worker_runs_it(lab: dict[str, Any]) -> None:
+    with sync_client(lab["lab"]) as client:
+        dep = client.read_deployment_by_name("m27-pipeline/every-minute")
+        from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+        def completed() -> bool:
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))
+            )
+            return any(r.auto_scheduled and r.state and r.state.is_completed() for r in runs)
+
+        try:
+            wait_for(
+                f"a scheduled run to complete\n{_debug(lab)}", completed, timeout=150, every=1.0
+            )
+        finally:
+            client.delete_deployment(dep.id)
+
+
+def _events(node: Node) -> list[Event]:
+    store = open_store(node.home)
+    try:
+        return [r.event for r in store.read()]
+    finally:
+        store.close()

@@ -1,0 +1,173 @@
+"""Crash truth: a run whose process died is found, its orphans stopped, and the log closed."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from m27 import crash
+from m27 import events as ev
+from m27.clock import FakeClock
+from m27.state import fold
+from m27.store.memory import MemoryEventStore
+
+HOST = socket.gethostname()
+
+
+def started_run(store: MemoryEventStore, pid: int, step_pid: int = 4242) -> None:
+    store.append(
+        [
+            ev.RunSubmitted(
+                at=1.0,
+                run_id="r",
+                pipeline="p",
+                spec_path="",
+                steps=("md", "an"),
+                flow_run_id="0b6f6b5e-2f4b-4c2a-9a57-5d2b1c7e9f00",
+                pid=pid,
+                host=HOST,
+            ),
+            ev.LeaseGranted(at=2.0, run_id="r", step="md", gpus=(0,)),
+            ev.StepStarted(
+                at=2.0,
+                run_id="r",
+                step="md",
+                attempt=1,
+                pid=step_pid,
+                pgid=step_pid,
+                command=("md",),
+            ),
+            ev.StepRequested(at=2.0, run_id="r", step="an", type="gpu_light"),
+        ]
+    )
+
+
+def test_a_running_run_with_a_dead_pid_on_this_host_is_found() -> None:
+    store = MemoryEventStore()
+    started_run(store, pid=111)
+    found = crash.dead_runs(fold(store.read()), HOST, is_alive=lambda pid: pid != 111)
+    assert [f.run_id for f in found] == ["r"]
+    assert found[0].flow_run_id is not None
+
+
+def test_live_runs_other_hosts_and_busy_runs_are_left_alone() -> None:
+    store = MemoryEventStore()
+    started_run(store, pid=111)
+    state = fold(store.read())
+    assert crash.dead_runs(state, HOST, is_alive=lambda pid: True) == []
+    assert crash.dead_runs(state, "other-host", is_alive=lambda pid: False) == []
+    assert crash.dead_runs(state, HOST, lambda pid: False, is_busy=lambda r: r == "r") == []
+
+
+def test_an_admitted_run_whose_worker_died_before_it_started_is_found() -> None:
+    store = MemoryEventStore()
+    store.append(
+        [
+            ev.RunAdmitted(
+                at=1.0, run_id="a", flow_run_id="f", tier="ready", host=HOST, worker_pid=222
+            )
+        ]
+    )
+    found = crash.dead_runs(fold(store.read()), HOST, is_alive=lambda pid: False)
+    assert [f.run_id for f in found] == ["a"]
+    crash.finalize(store, "a", found[0].reason)
+    assert fold(store.read()).admitted == {}
+
+
+def test_finalize_stops_orphans_releases_leases_and_records_the_crash() -> None:
+    store = MemoryEventStore()
+    started_run(store, pid=111)
+    stopped: list[tuple[int, int]] = []
+
+    def stop(pgid: int, pid: int, grace: float, clock: Any) -> int:
+        stopped.append((pgid, pid))
+        return 15
+
+    out = crash.finalize(store, "r", "gone", clock=FakeClock(10.0), stop=stop)
+    assert stopped == [(4242, 4242)]
+    assert [type(e).__name__ for e in out] == [
+        "StepFailed",
+        "StepCancelled",
+        "LeaseReleased",
+        "RunCrashed",
+    ]
+    state = fold(store.read())
+    run = state.runs["r"]
+    assert run.status == "failed" and run.reason == "crashed: gone"
+    assert run.steps["md"].status == "failed" and run.steps["md"].signal == 15
+    assert run.failed_steps == ("md",)
+    assert state.leases == {} and state.requests == {}
+    assert crash.finalize(store, "r", "again", stop=stop) == []  # idempotent
+
+
+def test_finalize_as_cancelled_ends_in_run_cancelled() -> None:
+    store = MemoryEventStore()
+    started_run(store, pid=111)
+    out = crash.finalize(
+        store, "r", "cancelled from Prefect", outcome="cancelled", stop=lambda *a: 15
+    )
+    assert isinstance(out[-1], ev.RunCancelled)
+    assert fold(store.read()).runs["r"].steps["md"].status == "cancelled"
+
+
+def test_stop_group_kills_a_real_process_group(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        sig = crash._stop_group(proc.pid, proc.pid, 5.0, FakeClock(0.0))
+        proc.wait(timeout=5)
+        assert sig is not None and proc.returncode is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_pid_alive_sees_zombies_as_dead() -> None:
+    proc = subprocess.Popen(["true"])
+    for _ in range(500):  # wait for the exit itself (not a timer)
+        if not crash.pid_alive(proc.pid):
+            break
+        time.sleep(0.01)
+    assert not crash.pid_alive(proc.pid)  # exited but not yet reaped
+    proc.wait()
+    assert not crash.pid_alive(0)
+
+
+class FakePrefect:
+    def __init__(self) -> None:
+        self.set: list[tuple[Any, Any]] = []
+
+    async def read_flow_run(self, flow_run_id: Any) -> Any:
+        from prefect.states import Running
+
+        class FR:
+            state = Running()
+
+        return FR()
+
+    async def set_flow_run_state(self, flow_run_id: Any, state: Any, force: bool) -> None:
+        self.set.append((flow_run_id, state))
+
+
+def test_sweep_closes_dead_runs_and_marks_them_crashed_in_prefect() -> None:
+    store = MemoryEventStore()
+    started_run(store, pid=111)
+    client = FakePrefect()
+    lines: list[str] = []
+    closed = asyncio.run(
+        crash.sweep(
+            store,
+            client,
+            host=HOST,
+            is_alive=lambda pid: False,  # type: ignore[arg-type]
+            clock=FakeClock(5.0),
+            log=lines.append,
+            stop=lambda *a: 9,
+        )
+    )
+    assert [c.run_id for c in closed] == ["r"]
+    assert client.set and client.set[0][1].type.value == "CRASHED"
+    assert any("crashed" in line for line in lines)
