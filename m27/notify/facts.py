@@ -42,7 +42,7 @@ class RunFacts:
     run_id: str
     pipeline: str = ""
     owner: str = ""
-    status: str = "running"  # running, succeeded, failed, cancelled
+    status: str = "running"  # running, succeeded, failed, cancelled, crashed
     submitted_at: float = 0.0
     prefect_url: str | None = None
     steps: dict[str, StepFacts] = field(default_factory=dict)
@@ -93,6 +93,8 @@ def _apply(node: NodeFacts, e: ev.Event) -> None:
         node.run(e.run_id).status = "failed"
     elif isinstance(e, ev.RunCancelled):
         node.run(e.run_id).status = "cancelled"
+    elif isinstance(e, ev.RunCrashed):
+        node.run(e.run_id).status = "crashed"
     elif isinstance(e, ev.CancelRequested):
         node.run(e.run_id).cancel_requested_by = e.by
     elif isinstance(e, ev.StepQueued):

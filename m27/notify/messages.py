@@ -130,6 +130,20 @@ def _run_failed(e: ev.RunFailed, run: RunFacts, node: str) -> Message:
     return Message("run_failed", _join(lines + tail_lines))
 
 
+def _run_crashed(e: ev.RunCrashed, run: RunFacts, node: str) -> Message:
+    """The run's own process died (kill -9, OOM, power cut): no exit code to show."""
+    running = [name for name, s in run.steps.items() if s.status == "running"]
+    lines = [
+        _header("💥", "Run crashed", node),
+        f"<code>{esc(e.run_id)}</code> · {esc(run.pipeline or '?')}",
+        esc(e.reason) if e.reason else "",
+        ("was running: " + ", ".join(f"<b>{esc(s)}</b>" for s in running)) if running else "",
+        f"Resume: <code>{esc(resume_command(e.run_id))}</code>",
+        *_prefect_link(run),
+    ]
+    return Message("run_failed", _join(lines))
+
+
 def _run_cancelled(e: ev.RunCancelled, run: RunFacts, node: str) -> Message:
     by = run.cancel_requested_by
     lines = [
@@ -211,6 +225,8 @@ def render(event: ev.Event, facts: NodeFacts, node: str = "") -> Message | None:
         return _run_failed(event, run, node)
     if isinstance(event, ev.RunCancelled) and run is not None:
         return _run_cancelled(event, run, node)
+    if isinstance(event, ev.RunCrashed) and run is not None:
+        return _run_crashed(event, run, node)
     if isinstance(event, ev.StepFailed) and event.will_retry:
         return _step_retried(event, node)
     if isinstance(event, ev.CheckpointRestored):

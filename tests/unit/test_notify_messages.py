@@ -144,6 +144,20 @@ def test_run_killed_by_a_signal_reads_as_a_crash() -> None:
     check_golden("run_crashed", text)
 
 
+def test_a_run_whose_process_died_is_reported_crashed_with_the_resume_command() -> None:
+    _, msgs = fold(
+        [
+            submitted(),
+            started("prep"),
+            ev.RunCrashed(T0 + 5, "md-0412", "process 4242 died without recording an end"),
+        ]
+    )
+    text = only(msgs, "run_failed")
+    assert "Run crashed" in text and "<b>prep</b>" in text
+    assert "m27 run --resume md-0412" in text and "process 4242 died" in text
+    check_golden("run_crashed_process", text)
+
+
 def test_a_huge_log_tail_is_trimmed_to_fit_telegram() -> None:
     text = failing_run("".join("x" * 5000 + "\n" for _ in range(20)))
     assert len(text) <= MAX_TEXT
