@@ -33,6 +33,7 @@ unit: install
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 bench: install
+	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/run_all.py
 
 clean:

@@ -76,7 +76,9 @@ def _occupancy() -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     except (M27Error, OSError, ImportError):
         return primaries, guests
     for (run_id, step), gpus in state.leases.items():
-        if state.lease_tiers.get((run_id, step), "immediate") != "immediate":
+        # A lease not held as a guest is its GPUs' primary (immediate, or background work
+        # on a GPU nobody above wanted); a ready lease is always a guest.
+        if (run_id, step) in state.guests or state.lease_tiers.get((run_id, step)) == "ready":
             continue
         for gpu in gpus:
             primaries.setdefault(gpu, []).append(f"{run_id}/{step}")

@@ -1,0 +1,1 @@
+"""Prefect flows of m27 (importable as `flows.pipeline`)."""

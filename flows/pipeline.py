@@ -1,0 +1,397 @@
+"""The Prefect flow that runs one m27 pipeline: a flow run per pipeline run, a task run per step.
+
+The flow takes only JSON-able parameters, so the same function runs from `m27 run` (in
+process, on Prefect's temporary server or `PREFECT_API_URL`) and from a Prefect deployment
+picked up by a worker. Everything m27 knows about the run goes through the node's event
+log first; Prefect shows the same run in its UI (states, logs, checkpoint artifacts).
+
+Scheduling inside a run is a plain DAG walk: a step is submitted when all its dependencies
+succeeded, and waits for its resources in the node's lease (CPU slot or GPUs). When a step
+fails, its dependents are recorded as skipped (task runs named after them, in a Failed
+state named ``UpstreamFailed``) while independent branches finish.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
+from prefect.states import Cancelled, Completed, Failed
+
+from m27 import runids
+from m27._agent_embed import ensure_agent
+from m27.checkpoint import artifact_for, latest_checkpoint
+from m27.config import load_settings, m27_home
+from m27.events import (
+    CancelRequested,
+    CheckpointWritten,
+    Event,
+    RunCancelled,
+    RunFailed,
+    RunSubmitted,
+    RunSucceeded,
+    StepCancelled,
+    StepQueued,
+    StepSkipped,
+)
+from m27.lease_client import AgentLease, Granted, run_leased
+from m27.runner import StepLaunch, StepResult
+from m27.spec import Pipeline, Step, load_pipeline
+from m27.state import fold
+from m27.store import EventStore
+from m27.store.sqlite import open_store
+
+#: run id -> callable(step, stream, line); lets `m27 run` print step output live.
+LINE_SINKS: dict[str, Callable[[str, str, str], None]] = {}
+
+
+@dataclass
+class _Run:
+    """Everything the step tasks of one run share (never passed through Prefect)."""
+
+    run_id: str
+    pipeline: Pipeline
+    store: EventStore
+    home: Path
+    lease: AgentLease
+    resume_dirs: list[Path]
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def append(self, *events: Event) -> None:
+        self.store.append(list(events))
+
+    def checkpoint_dir(self, step: str) -> Path:
+        return self.home / "checkpoints" / self.run_id / step
+
+    def resume_from(self, step: str) -> str | None:
+        """Newest valid checkpoint of `step`: this run's own first (retries), then the runs
+        it resumes, newest first."""
+        for base in [self.home / "checkpoints" / self.run_id, *self.resume_dirs]:
+            found = latest_checkpoint(base / step)
+            if found is not None:
+                return str(found)
+        return None
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _watch_cancel(run: _Run, stop: threading.Event) -> None:
+    """Turn a CancelRequested for this run (from any process) into the cancel flag."""
+    after = run.store.last_seq()
+    while not stop.is_set() and not run.cancel.is_set():
+        for rec in run.store.follow(after, timeout=0.25):
+            after = rec.seq
+            ev = rec.event
+            if isinstance(ev, CancelRequested) and ev.run_id == run.run_id:
+                run.cancel.set()
+
+
+def _register_checkpoints(run: _Run, step: str, after: int) -> int:
+    """Create a Prefect artifact for each checkpoint this step committed since `after`."""
+    from prefect.artifacts import create_markdown_artifact
+
+    for rec in run.store.read(after):
+        after = rec.seq
+        ev = rec.event
+        if isinstance(ev, CheckpointWritten) and ev.run_id == run.run_id and ev.step == step:
+            key, markdown = artifact_for(ev)
+            try:
+                create_markdown_artifact(markdown, key=key, description=f"checkpoint of {step}")
+            except Exception as exc:  # the checkpoint is durable; the UI entry is a bonus
+                get_run_logger().warning("could not register checkpoint artifact: %s", exc)
+    return after
+
+
+def _launch(run: _Run, step: Step, gpus: tuple[int, ...]) -> StepLaunch:
+    env = dict(step.env)
+    env["M27_PIPELINE"] = run.pipeline.name
+    return StepLaunch(
+        run_id=run.run_id,
+        step=step.name,
+        argv=tuple(step.argv),
+        env=env,
+        workdir=Path(step.workdir) if step.workdir else run.pipeline.workdir,
+        timeout=step.timeout,
+        retries=step.retries,
+        outputs=tuple(step.outputs),
+        gpus=gpus,
+        checkpoint_dir=run.checkpoint_dir(step.name),
+        checkpoint_interval=step.checkpoint,
+        log_path=run.home / "runs" / run.run_id / f"{step.name}.log",
+    )
+
+
+def _step_body(run: _Run, step: Step) -> State:
+    logger = get_run_logger()
+    sink = LINE_SINKS.get(run.run_id)
+
+    def on_line(stream: str, line: str) -> None:
+        (logger.warning if stream == "stderr" else logger.info)("%s", line)
+        if sink is not None:
+            sink(step.name, stream, line)
+
+    def supervise(start: Callable[[], StepResult]) -> StepResult:
+        seen = run.store.last_seq()
+        with ThreadPoolExecutor(1, thread_name_prefix=f"m27-{step.name}") as pool:
+            fut: Future[StepResult] = pool.submit(start)
+            while not fut.done():
+                run.store.follow(seen, timeout=0.5)
+                seen = _register_checkpoints(run, step.name, seen)
+            result = fut.result()
+            _register_checkpoints(run, step.name, seen)
+        return result
+
+    def requeued(lease: Granted) -> None:
+        logger.warning("GPU %s lost under step %s: requeued", lease.gpus, step.name)
+
+    # The node agent answers the request (StepRequested -> LeaseGranted); a guest (tier
+    # "ready") starts with its channel's gate closed and computes when the agent allows.
+    result = run_leased(
+        run.lease,
+        _launch(run, step, ()),
+        step.type,
+        cancel=run.cancel,
+        gpus=step.gpus,
+        gpu_memory=step.gpu_memory or 0,
+        priority=step.priority,
+        owner=getpass.getuser(),
+        on_line=on_line,
+        resume_from=lambda: run.resume_from(step.name),
+        supervise=supervise,
+        on_requeue=requeued,
+    )
+    if result is None:
+        return Cancelled(message="cancelled before it started")
+    if result.ok:
+        return Completed(message=f"succeeded in {result.duration_s:.1f}s")
+    if result.cancelled:
+        return Cancelled(message="cancelled")
+    return Failed(message=result.reason)
+
+
+#: run id -> its shared context, for the step tasks of runs in this process.
+_RUNS: dict[str, _Run] = {}
+
+
+@task(name="step", cache_policy=NO_CACHE, persist_result=False)
+def step_task(run_id: str, step: str) -> State:
+    """One pipeline step (the task run takes the step's name)."""
+    run = _RUNS[run_id]
+    return _step_body(run, run.pipeline.step(step))
+
+
+@task(name="skipped", cache_policy=NO_CACHE, persist_result=False)
+def skipped_task(message: str, done: bool) -> State:
+    """A step that will not run, shown in Prefect under its own name."""
+    if done:
+        return Completed(name="Skipped", message=message)
+    return Failed(name="UpstreamFailed", message=message)
+
+
+def _previous_successes(store: EventStore, resume_of: str | None) -> tuple[set[str], list[Path]]:
+    """Steps already done in the run being resumed (and its own ancestors), and their
+    checkpoint folders, newest run first."""
+    if not resume_of:
+        return set(), []
+    state = fold(store.read())
+    done: set[str] = set()
+    dirs: list[Path] = []
+    home = m27_home()
+    current: str | None = resume_of
+    while current and current in state.runs:
+        old = state.runs[current]
+        dirs.append(home / "checkpoints" / current)
+        done |= {name for name, s in old.steps.items() if s.status == "succeeded"}
+        done |= {
+            name
+            for name, s in old.steps.items()
+            if s.status == "skipped" and s.reason.startswith("succeeded")
+        }
+        current = old.resume_of
+    return done, dirs
+
+
+def _ui_url() -> str | None:
+    """The flow run's page in Prefect's UI, when a UI address is known."""
+    from prefect.runtime import flow_run
+
+    url = flow_run.ui_url
+    return url if isinstance(url, str) and url.startswith("http") else None
+
+
+def _flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    run_id = params.get("run_id") or runids.from_flow_run(str(flow_run.id))
+    name = params.get("pipeline_name") or Path(str(params.get("spec_path", "pipeline"))).stem
+    return f"{name}/{run_id}"
+
+
+@flow(
+    name="m27-pipeline",
+    flow_run_name=_flow_run_name,
+    persist_result=False,
+    log_prints=True,
+    validate_parameters=False,
+)
+def pipeline_flow(
+    spec_path: str,
+    overrides: Mapping[str, str] | None = None,
+    run_id: str | None = None,
+    resume_of: str | None = None,
+    pipeline_name: str | None = None,
+) -> State | dict[str, Any]:
+    """Run the pipeline in `spec_path` with `overrides` for its {{VARS}}."""
+    from prefect.runtime import flow_run
+
+    pipeline = load_pipeline(spec_path, overrides or {})
+    run_id = run_id or runids.from_flow_run(str(flow_run.id))
+    home = m27_home()
+    load_settings()  # a bad ~/.m2config fails the run before anything starts
+    store = open_store(home)
+    done, resume_dirs = _previous_successes(store, resume_of)
+    # The node's agent: this process embeds one unless another process runs it.
+    agent = ensure_agent(home)
+    run = _Run(run_id, pipeline, store, home, AgentLease(store, home), resume_dirs)
+    started = _now()
+    submitted: list[Event] = [
+        RunSubmitted(
+            at=started,
+            run_id=run_id,
+            pipeline=pipeline.name,
+            spec_path=str(pipeline.path),
+            steps=tuple(s.name for s in pipeline.steps),
+            vars=dict(pipeline.vars),
+            owner=getpass.getuser(),
+            priority=pipeline.priority,
+            resume_of=resume_of,
+            flow_run_id=str(flow_run.id),
+            prefect_url=_ui_url(),
+            pid=os.getpid(),
+            host=socket.gethostname(),
+        )
+    ]
+    store.append(submitted)
+    _RUNS[run_id] = run
+    stop_watch = threading.Event()
+    watcher = threading.Thread(target=_watch_cancel, args=(run, stop_watch), daemon=True)
+    watcher.start()
+    try:
+        outcome = _walk(run, pipeline, done)
+    finally:
+        stop_watch.set()
+        watcher.join(timeout=2)
+        _RUNS.pop(run_id, None)
+        run.lease.close()
+        if agent is not None:
+            agent.stop()
+    duration = _now() - started
+    failed = tuple(n for n, o in outcome.items() if o == "failed")
+    if run.cancel.is_set():
+        run.append(RunCancelled(at=_now(), run_id=run_id, reason="cancel requested"))
+        return Cancelled(message=f"run {run_id} cancelled")
+    if failed:
+        run.append(
+            RunFailed(
+                at=_now(),
+                run_id=run_id,
+                duration_s=duration,
+                failed_steps=failed,
+                reason=f"step {failed[0]} failed",
+            )
+        )
+        return Failed(message=f"run {run_id}: step(s) {', '.join(failed)} failed")
+    run.append(RunSucceeded(at=_now(), run_id=run_id, duration_s=duration))
+    return {"run_id": run_id, "steps": outcome}
+
+
+def _walk(run: _Run, pipeline: Pipeline, done: set[str]) -> dict[str, str]:
+    """Submit each step once its dependencies succeeded; returns step -> outcome."""
+    outcome: dict[str, str] = {}
+    futures: dict[str, Any] = {}
+    order = pipeline.topo_order()
+    for name in order:
+        if name in done:
+            outcome[name] = "succeeded"
+            why = "succeeded in the resumed run"
+            run.append(StepSkipped(at=_now(), run_id=run.run_id, step=name, reason=why))
+            skipped_task.with_options(name=name, task_run_name=name).submit(why, True).wait()
+    while len(outcome) < len(order):
+        for name in order:
+            if name in outcome or name in futures:
+                continue
+            step = pipeline.step(name)
+            bad = [d for d in step.depends_on if outcome.get(d) in _NOT_DONE]
+            if bad:
+                outcome[name] = "skipped"
+                why = f"upstream step {bad[0]} did not succeed"
+                run.append(StepSkipped(at=_now(), run_id=run.run_id, step=name, reason=why))
+                skipped_task.with_options(name=name, task_run_name=name).submit(why, False).wait()
+            elif all(outcome.get(d) == "succeeded" for d in step.depends_on):
+                if run.cancel.is_set():
+                    outcome[name] = "cancelled"
+                    run.append(
+                        StepCancelled(
+                            at=_now(),
+                            run_id=run.run_id,
+                            step=name,
+                            reason="run cancelled before the step started",
+                        )
+                    )
+                    continue
+                run.append(
+                    StepQueued(
+                        at=_now(),
+                        run_id=run.run_id,
+                        step=name,
+                        type=step.type,
+                        priority=step.priority,
+                        gpus=step.gpus,
+                        gpu_memory=step.gpu_memory or 0,
+                        depends_on=tuple(step.depends_on),
+                    )
+                )
+                upstream = [futures[d] for d in step.depends_on if d in futures]
+                futures[name] = step_task.with_options(name=name, task_run_name=name).submit(
+                    run.run_id, name, wait_for=upstream, return_state=False
+                )
+        running = [f for n, f in futures.items() if n not in outcome]
+        if not running:
+            continue  # the pass above decided more steps; loop until all have an outcome
+        _wait_any(running)
+        for name, fut in futures.items():
+            if name not in outcome and fut.state.is_final():
+                st = fut.state
+                outcome[name] = (
+                    "succeeded"
+                    if st.is_completed()
+                    else "cancelled"
+                    if st.is_cancelled()
+                    else "failed"
+                )
+    return outcome
+
+
+_NOT_DONE = ("failed", "skipped", "cancelled")
+
+
+def _wait_any(futures: list[Any]) -> None:
+    """Block until at least one Prefect future is final."""
+    wrapped = [f.wrapped_future for f in futures]
+    wait(wrapped, return_when=FIRST_COMPLETED)
+    while not any(f.state.is_final() for f in futures):  # state lands just after the future
+        time.sleep(0.01)

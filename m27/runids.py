@@ -1,0 +1,42 @@
+"""Run ids: short, sortable by time, typeable (`20261129-143012-7f3a`), and unique prefixes."""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from collections.abc import Iterable
+
+from m27._exceptions import RunError
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A new id: local time of submission plus 16 random bits."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def from_flow_run(flow_run_id: str) -> str:
+    """The run id of a flow run started by Prefect (a deployment), stable for that flow run."""
+    return f"pf-{uuid.UUID(flow_run_id).hex[:12]}"
+
+
+def resolve(prefix: str, known: Iterable[str]) -> str:
+    """The one known run id equal to or starting with `prefix`; `last` means the newest.
+
+    `known` is in submission order (as the log has them)."""
+    ids = list(known)
+    if prefix == "last":
+        if not ids:
+            raise RunError("no runs recorded yet")
+        return ids[-1]
+    if prefix in ids:
+        return prefix
+    matches = [i for i in ids if i.startswith(prefix)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise RunError(f"no run matches {prefix!r} (see `m27 runs`)", run_id=prefix)
+    raise RunError(
+        f"{prefix!r} matches {len(matches)} runs: {', '.join(matches[:5])}", run_id=prefix
+    )

@@ -1,0 +1,102 @@
+"""A power cut mid-simulation: the run shows as crashed, and --resume continues the MD step
+from its last checkpoint (found through the event log), registered in Prefect."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._helpers import M27, ROOT, m27_env, node_state
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+MD = ROOT / "examples" / "md"
+
+
+def _pipeline(tmp_path: Path) -> Path:
+    path = tmp_path / "md.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: md-crash
+        workdir: {MD}
+        vars:
+          OUT: {tmp_path / "out"}
+          STEPS: "6000"
+        pipeline:
+          - name: preprocessing
+            type: cpu
+            command: python prepare.py --input argon.in --out {{{{OUT}}}}/system.npz
+          - name: md_simulation
+            type: gpu
+            depends_on: [preprocessing]
+            checkpoint: 1s
+            command: python md.py --system {{{{OUT}}}}/system.npz --steps {{{{STEPS}}}} --out {{{{OUT}}}}
+    """)
+    )
+    return path
+
+
+def _artifact_keys(prefect_api: str) -> set[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    async def fetch() -> set[str]:
+        async with get_client() as client:
+            return {a.key for a in await client.read_artifacts() if a.key}
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
+        return asyncio.run(fetch())
+
+
+def test_power_cut_mid_step_then_resume_continues_from_the_checkpoint(
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    spec = _pipeline(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
+        env=m27_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    step = None
+    while time.monotonic() < deadline:
+        runs = node_state(m27_home).runs
+        run = next(iter(runs.values()), None)
+        step = run.steps["md_simulation"] if run else None
+        if step is not None and step.checkpoint_step and step.checkpoint_step >= 400:
+            break
+        time.sleep(0.2)
+    assert step is not None and step.last_checkpoint, "no checkpoint was written in time"
+    # the power cut: m27 run and the step's own process group die at once
+    os.killpg(proc.pid, signal.SIGKILL)
+    os.killpg(step.pgid, signal.SIGKILL)
+    proc.wait()
+    (crashed,) = json.loads(m27("runs", "--json").stdout)
+    assert crashed["status"] == "crashed"
+
+    done = m27("run", "--resume", crashed["run_id"], "--plain", timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    state = node_state(m27_home)
+    new = state.runs[next(r for r in state.runs if r != crashed["run_id"])]
+    assert new.status == "succeeded"
+    assert new.steps["preprocessing"].status == "skipped"
+    assert "resuming from" in done.stdout
+    assert "resumed from checkpoint at step" in done.stdout
+    # the energy log is continuous: every step once, in order, to the end
+    with (tmp_path / "out" / "energy.csv").open() as fh:
+        steps = [int(row["step"]) for row in csv.DictReader(fh)]
+    assert steps == sorted(set(steps)) and steps[-1] == 6000
+    assert len(steps) == len(set(steps))
+    assert "m27-ckpt-md-crash-md-simulation" in _artifact_keys(prefect_env)

@@ -1,0 +1,236 @@
+"""`m27 run` end to end: a real Prefect server, real step processes, the event log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._helpers import M27, node_state, spawn_m27
+
+pytestmark = pytest.mark.service
+
+DIAMOND = textwrap.dedent("""\
+    name: diamond
+    pipeline:
+      - name: a
+        type: cpu
+        command: python -c "print('from a')"
+      - name: b
+        type: cpu
+        depends_on: [a]
+        command: python -c "import os, sys; print('b runs'); sys.exit(0 if os.path.exists('flag') else 3)"
+      - name: c
+        type: gpu
+        depends_on: [a]
+        command: python -c "import os; print('c on GPU', os.environ['CUDA_VISIBLE_DEVICES'])"
+      - name: d
+        type: cpu
+        depends_on: [b, c]
+        command: python -c "print('d')"
+      - name: e
+        type: gpu_light
+        depends_on: [c]
+        command: python -c "print('e')"
+""")
+
+
+def _write(tmp_path: Path, text: str, name: str = "p.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _flow_run(prefect_api: str, flow_run_id: str) -> tuple[str, str, dict[str, str]]:
+    """(flow run name, state type, {task run name: state name}) straight from Prefect."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    async def fetch() -> tuple[str, str, dict[str, str]]:
+        async with get_client() as client:
+            fr = await client.read_flow_run(flow_run_id)
+            tasks = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[fr.id]))
+            )
+            assert fr.state is not None
+            return (
+                fr.name,
+                fr.state.type.value,
+                {t.name: t.state.name for t in tasks if t.state is not None},
+            )
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
+        return asyncio.run(fetch())
+
+
+def test_diamond_with_a_failing_branch_finishes_the_others_and_fails_the_run(
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    spec = _write(tmp_path, DIAMOND)
+    done = m27("run", str(spec), "--plain")
+    assert done.returncode == 1, done.stdout + done.stderr
+    state = node_state(m27_home)
+    (run,) = state.runs.values()
+    status = {n: s.status for n, s in run.steps.items()}
+    assert status == {
+        "a": "succeeded",
+        "b": "failed",
+        "c": "succeeded",
+        "d": "skipped",
+        "e": "succeeded",
+    }
+    assert run.status == "failed"
+    assert run.steps["b"].exit_code == 3
+    assert "b runs" in run.steps["b"].log_tail
+    assert "upstream step b" in run.steps["d"].reason
+    assert "[c] c on GPU" in done.stdout
+    assert "resume: m27 run --resume" in done.stdout
+    # the same run in Prefect: named <pipeline>/<run>, one task run per step, Failed
+    assert run.flow_run_id
+    name, state_type, tasks = _flow_run(prefect_env, run.flow_run_id)
+    assert name == f"diamond/{run.run_id}"
+    assert state_type == "FAILED"
+    assert tasks["a"] == "Completed" and tasks["b"] == "Failed"
+    assert tasks["d"] == "UpstreamFailed" and tasks["e"] == "Completed"
+    # the step log holds the output of the step
+    log = (m27_home / "runs" / run.run_id / "a.log").read_text()
+    assert "from a" in log
+    listed = m27("runs", "--json")
+    rows = json.loads(listed.stdout)
+    assert [(r["run_id"], r["status"]) for r in rows] == [(run.run_id, "failed")]
+    shown = m27("logs", run.run_id[:12], "b")
+    assert "b runs" in shown.stdout
+
+
+def test_resume_reruns_only_the_steps_that_did_not_succeed(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    spec = _write(tmp_path, DIAMOND)
+    first = m27("run", str(spec), "--plain")
+    assert first.returncode == 1
+    old = next(iter(node_state(m27_home).runs.values()))
+    (tmp_path / "flag").write_text("now b succeeds")
+    again = m27("run", "--resume", old.run_id, "--plain")
+    assert again.returncode == 0, again.stdout + again.stderr
+    state = node_state(m27_home)
+    new = state.runs[next(r for r in state.runs if r != old.run_id)]
+    assert new.resume_of == old.run_id and new.status == "succeeded"
+    assert {n for n, s in new.steps.items() if s.status == "skipped"} == {"a", "c", "e"}
+    assert {n for n, s in new.steps.items() if s.status == "succeeded"} == {"b", "d"}
+    assert new.steps["b"].attempts == 1
+
+
+def test_bad_input_exits_2_and_leaves_nothing_in_the_log(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    spec = _write(tmp_path, "pipeline:\n  - name: a\n    type: cpux\n    command: echo hi\n")
+    done = m27("run", str(spec))
+    assert done.returncode == 2
+    assert "p.yaml:3" in done.stderr and "cpux" in done.stderr
+    assert node_state(m27_home).runs == {}
+    undefined = _write(
+        tmp_path, "pipeline:\n  - name: a\n    type: cpu\n    command: echo {{NOPE}}\n", "u.yaml"
+    )
+    done = m27("run", str(undefined))
+    assert done.returncode == 2 and "NOPE" in done.stderr
+    assert node_state(m27_home).runs == {}
+
+
+def _wait_for(predicate: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+SLEEPER = textwrap.dedent("""\
+    name: sleeper
+    pipeline:
+      - name: long
+        type: gpu
+        command: python -c "import subprocess, time; subprocess.Popen(['sleep', '300']); print('started', flush=True); time.sleep(300)"
+      - name: after
+        type: cpu
+        depends_on: [long]
+        command: python -c "print('never')"
+""")
+
+
+def _running_pgid(home: Path) -> tuple[str, int]:
+    runs = node_state(home).runs
+    for run in runs.values():
+        step = run.steps["long"]
+        if step.status == "running" and step.pgid:
+            return run.run_id, step.pgid
+    raise LookupError
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_m27_cancel_stops_the_step_process_group_and_records_the_run_cancelled(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    spec = _write(tmp_path, SLEEPER)
+    proc = spawn_m27("run", str(spec), "--plain")
+    try:
+        found: list[tuple[str, int]] = []
+
+        def started() -> bool:
+            try:
+                found.append(_running_pgid(m27_home))
+                return True
+            except LookupError:
+                return False
+
+        _wait_for(started)
+        run_id, pgid = found[0]
+        done = m27("cancel", run_id)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert proc.wait(timeout=60) == 1
+    finally:
+        proc.kill()
+    run = node_state(m27_home).runs[run_id]
+    assert run.status == "cancelled"
+    assert run.steps["long"].status == "cancelled"
+    assert run.steps["after"].status in ("cancelled", "skipped")
+    _wait_for(lambda: not _group_alive(pgid), timeout=15)
+
+
+def test_ctrl_c_cancels_the_run(m27: M27, tmp_path: Path, m27_home: Path) -> None:
+    spec = _write(tmp_path, SLEEPER)
+    proc = spawn_m27("run", str(spec), "--plain")
+    try:
+        found: list[tuple[str, int]] = []
+
+        def started() -> bool:
+            try:
+                found.append(_running_pgid(m27_home))
+                return True
+            except LookupError:
+                return False
+
+        _wait_for(started)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, out
+    run_id, pgid = found[0]
+    assert node_state(m27_home).runs[run_id].status == "cancelled"
+    assert "cancelling" in out
+    _wait_for(lambda: not _group_alive(pgid), timeout=15)

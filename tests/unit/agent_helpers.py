@@ -1,0 +1,170 @@
+"""Helpers for the agent tests: a node (log + sim GPUs + agent), step scripts, log reading."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from m27 import events as ev
+from m27.agent import Agent
+from m27.gpu.sim import SimBackend
+from m27.lease_client import AgentLease, run_leased
+from m27.policy import PolicyConfig
+from m27.runner import StepLaunch, StepResult
+from m27.store.sqlite import SqliteEventStore
+
+GiB = 1024**3
+ROOT = Path(__file__).resolve().parents[2]
+TICK = 0.01
+
+#: A step with compute and I/O phases, like MD writing trajectory frames. Compute is a
+#: sleep: the simulated GPU counts a process as computing unless it is at its gate, in an
+#: io_wait block or stopped. Every phase is recorded as "kind start end" (time.time()).
+STEP = textwrap.dedent("""\
+    import sys, time
+    from m27._step_api import gate, io_wait
+    out, cycles, compute, io, load, chunk = sys.argv[1], int(sys.argv[2]), *map(float, sys.argv[3:7])
+    gated = sys.argv[7] == "1"
+    until = sys.argv[8] if len(sys.argv) > 8 else ""  # loop until this file exists
+    rec = open(out, "a", buffering=1)
+    with io_wait():
+        t = time.time(); time.sleep(load); rec.write(f"load {t} {time.time()}\\n")
+    import os
+    n = 0
+    while (n < cycles) if not until else not os.path.exists(until):
+        n += 1
+        left = compute
+        while left > 1e-9:
+            if gated:
+                gate()
+            t = time.time(); time.sleep(min(chunk, left)); left -= chunk
+            rec.write(f"compute {t} {time.time()}\\n")
+        if io > 0:
+            with io_wait():
+                t = time.time(); time.sleep(io); rec.write(f"io {t} {time.time()}\\n")
+""")
+
+
+def step_argv(
+    out: Path,
+    cycles: int = 3,
+    compute: float = 0.1,
+    io: float = 0.1,
+    load: float = 0.0,
+    chunk: float = 0.01,
+    gated: bool = True,
+    until: Path | None = None,
+) -> tuple[str, ...]:
+    args = (cycles, compute, io, load, chunk, int(gated))
+    tail = (str(until),) if until is not None else ()
+    return (sys.executable, "-c", STEP, str(out), *map(str, args), *tail)
+
+
+def phases(path: Path, kind: str) -> list[tuple[float, float]]:
+    if not path.exists():
+        return []
+    rows = [line.split() for line in path.read_text().splitlines()]
+    return [(float(a), float(b)) for k, a, b in rows if k == kind]
+
+
+@dataclass
+class Node:
+    home: Path
+    store: SqliteEventStore
+    backend: SimBackend
+    agent: Agent
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> Node:
+        self.thread = threading.Thread(target=self.agent.run, args=(self.stop,), daemon=True)
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(5)
+        self.agent.close()
+        self.store.close()
+
+    def events(self) -> list[ev.Event]:
+        return [r.event for r in self.store.read()]
+
+    def of(self, cls: type[ev.Event]) -> list[ev.Event]:
+        return [e for e in self.events() if isinstance(e, cls)]
+
+
+def make_node(
+    home: Path,
+    gpus: int = 1,
+    memory: int = 16 * GiB,
+    *,
+    gate_grace: float = 0.1,
+    **config: float,
+) -> Node:
+    store = SqliteEventStore(home / "events.db")
+    backend = SimBackend(gpus, memory_total=memory)
+    cfg = PolicyConfig(**{"io_timeout": 0.02, "cpu_slots": 2, **config})  # type: ignore[arg-type]
+    agent = Agent(store, backend, home, config=cfg, tick=TICK, gate_grace=gate_grace)
+    return Node(home, store, backend, agent)
+
+
+@dataclass
+class StepRun:
+    thread: threading.Thread
+    result: list[StepResult | None]
+
+    def wait(self, timeout: float = 30) -> StepResult | None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "step did not finish"
+        return self.result[0]
+
+
+def run_step_leased(
+    lease: AgentLease,
+    run_id: str,
+    step: str,
+    argv: tuple[str, ...],
+    *,
+    type: str = "gpu",
+    gpu_memory: int = GiB,
+    priority: int = 0,
+    owner: str = "u",
+    cancel: threading.Event | None = None,
+) -> StepRun:
+    """Lease and run one real step process on a thread, as the flow does."""
+    result: list[StepResult | None] = [None]
+    launch = StepLaunch(run_id=run_id, step=step, argv=argv, grace=1.0)
+
+    def body() -> None:
+        result[0] = run_leased(
+            lease,
+            launch,
+            type,
+            cancel=cancel or threading.Event(),
+            gpu_memory=gpu_memory,
+            priority=priority,
+            owner=owner,
+        )
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return StepRun(t, result)
+
+
+def windows(events: list[ev.Event], key: tuple[str, str]) -> Iterator[tuple[float, float]]:
+    """Times a guest was allowed to compute: GuestResumed .. next GuestPaused (or end)."""
+    opened: float | None = None
+    for e in events:
+        if getattr(e, "run_id", None) != key[0] or getattr(e, "step", None) != key[1]:
+            continue
+        if isinstance(e, ev.GuestResumed):
+            opened = e.at
+        elif isinstance(e, ev.GuestPaused | ev.Promoted | ev.LeaseReleased) and opened is not None:
+            yield (opened, e.at)
+            opened = None

@@ -1,0 +1,75 @@
+"""`m27 queue` and `m27 bump` on a log written the way the agent and the steps write it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from m27 import events as ev
+from m27.commands import bump, queue
+from m27.store.sqlite import open_store
+
+GiB = 1024**3
+
+
+def _log(home: Path) -> None:
+    now = time.time()
+    store = open_store(home)
+    store.append(
+        [
+            ev.RunSubmitted(
+                at=now, run_id="run1", pipeline="p", spec_path="p.yaml", steps=("md", "a", "b")
+            ),
+            ev.StepRequested(at=now, run_id="run1", step="md", type="gpu", gpus=1, gpu_memory=GiB),
+            ev.LeaseGranted(at=now, run_id="run1", step="md", gpus=(0,), tier="immediate"),
+            ev.StepRequested(at=now, run_id="run1", step="md2", type="gpu", gpus=1, gpu_memory=GiB),
+            ev.LeaseGranted(at=now, run_id="run1", step="md2", gpus=(1,), tier="immediate"),
+            ev.StepRequested(at=now + 1, run_id="run1", step="a", type="gpu", gpus=2),
+            ev.StepRequested(at=now + 2, run_id="run1", step="b", type="gpu", gpus=1, priority=1),
+        ]
+    )
+    store.close()
+
+
+def _queue(capsys: pytest.CaptureFixture[str], why: str | None = None) -> str:
+    code = queue.run(argparse.Namespace(why=why, json=why is None))
+    assert code == 0
+    return capsys.readouterr().out
+
+
+def test_queue_shows_tiers_priorities_and_why_a_step_waits(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _log(m27_home)
+    snap = json.loads(_queue(capsys))
+    assert [(h["step"], h["tier"], h["role"]) for h in snap["held"]] == [
+        ("run1/md", "immediate", "primary"),
+        ("run1/md2", "immediate", "primary"),
+    ]
+    assert [w["step"] for w in snap["waiting"]] == ["run1/b", "run1/a"]
+    assert "reserved for run1/a" in snap["waiting"][0]["why"]
+    why = _queue(capsys, "a")
+    assert why.startswith("run1/a: waiting") and "GPU 0 primary run1/md" in why
+
+
+def test_bump_reorders_the_queue(m27_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _log(m27_home)
+    assert bump.run(argparse.Namespace(run_id="run1", step="a", delta=5)) == 0
+    assert "+5" in capsys.readouterr().out
+    snap = json.loads(_queue(capsys))
+    assert [(w["step"], w["priority"], w["bump"]) for w in snap["waiting"]] == [
+        ("run1/a", 5, 5),
+        ("run1/b", 1, 0),
+    ]
+
+
+def test_bump_of_an_unknown_step_is_bad_input(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _log(m27_home)
+    assert bump.run(argparse.Namespace(run_id="run1", step="nope", delta=1)) == 2
+    assert queue.run(argparse.Namespace(why="nope", json=False)) == 2

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from m27 import RunError
+from m27.runids import from_flow_run, new_run_id, resolve
+
+
+def test_new_run_ids_sort_by_time_and_are_unique() -> None:
+    ids = {new_run_id(1_800_000_000.0) for _ in range(50)}
+    assert len(ids) > 40
+    assert all(re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", i) for i in ids)
+    assert new_run_id(1_800_000_000.0) < new_run_id(1_900_000_000.0)
+
+
+def test_flow_run_ids_map_to_a_stable_run_id() -> None:
+    fid = "0f6b2e9a-1c1d-4a53-9d55-5f1f6f0c2a11"
+    assert from_flow_run(fid) == from_flow_run(fid) == "pf-0f6b2e9a1c1d"
+
+
+def test_resolve_accepts_exact_ids_unique_prefixes_and_last() -> None:
+    known = ["20261129-100000-aaaa", "20261129-110000-bbbb", "20261130-090000-cccc"]
+    assert resolve("20261129-110000-bbbb", known) == "20261129-110000-bbbb"
+    assert resolve("20261130", known) == "20261130-090000-cccc"
+    assert resolve("last", known) == "20261130-090000-cccc"
+    with pytest.raises(RunError, match="matches 2 runs"):
+        resolve("20261129", known)
+    with pytest.raises(RunError, match="no run matches"):
+        resolve("1999", known)
