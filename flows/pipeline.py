@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,10 @@ from prefect.states import Cancelled, Completed, Failed
 
 from m27 import runids
 from m27._agent_embed import ensure_agent
+from m27._exceptions import RunnerError
 from m27.checkpoint import artifact_for, latest_checkpoint
 from m27.config import load_settings, m27_home
+from m27.container import wrap_argv
 from m27.events import (
     CancelRequested,
     CheckpointWritten,
@@ -42,11 +45,13 @@ from m27.events import (
     RunSubmitted,
     RunSucceeded,
     StepCancelled,
+    StepFailed,
     StepQueued,
     StepSkipped,
 )
 from m27.lease_client import AgentLease, Granted, run_leased
 from m27.runner import StepLaunch, StepResult
+from m27.slurm import run_slurm_step
 from m27.spec import Pipeline, Step, load_pipeline
 from m27.state import fold
 from m27.store import EventStore
@@ -116,12 +121,16 @@ def _register_checkpoints(run: _Run, step: str, after: int) -> int:
 
 
 def _launch(run: _Run, step: Step, gpus: tuple[int, ...]) -> StepLaunch:
+    """What the runner (or Slurm) starts; a `container:` step runs inside its image."""
     env = dict(step.env)
     env["M27_PIPELINE"] = run.pipeline.name
+    argv = tuple(step.argv)
+    if step.container:
+        argv = wrap_argv(argv, step.container, step.binds, gpus=step.uses_gpu)
     return StepLaunch(
         run_id=run.run_id,
         step=step.name,
-        argv=tuple(step.argv),
+        argv=argv,
         env=env,
         workdir=Path(step.workdir) if step.workdir else run.pipeline.workdir,
         timeout=step.timeout,
@@ -157,11 +166,39 @@ def _step_body(run: _Run, step: Step) -> State:
     def requeued(lease: Granted) -> None:
         logger.warning("GPU %s lost under step %s: requeued", lease.gpus, step.name)
 
+    try:
+        launch = _launch(run, step, ())
+    except RunnerError as exc:  # e.g. a container step on a node without apptainer
+        run.append(
+            StepFailed(
+                at=_now(),
+                run_id=run.run_id,
+                step=step.name,
+                attempt=1,
+                duration_s=0.0,
+                reason=str(exc),
+            )
+        )
+        return Failed(message=str(exc))
+    if step.executor == "slurm":
+        # Slurm allocates the GPUs (gres) and queues the job; the node's agent is not asked.
+        result: StepResult | None = supervise(
+            partial(
+                run_slurm_step,
+                launch,
+                run.store,
+                options=step.slurm,
+                on_line=on_line,
+                cancel=run.cancel,
+                resume_from=lambda: run.resume_from(step.name),
+            )
+        )
+        return _state_of(result)
     # The node agent answers the request (StepRequested -> LeaseGranted); a guest (tier
     # "ready") starts with its channel's gate closed and computes when the agent allows.
     result = run_leased(
         run.lease,
-        _launch(run, step, ()),
+        launch,
         step.type,
         cancel=run.cancel,
         gpus=step.gpus,
@@ -173,6 +210,11 @@ def _step_body(run: _Run, step: Step) -> State:
         supervise=supervise,
         on_requeue=requeued,
     )
+    return _state_of(result)
+
+
+def _state_of(result: StepResult | None) -> State:
+    """The Prefect state of a step task from the runner's result."""
     if result is None:
         return Cancelled(message="cancelled before it started")
     if result.ok:

@@ -58,7 +58,19 @@ def _cancel_orphans(st: SqliteEventStore, run_id: str) -> int:
     r = state.runs[run_id]
     events: list[StepCancelled | RunCancelled] = []
     for name, s in r.steps.items():
-        if s.status == "running" and s.pgid:
+        if s.status == "running" and s.slurm_job_id:
+            from m27.slurm import cancel_job
+
+            cancel_job(s.slurm_job_id)
+            events.append(
+                StepCancelled(
+                    at=time.time(),
+                    run_id=run_id,
+                    step=name,
+                    reason="Slurm job cancelled after its run crashed",
+                )
+            )
+        elif s.status == "running" and s.pgid:
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 try:
                     os.killpg(s.pgid, sig)
