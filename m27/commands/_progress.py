@@ -225,6 +225,10 @@ class Progress:
                 )
                 extra = f"  {code} {st.reason}".rstrip()
             print(f"  {st.status:<10} {name}{extra}")
+        finals = [s for s in self.pipeline.steps if not self.pipeline.dependents(s.name)]
+        made = [o for s in finals if run.steps[s.name].status == "succeeded" for o in s.outputs]
+        if made:
+            print("\noutputs: " + ", ".join(made))
         print(f"\nrun {run.run_id}: {run.status}")
         print(f"logs:   m27 logs {run.run_id} STEP")
         if run.status in ("failed", "cancelled"):

@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 
+from m27._exceptions import M27Error
 from m27.commands import _common
 from m27.events import CancelRequested, RunCancelled, StepCancelled
 from m27.store.sqlite import SqliteEventStore
@@ -61,7 +62,10 @@ def _cancel_orphans(st: SqliteEventStore, run_id: str) -> int:
         if s.status == "running" and s.slurm_job_id:
             from m27.slurm import cancel_job
 
-            cancel_job(s.slurm_job_id)
+            try:
+                cancel_job(s.slurm_job_id)
+            except M27Error as exc:  # the job may have ended on its own meanwhile
+                print(f"m27 cancel: {name}: {exc}", file=sys.stderr)
             events.append(
                 StepCancelled(
                     at=time.time(),

@@ -44,6 +44,7 @@ def _run_dict(r: RunState, energy: _Energy) -> dict[str, Any]:
         "resume_of": r.resume_of,
         "prefect_url": r.prefect_url,
         "flow_run_id": r.flow_run_id,
+        "energy_j": energy.by_run.get(r.run_id),
         "steps": {
             name: {
                 "type": s.type,
@@ -59,6 +60,7 @@ def _run_dict(r: RunState, energy: _Energy) -> dict[str, Any]:
                 "last_checkpoint": s.last_checkpoint,
                 "checkpoint_step": s.checkpoint_step,
                 "energy_j": energy.by_step.get((r.run_id, name)),
+                "outputs": list(s.outputs),
             }
             for name, s in r.steps.items()
         },
@@ -117,3 +119,6 @@ def _print_run(r: RunState, energy: _Energy) -> None:
             f"  {name:<20} {s['type']:<9} {s['status']:<10} {s['attempts']:>3} {took:>8}  "
             f"{where:<6} {note}"
         )
+    outputs = [o for s in d["steps"].values() for o in s["outputs"]]
+    if outputs:
+        print("  outputs: " + ", ".join(outputs))

@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.service, pytest.mark.usefixtures("slurm_cluster")]
 
 def test_a_pipeline_mixes_local_and_slurm_steps(m27: M27, tmp_path: Path, m27_home: Path) -> None:
     spec = tmp_path / "mixed.yaml"
-    spec.write_text(textwrap.dedent("""\
+    spec.write_text(
+        textwrap.dedent("""\
         name: mixed
         pipeline:
           - name: prep
@@ -27,7 +28,8 @@ def test_a_pipeline_mixes_local_and_slurm_steps(m27: M27, tmp_path: Path, m27_ho
             executor: slurm
             slurm: {time: "00:02:00", gpus: 1}
             command: python -c "import os; print('slurm gpus', os.environ['CUDA_VISIBLE_DEVICES'], open('input.txt').read())"
-    """))
+    """)
+    )
     done = m27("run", str(spec), "--plain", cwd=tmp_path, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     (run,) = node_state(m27_home).runs.values()
