@@ -205,9 +205,13 @@ def test_m27_cancel_stops_the_step_process_group_and_records_the_run_cancelled(
 
         _wait_for(started)
         run_id, pgid = found[0]
+        follower = spawn_m27("logs", run_id, "long", "-f")
         done = m27("cancel", run_id)
         assert done.returncode == 0, done.stdout + done.stderr
         assert proc.wait(timeout=60) == 1
+        # `m27 logs -f` followed the step's output live and ended when the step did
+        followed, _ = follower.communicate(timeout=30)
+        assert follower.returncode == 0 and "started" in followed
     finally:
         proc.kill()
     run = node_state(m27_home).runs[run_id]

@@ -1,0 +1,96 @@
+"""The run's progress view: plain lines off a terminal, a live table on one."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from m27 import events as ev
+from m27.commands._progress import Progress
+from m27.spec import parse_pipeline
+from m27.state import fold
+from m27.store.memory import MemoryEventStore
+
+SPEC = """\
+name: demo
+pipeline:
+  - name: prep
+    type: cpu
+    command: echo prep
+  - name: sim
+    type: gpu
+    depends_on: [prep]
+    command: echo sim
+    output: traj.xyz
+"""
+
+
+def _events() -> list[ev.Event]:
+    return [
+        ev.RunSubmitted(1.0, "r1", "demo", "/x/demo.yaml", ("prep", "sim")),
+        ev.StepQueued(1.1, "r1", "prep", "cpu"),
+        ev.StepStarted(1.2, "r1", "prep", 1, 100, 100, ("echo", "prep")),
+        ev.StepSucceeded(1.5, "r1", "prep", 1, 0.3),
+        ev.StepStarted(2.0, "r1", "sim", 1, 101, 101, ("echo", "sim"), (1,)),
+        ev.CheckpointWritten(3.0, "r1", "sim", "/c/m", 400, 2048, 4096, 0.01),
+        ev.StepFailed(4.0, "r1", "sim", 1, 2.0, "exit code 3", exit_code=3),
+        ev.RunFailed(4.1, "r1", 3.1, ("sim",), "step sim failed"),
+        ev.StepStarted(4.2, "other-run", "x", 1, 5, 5, ("true",)),
+    ]
+
+
+def test_plain_mode_prints_one_line_per_event_of_this_run_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = MemoryEventStore()
+    pipeline = parse_pipeline(SPEC, tmp_path / "demo.yaml")
+    progress = Progress(store, "r1", pipeline, live=False)
+    progress.start()
+    store.append(_events())
+    progress.on_line("sim", "stdout", "step 400/2000")
+    progress.stop()
+    out = capsys.readouterr().out
+    assert "prep: succeeded in 300ms" in out
+    assert "sim: started (attempt 1, pid 101, GPU 1)" in out
+    assert "[sim] step 400/2000" in out
+    assert "sim: checkpoint at step 400 (2.0KiB written, state 4.0KiB)" in out
+    assert "sim: failed (attempt 1): exit code 3" in out
+    assert "run r1 failed: step sim failed" in out
+    assert "other-run" not in out and " x:" not in out
+
+
+def test_live_mode_renders_a_table_of_steps_with_their_state(tmp_path: Path) -> None:
+    store = MemoryEventStore()
+    pipeline = parse_pipeline(SPEC, tmp_path / "demo.yaml")
+    progress = Progress(store, "r1", pipeline, live=True)
+    progress.console = Console(file=io.StringIO(), width=120, force_terminal=True)
+    progress.start()
+    store.append(_events()[:5])
+    progress.on_line("sim", "stdout", "step 400/2000")
+    progress.stop()
+    screen = Console(file=io.StringIO(), width=120)
+    screen.print(progress._table())
+    text = screen.file.getvalue()  # type: ignore[attr-defined]
+    assert "demo / r1" in text
+    prep = next(line for line in text.splitlines() if " prep " in line)
+    sim = next(line for line in text.splitlines() if " sim " in line)
+    assert "succeeded" in prep and "300ms" in prep
+    assert "running" in sim and "step 400/2000" in sim
+
+
+def test_summary_names_failed_steps_their_exit_and_how_to_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = MemoryEventStore()
+    pipeline = parse_pipeline(SPEC, tmp_path / "demo.yaml")
+    store.append(_events())
+    run = fold(store.read()).runs["r1"]
+    Progress(store, "r1", pipeline, live=False).summary(run)
+    out = capsys.readouterr().out
+    assert "failed     sim  exit 3" in out
+    assert "succeeded  prep" in out
+    assert "resume: m27 run --resume r1" in out
+    assert "outputs:" not in out  # the step that declares traj.xyz did not succeed
