@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the real services the integration tests start on localhost (Debian/Ubuntu, root).
+# Install the real services the integration tests start on localhost (Debian/Ubuntu, root):
+# Prometheus, Slurm (slurm-wlm, munge) and PostgreSQL.
 # Idempotent: installs only what is missing. CI runs it before `make test`.
 #   sudo infra/scripts/install-services.sh
 set -euo pipefail
@@ -15,6 +16,15 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
     missing+=(prometheus)
 fi
 
+# Slurm and munge (Slurm issue: a real single-node cluster with fake GPU gres).
+if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+    missing+=(slurm-wlm munge)
+fi
+# PostgreSQL (lab-scale issue: a real `prefect server` on PostgreSQL).
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+    missing+=(postgresql)
+fi
+
 if [ "${#missing[@]}" -eq 0 ]; then
     echo "install-services.sh: nothing to install"
     exit 0
@@ -28,4 +38,6 @@ if ! apt-get install -y --no-install-recommends "${missing[@]}"; then
 fi
 # Debian starts nothing under policy-rc.d in containers, but a full system would start the
 # packaged Prometheus on :9090; the tests start their own on a free port either way.
-prometheus --version | head -1
+prometheus --version 2>&1 | head -1
+slurmctld -V
+ls /usr/lib/postgresql/
