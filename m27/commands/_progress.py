@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 import time
 from typing import Any
 
@@ -226,7 +227,12 @@ class Progress:
                 extra = f"  {code} {st.reason}".rstrip()
             print(f"  {st.status:<10} {name}{extra}")
         finals = [s for s in self.pipeline.steps if not self.pipeline.dependents(s.name)]
-        made = [o for s in finals if run.steps[s.name].status == "succeeded" for o in s.outputs]
+        made = [
+            str(Path(s.workdir or self.pipeline.workdir) / o)  # relative to the step's folder
+            for s in finals
+            if run.steps[s.name].status == "succeeded"
+            for o in s.outputs
+        ]
         if made:
             print("\noutputs: " + ", ".join(made))
         print(f"\nrun {run.run_id}: {run.status}")
