@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from pathlib import Path
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
