@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.services import free_port, start_prefect_server, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,57 +31,19 @@ def m27_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def prefect_server() -> Iterator[str]:
     """A real `prefect server start` on SQLite for the whole session; yields its API URL."""
     home = Path(tempfile.mkdtemp(prefix="m27-prefect-"))
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false",
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home}/prefect.db",
-    }
-    env.pop("PREFECT_API_URL", None)
+    port = free_port()
     log = (home / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    db = f"sqlite+aiosqlite:///{home}/prefect.db"
+    proc = start_prefect_server(home, port, {"PREFECT_API_DATABASE_CONNECTION_URL": db}, log)
     url = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            text = (home / "server.log").read_text(errors="replace")[-3000:]
-            pytest.fail(f"prefect server did not start:\n{text}")
-        time.sleep(0.3)
+    if not wait_http(f"{url}/health", proc, timeout=90):
+        proc.kill()
+        text = (home / "server.log").read_text(errors="replace")[-3000:]
+        pytest.fail(f"prefect server did not start:\n{text}")
     try:
         yield url
     finally:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 from typing import Any
 
 from m27 import runids
 from m27.config import m27_home
+from m27.crash import pid_alive
 from m27.state import NodeState, RunState, fold
 from m27.store.sqlite import SqliteEventStore, open_store
 
@@ -25,18 +25,6 @@ def load_state(st: SqliteEventStore | None = None) -> NodeState:
 
 def find_run(state: NodeState, prefix: str) -> RunState:
     return state.runs[runids.resolve(prefix, state.runs.keys())]
-
-
-def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def shown_status(run: RunState) -> str:

@@ -8,9 +8,7 @@ never pass by skipping.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.services import free_port, unavailable, wait_http
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "infra" / "prometheus"
 
@@ -33,16 +33,7 @@ def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path is not None:
         return path
-    reason = f"{name} is not installed: run `sudo infra/scripts/install-services.sh`"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    unavailable(f"{name} is not installed: run `sudo infra/scripts/install-services.sh`")
 
 
 @dataclass
@@ -123,20 +114,11 @@ def prometheus() -> Iterator[Prometheus]:
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.close()
-            text = (work / "prometheus.log").read_text(errors="replace")[-3000:]
-            pytest.fail(f"prometheus did not start:\n{text}")
-        time.sleep(0.1)
+    if not wait_http(f"{url}/-/ready", proc, timeout=30):
+        proc.kill()
+        log.close()
+        text = (work / "prometheus.log").read_text(errors="replace")[-3000:]
+        pytest.fail(f"prometheus did not start:\n{text}")
     try:
         yield Prometheus(url, exporter_port, work)
     finally:

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,22 +20,12 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.services import free_port, start_prefect_server, unavailable, wait_http
+
 ROOT = Path(__file__).resolve().parents[2]
 START_PG = ROOT / "infra" / "scripts" / "start-postgres.sh"
 
 T = TypeVar("T")
-
-
-def unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 0.3) -> T:
@@ -97,51 +85,22 @@ def _start_lab() -> Lab:
     db_url = out.stdout.strip().splitlines()[-1]
     port = free_port()
     env = {
-        **os.environ,
-        "PREFECT_HOME": str(base / "prefect-server"),
         "PREFECT_API_DATABASE_CONNECTION_URL": db_url,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false",
         "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
         "PREFECT_SERVER_SERVICES_SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS": "1",
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
         "PYTHONPATH": str(ROOT),
     }
-    env.pop("PREFECT_API_URL", None)
     log = (base / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = start_prefect_server(base / "prefect-server", port, env, log)
     lab = Lab(f"http://127.0.0.1:{port}/api", db_url, base, [proc])
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{lab.api_url}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return lab
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop_lab(lab)
-            unavailable(
-                "prefect server on PostgreSQL did not start: "
-                + (base / "server.log").read_text(errors="replace")[-2000:]
-            )
-        time.sleep(0.3)
+    if wait_http(f"{lab.api_url}/health", proc, timeout=120):
+        return lab
+    _stop_lab(lab)
+    unavailable(
+        "prefect server on PostgreSQL did not start: "
+        + (base / "server.log").read_text(errors="replace")[-2000:]
+    )
 
 
 def _stop_lab(lab: Lab) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from typing import Any
 
 import pytest
@@ -19,25 +17,9 @@ from m27.state import (
     orphaned_steps,
 )
 from m27.store.memory import MemoryEventStore
+from tests.unit.event_samples import sample_event
 
 T0 = 1_700_000_000.0
-
-
-def _sample_value(hint: Any, name: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union or type(hint).__name__ == "UnionType":
-        return _sample_value(next(a for a in args if a is not type(None)), name)
-    if origin is tuple:
-        return ("a", "b") if args[0] is str else (0, 3)
-    if origin is dict:
-        return {"K": "v"}
-    return {str: f"{name}-x", int: 7, float: 1.5, bool: True}[hint]
-
-
-def sample_event(cls: type[Event]) -> Event:
-    hints = typing.get_type_hints(cls)
-    kwargs = {f.name: _sample_value(hints[f.name], f.name) for f in dataclasses.fields(cls)}
-    return cls(**kwargs)
 
 
 def submitted(

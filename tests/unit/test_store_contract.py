@@ -13,10 +13,8 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import typing
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,26 +23,9 @@ from m27.events import EVENT_TYPES, Event, GpuLost, RunSubmitted
 from m27.store import EventStore
 from m27.store.memory import MemoryEventStore
 from m27.store.sqlite import SCHEMA_VERSION, SqliteEventStore, open_store
+from tests.unit.event_samples import sample_event
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _sample_value(hint: Any, name: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union or type(hint).__name__ == "UnionType":
-        return _sample_value(next(a for a in args if a is not type(None)), name)
-    if origin is tuple:
-        return ("a", "b") if args[0] is str else (0, 3)
-    if origin is dict:
-        return {"K": "v"}
-    return {str: f"{name}-x", int: 7, float: 1.5, bool: True}[hint]
-
-
-def sample_event(cls: type[Event]) -> Event:
-    """An instance of `cls` with every field set to a non-default value."""
-    hints = typing.get_type_hints(cls)
-    kwargs = {f.name: _sample_value(hints[f.name], f.name) for f in dataclasses.fields(cls)}
-    return cls(**kwargs)
 
 
 def lost(n: int, reason: str = "") -> GpuLost:
