@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from m27._agent_report import Health
 from m27.agent import Agent, policy_config
 from m27.config import load_settings
 from m27.events import Event
@@ -81,7 +82,10 @@ def build_agent(
     """An agent for `home` with the node's settings, GPU backend and event log."""
     settings = load_settings()
     config = policy_config(settings, **overrides)
-    return Agent(open_store(home), detect(), home, config=config, on_decision=on_decision)
+    health = Health(temp_alert_c=settings.gpu_temperature)
+    return Agent(
+        open_store(home), detect(), home, config=config, on_decision=on_decision, health=health
+    )
 
 
 class EmbeddedAgent:

@@ -9,7 +9,9 @@ new events arrive:
    tell the policy whether the primary computes;
 3. :func:`m27.policy.decide` says what to do; the agent does it and appends what it did:
    ``LeaseGranted`` (with the step's channel file), ``GuestStarted``/``GuestPaused``,
-   ``GuestResumed``, ``Promoted``, ``LeaseReleased``, ``GpuLost``.
+   ``GuestResumed``, ``Promoted``, ``LeaseReleased``, ``GpuLost``; and, once per
+   crossing, ``GpuOverheated``/``GpuThrottled`` (:mod:`m27._agent_report`, which also
+   writes the ``$M27_HOME/gpus.json`` snapshot that ``m27 gpus`` shows).
 
 Pausing a guest closes its gate (``m27.gate()``); a guest that does not reach its gate
 within ``gate_grace`` (it has no gate, or computes between gate calls) is stopped with
@@ -24,6 +26,7 @@ both gone (see docs/agent.md for what "requeue" means then).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import socket
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from m27 import _agent_proc as proc
 from m27._agent_book import Book, Held, policy_input
+from m27._agent_report import Health, Sampler, remove_snapshot, snapshot, write_snapshot
 from m27._exceptions import M27Error
 from m27._step_api import Channel
 from m27.clock import Clock, SystemClock
@@ -68,6 +72,8 @@ from m27.policy import (
 from m27.store import EventStore
 
 __all__ = ["Agent", "channel_path", "policy_config"]
+
+log = logging.getLogger(__name__)
 
 #: Half-life of the recent GPU time per owner that fair share compares.
 USAGE_HALF_LIFE_S = 3600.0
@@ -109,6 +115,8 @@ class Agent:
         gate_grace: float | None = None,
         check_every: float = 0.5,
         on_decision: Callable[[Decision, Sequence[Event]], None] | None = None,
+        health: Health | None = None,
+        snapshot_every: float | None = 1.0,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -119,6 +127,10 @@ class Agent:
         self.gate_grace = gate_grace if gate_grace is not None else 4 * self.config.io_timeout
         self.check_every = check_every
         self.on_decision = on_decision
+        self.health = health or Health()
+        self.snapshot_every = snapshot_every
+        self._snapshot_at = -math.inf
+        self._sampler = Sampler(backend)
         self.book = Book()
         self.started = False
         self._channels: dict[StepKey, Channel] = {}
@@ -168,6 +180,8 @@ class Agent:
             self.tick()
 
     def close(self) -> None:
+        if self.snapshot_every is not None:
+            remove_snapshot(self.home)
         for ch in self._channels.values():
             ch.close()
         self._channels.clear()
@@ -189,7 +203,8 @@ class Agent:
         """Sample, decide, act; the events of what was done are appended in one batch."""
         now = self.clock.now()
         out: list[Event] = []
-        samples = self.backend.sample(now)
+        samples = self._sampler.sample(now)
+        out += self.health.check(samples, now)
         for s in samples:
             if s.lost and s.index not in self.book.lost_gpus:
                 out.append(GpuLost(at=now, gpu=s.index, uuid=s.uuid or "", reason="lost"))
@@ -216,9 +231,19 @@ class Agent:
         out += self._escalate(now, acted, samples)
         if out:
             self.store.append(out)
+        if self.snapshot_every is not None and now - self._snapshot_at >= self.snapshot_every:
+            self._snapshot_at = now
+            self._publish(samples, now)
         if self.on_decision is not None and (decision.actions or out):
             self.on_decision(decision, out)
         return decision
+
+    def _publish(self, samples: list[GpuSample], now: float) -> None:
+        """``$M27_HOME/gpus.json`` for ``m27 gpus`` in other processes; never fatal."""
+        try:
+            write_snapshot(self.home, snapshot(samples, self.book, self.backend.kind, now))
+        except OSError as exc:
+            log.warning("m27 agent: cannot write the GPU snapshot: %s", exc)
 
     # -- events in ----------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ class Settings:
     diff_threshold: int = 131072
     keep_last: int = 3
     max_in_flight: int = 2
+    gpu_temperature: float = 80.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
@@ -92,8 +93,9 @@ KEYS: dict[str, _Key] = {
     "diff_threshold": _Key("checkpoint", _positive_size, "a size > 0, e.g. 128KB or 1MiB"),
     "keep_last": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 3"),
     "max_in_flight": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 2"),
+    "gpu_temperature": _Key("alerts", _positive_float, "degrees Celsius > 0, e.g. 80"),
 }
-SECTIONS = ("performance", "checkpoint")
+SECTIONS = ("performance", "checkpoint", "alerts")
 
 #: The seed's chunk-size variable; a bare number is KiB (the seed sets ``M2_CHUNK_SIZE=256``).
 CHUNK_SIZE_ENV = "M2_CHUNK_SIZE"
@@ -194,7 +196,7 @@ def _load_file(file: Path, shown: str, values: dict[str, Any], sources: dict[str
     except configparser.MissingSectionHeaderError as exc:
         raise ConfigError(
             f"{shown}:{exc.lineno}: a setting before any [section] header "
-            f"(use [{SECTIONS[0]}] or [{SECTIONS[1]}])",
+            f"(use one of {', '.join(f'[{name}]' for name in SECTIONS)})",
             file=str(file),
             line=exc.lineno,
         ) from None

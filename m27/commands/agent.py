@@ -33,6 +33,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
+#: Events worth a line even without a decision behind them.
+_LOUD = frozenset({"GpuLost", "StepFailed", "GpuOverheated", "GpuThrottled"})
+
+
 def _printer(decision: Decision, appended: Sequence[Event]) -> None:
     stamp = time.strftime("%H:%M:%S")
     for a in decision.actions:
@@ -44,7 +48,7 @@ def _printer(decision: Decision, appended: Sequence[Event]) -> None:
         gpus = ",".join(str(g) for g in where if g is not None)
         print(f"{stamp} {name:<11} {key_text(a.key)} gpu={gpus or '-'}{extra}", flush=True)
     for e in appended:
-        if e.kind in ("GpuLost", "StepFailed") or (e.kind == "GuestPaused" and _how(e)):
+        if e.kind in _LOUD or (e.kind == "GuestPaused" and _how(e)):
             print(f"{stamp} {e.kind:<11} {e.to_payload()}", flush=True)
 
 

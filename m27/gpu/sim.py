@@ -11,6 +11,10 @@ under a FakeClock is deterministic: power is 60 W idle and 300 W busy, energy in
 the power observed at each pass over the time to the next, temperature approaches
 30 °C idle / 75 °C busy with a 20 s time constant, memory used is the sum of what the
 attached live processes declared.
+
+Tests that need a hot or throttling GPU say so: ``set_temperature(gpu, 85.0)`` holds a
+temperature, ``set_throttle(gpu, {"hw_thermal"})`` adds throttle reasons (None goes
+back to the model).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from m27._exceptions import GpuError
 from m27._step_api import Channel
-from m27.gpu import DEFAULT_SIM_MEMORY, GpuInfo, GpuSample, ProcessSample
+from m27.gpu import DEFAULT_SIM_MEMORY, THROTTLE_REASONS, GpuInfo, GpuSample, ProcessSample
 
 __all__ = ["BUSY_W", "IDLE_W", "SimBackend"]
 
@@ -50,6 +54,8 @@ class _GpuState:
     power_w: float = IDLE_W
     energy_j: float = 0.0
     temperature_c: float = _IDLE_C
+    forced_temperature: float | None = None
+    forced_throttle: frozenset[str] = frozenset()
 
 
 class SimBackend:
@@ -111,6 +117,25 @@ class SimBackend:
         with self._lock:
             self._gpus[gpu].lost = True
 
+    def set_temperature(self, gpu: int, celsius: float | None) -> None:
+        """Hold ``gpu`` at ``celsius`` (a cooling failure, a hot room); None: the model again."""
+        self._check_index(gpu)
+        with self._lock:
+            state = self._gpus[gpu]
+            state.forced_temperature = celsius
+            if celsius is not None:
+                state.temperature_c = celsius
+
+    def set_throttle(self, gpu: int, reasons: set[str] | frozenset[str] | None) -> None:
+        """Add throttle ``reasons`` (names from :data:`m27.gpu.THROTTLE_REASONS`) to the
+        samples of ``gpu``; None or empty: only what the model says."""
+        self._check_index(gpu)
+        unknown = set(reasons or ()) - THROTTLE_REASONS
+        if unknown:
+            raise GpuError(f"unknown throttle reasons: {sorted(unknown)}", gpu=gpu)
+        with self._lock:
+            self._gpus[gpu].forced_throttle = frozenset(reasons or ())
+
     # -- GpuBackend -------------------------------------------------------------------
 
     def sample(self, now: float) -> list[GpuSample]:
@@ -146,7 +171,10 @@ class SimBackend:
         gpu.energy_j += gpu.power_w * dt
         gpu.power_w = IDLE_W + (BUSY_W - IDLE_W) * util / 100.0
         target = _IDLE_C + (_BUSY_C - _IDLE_C) * util / 100.0
-        gpu.temperature_c += (target - gpu.temperature_c) * (1.0 - math.exp(-dt / _TAU_S))
+        if gpu.forced_temperature is not None:
+            gpu.temperature_c = gpu.forced_temperature
+        else:
+            gpu.temperature_c += (target - gpu.temperature_c) * (1.0 - math.exp(-dt / _TAU_S))
         gpu.last_time = now
 
         processes = tuple(
@@ -166,7 +194,7 @@ class SimBackend:
             power_w=gpu.power_w,
             energy_j=gpu.energy_j,
             sm_clock_mhz=_BUSY_MHZ if busy else _IDLE_MHZ,
-            throttle_reasons=frozenset() if busy else frozenset({"gpu_idle"}),
+            throttle_reasons=gpu.forced_throttle | (frozenset() if busy else {"gpu_idle"}),
             processes=processes,
         )
 

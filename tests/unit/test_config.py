@@ -223,3 +223,12 @@ def test_config_command_reports_bad_file_with_exit_2(
     monkeypatch.delenv("M27_CONFIG", raising=False)
     assert _run_config(monkeypatch) == 2
     assert "did you mean 'gpu_streams'" in capsys.readouterr().err
+
+
+def test_the_gpu_temperature_alert_threshold_is_a_setting(home: Path) -> None:
+    write(home, "[alerts]\ngpu_temperature = 75   # our GPUs run hot\n")
+    settings = load_settings(env={"HOME": str(home)})
+    assert settings.gpu_temperature == 75.0
+    assert settings.sources["gpu_temperature"].endswith(":2")
+    env = {"HOME": str(home), "M27_GPU_TEMPERATURE": "85"}
+    assert load_settings(env=env).gpu_temperature == 85.0
