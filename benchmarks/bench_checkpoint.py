@@ -7,6 +7,8 @@ changed. Columns: save stall (until save() returns), until durable (fsynced and 
 bytes written, restore time (page cache warm: this measures the code, not the disk), and
 extra memory at peak as % of the state (tracemalloc over a separate untimed save, plus
 the buffers the checkpointer already held before it).
+A last m27 row stores everything raw (compression_level=0): the disk-bound path.
+--one-thread-too adds the m27 rows with threads=1, to see what the threads buy.
 Prints a Markdown table; figures are recorded in benchmarks/README.md.
 """
 
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from m27.checkpoint import Checkpointer
+from m27.checkpoint._parallel import default_threads
 from m27.units import format_size, parse_size
 
 Row = dict[str, Any]
@@ -59,10 +62,15 @@ def measure_memory(run: Callable[[], None], state_bytes: int) -> float:
 
 
 def bench_m27(
-    x: np.ndarray[Any, Any], fraction: float, root: Path, rng: np.random.Generator
+    x: np.ndarray[Any, Any],
+    fraction: float,
+    root: Path,
+    rng: np.random.Generator,
+    level: int = 3,
+    threads: int | None = None,
 ) -> Row:
     directory = root / f"m27-{fraction}"
-    ck = Checkpointer(directory, keep_last=2, interval=0)
+    ck = Checkpointer(directory, keep_last=2, interval=0, compression_level=level, threads=threads)
     ck.save({"x": x}, step=0)
     ck.flush()
     touch(x, fraction, ck.chunk_size, rng)  # warm-up save: buffers reach steady state
@@ -87,14 +95,15 @@ def bench_m27(
     memory = measure_memory(again, x.nbytes) + 100.0 * held / x.nbytes
     ck.close()
     started = time.perf_counter()
-    with Checkpointer(directory, keep_last=2) as reader:
+    with Checkpointer(directory, keep_last=2, threads=threads) as reader:
         got = reader.restore()
     restore = time.perf_counter() - started
     assert got is not None and np.array_equal(got[0]["x"], x), "restore gave other data"
     del got
     shutil.rmtree(directory)
+    label = "m27 Checkpointer" if level == 3 else f"m27 Checkpointer, level {level}"
     return {
-        "method": "m27 Checkpointer",
+        "method": label + ("" if threads is None else f", {threads} thread(s)"),
         "stall": stall,
         "durable": durable,
         "written": written,
@@ -187,14 +196,24 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="same as --size 256MiB")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--no-gzip", action="store_true", help="skip h5py gzip (38 MB/s)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="m27 threads (default: cores, at most 4)"
+    )
+    parser.add_argument(
+        "--one-thread-too", action="store_true", help="also run m27 rows with threads=1"
+    )
     args = parser.parse_args()
     size = parse_size("256MiB" if args.quick else args.size)
     root = Path(tempfile.mkdtemp(prefix="m27-bench-", dir=args.dir))
     rng = np.random.default_rng(0)
     x = rng.random(size // 4, dtype=np.float32)
     try:
-        rows = [fmt(bench_m27(x, 0.01, root, rng), "1%")]
-        rows.append(fmt(bench_m27(x, 1.0, root, rng), "100%"))
+        rows = [fmt(bench_m27(x, 0.01, root, rng, threads=args.threads), "1%")]
+        rows.append(fmt(bench_m27(x, 1.0, root, rng, threads=args.threads), "100%"))
+        if args.one_thread_too:
+            rows.append(fmt(bench_m27(x, 0.01, root, rng, threads=1), "1%"))
+            rows.append(fmt(bench_m27(x, 1.0, root, rng, threads=1), "100%"))
+        rows.append(fmt(bench_m27(x, 1.0, root, rng, level=0, threads=args.threads), "100%"))
         rows.append(fmt(bench_npsave(x, root), "full"))
         for gzip in (False, True) if not args.no_gzip else (False,):
             row = bench_h5py(x, root, gzip)
@@ -205,9 +224,10 @@ def main() -> None:
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    threads = args.threads or default_threads()
     print(
-        f"\nfloat32 state of {format_size(size)}, chunk 128 KiB, zstd level 3, "
-        f"{os.cpu_count()} CPUs\n"
+        f"\nfloat32 state of {format_size(size)}, chunk 128 KiB, zstd level 3 unless said, "
+        f"{os.cpu_count()} CPUs, m27 threads {threads}, {time.strftime('%Y-%m-%d %H:%M')}\n"
     )
     print(
         "| method | changed | save stall | until durable | bytes written | restore | extra memory |"

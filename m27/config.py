@@ -42,6 +42,7 @@ class Settings:
     diff_threshold: int = 131072
     keep_last: int = 3
     max_in_flight: int = 2
+    checkpoint_threads: int = 0
     gpu_temperature: float = 80.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -93,6 +94,9 @@ KEYS: dict[str, _Key] = {
     "diff_threshold": _Key("checkpoint", _positive_size, "a size > 0, e.g. 128KB or 1MiB"),
     "keep_last": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 3"),
     "max_in_flight": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 2"),
+    "checkpoint_threads": _Key(
+        "checkpoint", _int_between(0), "a whole number >= 0 (0: one per core, at most 4)"
+    ),
     "gpu_temperature": _Key("alerts", _positive_float, "degrees Celsius > 0, e.g. 80"),
 }
 SECTIONS = ("performance", "checkpoint", "alerts")

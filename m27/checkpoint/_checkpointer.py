@@ -18,6 +18,7 @@ import numpy.typing as npt
 from m27._exceptions import CheckpointError
 from m27.checkpoint import _chunks, gpu
 from m27.checkpoint._format import manifests, next_seq, parse_name
+from m27.checkpoint._parallel import Workers, default_threads
 from m27.checkpoint._reader import load
 from m27.checkpoint._report import Reporter
 from m27.checkpoint._retention import prune
@@ -68,6 +69,7 @@ class Checkpointer:
         compression_level: int | None = None,
         keep_last: int | None = None,
         max_in_flight: int | None = None,
+        threads: int | None = None,
         store: EventStore | None = None,
         clock: Clock | None = None,
     ) -> None:
@@ -80,6 +82,9 @@ class Checkpointer:
         self.keep_last = keep_last if keep_last is not None else settings.keep_last
         level = compression_level if compression_level is not None else settings.compression_level
         in_flight = max_in_flight if max_in_flight is not None else settings.max_in_flight
+        self.threads = threads if threads is not None else settings.threads
+        if self.threads <= 0:
+            self.threads = default_threads()
         if self.chunk_size < 64 or self.chunk_size % 16:
             raise CheckpointError(f"chunk size {self.chunk_size} must be a multiple of 16, >= 64")
         if in_flight < 1:
@@ -97,15 +102,19 @@ class Checkpointer:
         self._seq = next_seq(self.directory)
         self._last_save = self._clock.monotonic()
         self._closed = False
+        # Hashing at save and reading at restore happen in the caller's thread; the
+        # writer has its own threads, so a save never waits behind background compression.
+        self._workers = Workers(self.threads, "m27-ckpt-hash")
         self._writer = BackgroundWriter(
             self.directory,
             compression_level=level,
             max_in_flight=in_flight,
+            threads=self.threads,
             clock=self._clock,
             on_commit=self._committed,
         )
         # A script that forgets close() still gets its last saves made durable at exit.
-        self._finalizer = weakref.finalize(self, self._writer.close)
+        self._finalizer = weakref.finalize(self, _shut_down, self._writer, self._workers)
 
     # --- saving -------------------------------------------------------------------------
 
@@ -237,7 +246,7 @@ class Checkpointer:
         array = np.asarray(value)
         data = _chunks.host_bytes(name, array)
         plan = self._new_plan(name, kind, None, array, int(data.shape[0]))
-        fps = _chunks.fingerprints(data, self.chunk_size)
+        fps = _chunks.fingerprints(data, self.chunk_size, self._workers)
         plan.changed, plan.fresh = self._diff(plan, fps, lambda prev: np.flatnonzero(fps != prev))
         return _Pending(plan, data, fps, on_device=False)
 
@@ -276,7 +285,7 @@ class Checkpointer:
         self._raise_pending()
         for path in self._candidates():
             try:
-                body, state = load(path)
+                body, state = load(path, self._workers)
             except (CheckpointError, OSError, KeyError, TypeError, ValueError) as exc:
                 log.warning("checkpoint %s cannot be restored, trying an older one: %s", path, exc)
                 continue
@@ -366,7 +375,7 @@ class Checkpointer:
             return
         self._closed = True
         self._finalizer.detach()
-        self._writer.close()
+        _shut_down(self._writer, self._workers)
         self._raise_pending()
 
     def __enter__(self) -> Checkpointer:
@@ -385,6 +394,14 @@ class Checkpointer:
             self.close()
         except CheckpointError as error:
             log.error("checkpoint error while handling another exception: %s", error)
+
+
+def _shut_down(writer: BackgroundWriter, workers: Workers) -> None:
+    """Make every pending save durable, then stop the threads (close() and at exit)."""
+    try:
+        writer.close()
+    finally:
+        workers.close()
 
 
 def _key(plan: ArrayPlan) -> tuple[Any, ...]:

@@ -1,8 +1,9 @@
-"""Checkpoint tuning: from ``m27.config.load_settings()`` when present, else the environment.
+"""Checkpoint tuning, read from the node's configuration (``m27.config``).
 
-The indirection exists so the checkpoint package works in a step's child process that has
-no ``~/.m2config`` and on installs where the config module is older; every default here
-matches the design (``diff_threshold = 128KB``, ``compression_level = 3``).
+A step's child process has the same view as the agent: ``~/.m2config`` (or
+``$M27_CONFIG``), then ``M27_*`` variables and ``M2_CHUNK_SIZE``. Where the step's own
+checkpoint folder and interval come from the runner instead (``M27_CHECKPOINT_DIR``,
+``M27_CHECKPOINT_INTERVAL``), they are read here too.
 """
 
 from __future__ import annotations
@@ -12,64 +13,31 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m27._exceptions import ConfigError
-from m27.units import parse_duration, parse_size
-
-DEFAULT_CHUNK_SIZE = 128 * 1024
-DEFAULT_COMPRESSION_LEVEL = 3
-DEFAULT_KEEP_LAST = 5
-DEFAULT_MAX_IN_FLIGHT = 2
+from m27.config import load_settings as load_node_settings
+from m27.config import m27_home
+from m27.units import parse_duration
 
 
 @dataclass(frozen=True)
 class CheckpointSettings:
-    chunk_size: int = DEFAULT_CHUNK_SIZE
-    compression_level: int = DEFAULT_COMPRESSION_LEVEL
-    keep_last: int = DEFAULT_KEEP_LAST
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    chunk_size: int
+    compression_level: int
+    keep_last: int
+    max_in_flight: int
+    #: 0 = one thread per core, at most four (see m27.checkpoint._parallel).
+    threads: int
 
 
 def load_settings() -> CheckpointSettings:
     """The node's checkpoint settings (config file, then M27_*/M2_CHUNK_SIZE overrides)."""
-    try:
-        from m27.config import load_settings as load_node_settings
-    except ImportError:
-        return _from_env()
     node = load_node_settings()
-    fallback = _from_env()
     return CheckpointSettings(
-        chunk_size=int(getattr(node, "diff_threshold", fallback.chunk_size)),
-        compression_level=int(getattr(node, "compression_level", fallback.compression_level)),
-        keep_last=int(getattr(node, "keep_last", fallback.keep_last)),
-        max_in_flight=int(getattr(node, "max_in_flight", fallback.max_in_flight)),
+        chunk_size=node.diff_threshold,
+        compression_level=node.compression_level,
+        keep_last=node.keep_last,
+        max_in_flight=node.max_in_flight,
+        threads=node.checkpoint_threads,
     )
-
-
-def _from_env() -> CheckpointSettings:
-    chunk = os.environ.get("M2_CHUNK_SIZE")
-    return CheckpointSettings(
-        chunk_size=_chunk_size(chunk) if chunk else DEFAULT_CHUNK_SIZE,
-        compression_level=_int_env("M27_COMPRESSION_LEVEL", DEFAULT_COMPRESSION_LEVEL),
-        keep_last=_int_env("M27_KEEP_LAST", DEFAULT_KEEP_LAST),
-        max_in_flight=_int_env("M27_MAX_IN_FLIGHT", DEFAULT_MAX_IN_FLIGHT),
-    )
-
-
-def _chunk_size(text: str) -> int:
-    """M2_CHUNK_SIZE as the seed wrote it: a bare number means KiB (``256`` = 256 KiB)."""
-    try:
-        return int(text) * 1024 if text.strip().isdigit() else parse_size(text)
-    except ValueError as exc:
-        raise ConfigError(f"M2_CHUNK_SIZE={text!r}: {exc}", variable="M2_CHUNK_SIZE") from exc
-
-
-def _int_env(name: str, default: int) -> int:
-    text = os.environ.get(name)
-    if not text:
-        return default
-    try:
-        return int(text)
-    except ValueError as exc:
-        raise ConfigError(f"{name}={text!r} is not an integer", variable=name) from exc
 
 
 def default_directory() -> Path:
@@ -92,8 +60,4 @@ def env_interval() -> float | None:
 
 def checkpoints_home() -> Path:
     """``$M27_HOME/checkpoints``: the CLI's root of ``<run>/<step>/`` directories."""
-    try:
-        from m27.config import m27_home
-    except ImportError:
-        return Path(os.environ.get("M27_HOME", "~/.m27")).expanduser() / "checkpoints"
     return m27_home() / "checkpoints"

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from m27._exceptions import CheckpointError
-from m27.checkpoint._chunks import chunk_hash, chunk_span, n_chunks
+from m27.checkpoint._chunks import chunk_span, n_chunks
 from m27.checkpoint._format import (
     FORMAT_VERSION,
     encode_manifest,
@@ -35,13 +35,17 @@ from m27.checkpoint._format import (
     pack_path,
     write_atomic,
 )
-from m27.checkpoint._pack import PackWriter
+from m27.checkpoint._pack import PROBE_GROUP, Encoded, PackWriter, encode
+from m27.checkpoint._parallel import Workers
 from m27.checkpoint._table import ChunkTable, pack_extents
 from m27.clock import Clock
 
 log = logging.getLogger("m27.checkpoint")
 
 Allocator = Callable[[int], npt.NDArray[np.uint8]]
+
+#: Bytes of chunks one encoding task takes (a multiple of the probe group).
+_BATCH_BYTES = 4 * 1024 * 1024
 
 
 class Staging:
@@ -101,6 +105,16 @@ class SaveJob:
     meta: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class _Batch:
+    """Consecutive changed chunks of one array, encoded by one worker thread."""
+
+    table: ChunkTable
+    indices: list[int]
+    views: list[memoryview]
+    hashes: list[int] | None
+
+
 @dataclass(frozen=True)
 class Committed:
     """A save that is durable: what the caller's event and artifact report."""
@@ -122,11 +136,14 @@ class BackgroundWriter:
         *,
         compression_level: int,
         max_in_flight: int,
+        threads: int = 1,
         clock: Clock,
         on_commit: Callable[[Committed], None],
     ) -> None:
         self.directory = directory
         self._level = compression_level
+        # Uncompressed saves only copy bytes to the page cache: no threads needed.
+        self._workers = Workers(threads if compression_level > 0 else 1, "m27-ckpt-zstd")
         self._clock = clock
         self._on_commit = on_commit
         self._tables: dict[str, ChunkTable] = {}
@@ -186,6 +203,7 @@ class BackgroundWriter:
         self.flush()
         self._jobs.put(None)
         self._thread.join()
+        self._workers.close()
 
     # --- writer thread ----------------------------------------------------------------
 
@@ -207,7 +225,7 @@ class BackgroundWriter:
                     self._cond.notify_all()
 
     def _write(self, job: SaveJob) -> None:
-        pack = PackWriter(pack_path(self.directory, job.seq), self._level)
+        pack = PackWriter(pack_path(self.directory, job.seq))
         try:
             tables = self._append_chunks(job, pack)
             pack.commit()
@@ -235,8 +253,10 @@ class BackgroundWriter:
             log.warning("checkpoint %s is durable, but reporting it failed", path, exc_info=True)
 
     def _append_chunks(self, job: SaveJob, pack: PackWriter) -> dict[str, ChunkTable]:
+        """Encode the changed chunks on the worker threads, append them in order."""
         staging = memoryview(job.staging.buffer)  # type: ignore[arg-type]
         tables: dict[str, ChunkTable] = {}
+        batches: list[_Batch] = []
         for plan in job.arrays:
             count = n_chunks(plan.nbytes, plan.chunk_size)
             base = self._tables.get(plan.name)
@@ -249,16 +269,36 @@ class BackgroundWriter:
                 )
             else:
                 table = base.copy()
-            pack.new_array()
-            pos = plan.offset
-            for k, index in enumerate(plan.changed.tolist()):
-                start, end = chunk_span(index, plan.nbytes, plan.chunk_size)
-                chunk = staging[pos : pos + end - start]
-                pos += end - start
-                digest = int(plan.hashes[k]) if plan.hashes is not None else chunk_hash(chunk)
-                offset, length, codec = pack.add(chunk)
-                table.set(index, job.seq, offset, length, end - start, digest, codec)
             tables[plan.name] = table
+            indices = plan.changed.tolist()
+            pos = plan.offset
+            views = []
+            for index in indices:
+                start, end = chunk_span(index, plan.nbytes, plan.chunk_size)
+                views.append(staging[pos : pos + end - start])
+                pos += end - start
+            per_batch = PROBE_GROUP * max(1, _BATCH_BYTES // (PROBE_GROUP * plan.chunk_size))
+            for first in range(0, len(indices), per_batch):
+                last = first + per_batch
+                hashes = plan.hashes[first:last].tolist() if plan.hashes is not None else None
+                batches.append(_Batch(table, indices[first:last], views[first:last], hashes))
+        level = self._level
+
+        def encode_batch(batch: _Batch) -> list[Encoded]:
+            return encode(batch.views, level, with_hash=batch.hashes is None)
+
+        encoded = self._workers.map_ordered(encode_batch, batches)
+        try:
+            for batch, chunks in zip(batches, encoded, strict=True):
+                for k, (payload, codec, digest) in enumerate(chunks):
+                    offset, length = pack.add(payload)
+                    if batch.hashes is not None:
+                        digest = batch.hashes[k]
+                    assert digest is not None
+                    raw = len(batch.views[k])
+                    batch.table.set(batch.indices[k], job.seq, offset, length, raw, digest, codec)
+        finally:
+            encoded.close()  # cancels the look-ahead if a write failed
         return tables
 
     def _body(self, job: SaveJob, tables: dict[str, ChunkTable], pack_bytes: int) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def test_a_write_error_surfaces_on_the_next_call_and_the_next_save_is_full(
 def test_an_error_in_the_last_save_is_raised_by_close(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(self: _pack.PackWriter, chunk: memoryview) -> tuple[int, int, str]:
+    def broken(self: _pack.PackWriter, payload: Any) -> tuple[int, int]:
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(_pack.PackWriter, "add", broken)
@@ -220,7 +220,7 @@ def test_artifact_key_and_markdown_describe_the_checkpoint() -> None:
 def test_context_manager_does_not_hide_the_callers_exception(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(self: _pack.PackWriter, chunk: memoryview) -> tuple[int, int, str]:
+    def broken(self: _pack.PackWriter, payload: Any) -> tuple[int, int]:
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(_pack.PackWriter, "add", broken)

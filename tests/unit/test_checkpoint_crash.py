@@ -161,3 +161,46 @@ def test_a_full_disk_gives_a_clear_error_and_keeps_the_previous_checkpoint(
     state, step = got
     assert step == 1 and state["note"] == "small"
     assert np.array_equal(state["x"], np.arange(10_000, dtype=np.int64))
+
+
+EXIT_WITHOUT_CLOSE = """
+import sys, time
+import numpy as np
+from m27.checkpoint import Checkpointer, _pack
+
+real_commit = _pack.PackWriter.commit
+
+def slow_commit(self):
+    time.sleep(0.15)  # the disk is slow: saves are still queued when the script ends
+    real_commit(self)
+
+_pack.PackWriter.commit = slow_commit
+ck = Checkpointer(sys.argv[1], chunk_size=1024, max_in_flight=3, keep_last=10)
+for step in range(1, 4):
+    x = np.arange(6000, dtype=np.int64) * step
+    ck.save({"x": x, "step": step}, step=step)
+print("pending", len(list(__import__("pathlib").Path(sys.argv[1]).glob("*.json"))), flush=True)
+# no close(), no flush(): the interpreter exits with the saves in flight
+"""
+
+
+def test_saves_pending_at_interpreter_exit_become_durable(tmp_path: Path) -> None:
+    directory = tmp_path / "ck"
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(EXIT_WITHOUT_CLOSE), str(directory)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["pending", "0"], "the saves were meant to be in flight"
+    assert sorted(p.name for p in directory.glob("*.json")) == [
+        f"ckpt-{seq:010d}.json" for seq in (1, 2, 3)
+    ]
+    with Checkpointer(directory, chunk_size=1024) as ck:
+        got = ck.restore()
+    assert got is not None
+    state, step = got
+    assert step == 3 and state["step"] == 3
+    assert np.array_equal(state["x"], np.arange(6000, dtype=np.int64) * 3)
