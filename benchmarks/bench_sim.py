@@ -3,7 +3,7 @@ speed of the simulator on 10,000 jobs.
 
     python benchmarks/bench_sim.py [--alibaba ../shared/traces/openb_pod_list_default.csv]
 
-Prints Markdown tables (pasted into benchmarks/README-sim.md).
+Prints Markdown tables (pasted into benchmarks/README.md, section Simulator).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ def effective_priority(
     return priority + bump + aged_points(queued_at, now, cfg)
 
 
-@dataclass
+@dataclass(slots=True)
 class Slot:
     """A step occupying a GPU in this decision: primary or guest."""
 
@@ -49,22 +49,35 @@ class Slot:
 
     @classmethod
     def of_running(cls, r: Running, now: float, cfg: PolicyConfig) -> Slot:
+        # effective_priority, inlined: this runs for every lease on every decision.
+        if cfg.fifo:
+            eff = 0
+        elif cfg.aging_per_s <= 0:
+            eff = r.priority + r.bump
+        else:
+            waited = now - r.queued_at
+            aged = int(cfg.aging_per_s * waited) if waited > 0 else 0
+            eff = r.priority + r.bump + min(cfg.aging_cap, aged)
+        n = len(r.gpus)
         return cls(
-            key=r.key,
-            tier=r.tier,
-            memory=r.gpu_memory,
-            eff=effective_priority(r.priority, r.bump, r.queued_at, now, cfg),
-            queued_at=r.queued_at,
-            owner=r.owner,
-            paused=r.paused,
-            io_waiting=r.io_waiting,
-            started_at=r.started_at,
-            time_limit=r.time_limit,
-            gpus=max(1, len(r.gpus)),
+            r.key,
+            r.tier,
+            r.gpu_memory,
+            eff,
+            r.queued_at,
+            r.owner,
+            r.paused,
+            False,
+            r.io_waiting,
+            r.started_at,
+            r.time_limit,
+            n if n > 1 else 1,
         )
 
     @classmethod
-    def of_pending(cls, p: Pending, eff: int, tier: Tier, paused: bool = False) -> Slot:
+    def of_pending(
+        cls, p: Pending, eff: int, tier: Tier, paused: bool = False, started_at: float = 0.0
+    ) -> Slot:
         return cls(
             key=p.key,
             tier=tier,
@@ -74,6 +87,7 @@ class Slot:
             owner=p.owner,
             paused=paused,
             fresh=True,
+            started_at=started_at,
             time_limit=p.time_limit,
             gpus=max(1, p.gpus),
         )
@@ -83,7 +97,7 @@ class Slot:
         return (self.tier == "background", -self.eff, self.queued_at, self.key)
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuState:
     view: GpuView
     primary: Slot | None = None

@@ -17,17 +17,20 @@ Tiers:
 
 Order: effective priority (base + bump + whole points of aging, capped), then fair share
 (the owner holding fewer GPUs, then with less recent GPU time), then queue time, then key.
-A multi-GPU step that cannot start reserves the GPUs that free first, so it cannot starve.
+A multi-GPU step that cannot start reserves the GPUs that free first, so it cannot starve;
+a step whose declared time limit ends before the reservation is complete may use them
+meanwhile (EASY backfill).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 
 from m27._policy_explain import explain
+from m27._policy_gate import gate, promote, run_or_pause
 from m27._policy_model import (
     Action,
     Demote,
@@ -115,19 +118,21 @@ class Decision:
 
 def decide(inp: PolicyInput) -> Decision:
     """The actions that bring the node to the three-tier layout for `inp`; pure."""
+    if not inp.pending:
+        return _gate_only(inp)
     cfg, now = inp.config, inp.now
     gpus = {v.index: GpuState(v) for v in sorted(inp.gpus, key=lambda v: v.index)}
     actions: list[Action] = []
     notes: Notes = {}
     cpu_busy = 0
-    held: Counter[str] = Counter()
+    held: dict[str, int] = {}
     for r in inp.running:
         if r.role == "cpu":
             cpu_busy += 1
             continue
         slot = Slot.of_running(r, now, cfg)
         if r.role == "primary":
-            held[r.owner] += len(r.gpus)
+            held[r.owner] = held.get(r.owner, 0) + len(r.gpus)
             for g in r.gpus:
                 if g in gpus:
                     gpus[g].primary = slot
@@ -135,28 +140,70 @@ def decide(inp: PolicyInput) -> Decision:
             gpus[r.gpus[0]].guests.append(slot)
     usable = [i for i, st in gpus.items() if not st.view.lost]
 
-    # A primary that ended: its best guest takes over in place, before anyone new.
-    for i in usable:
-        st = gpus[i]
-        if st.primary is None and st.guests:
-            best = min(st.guests, key=Slot.guest_rank)
-            st.guests.remove(best)
-            best.fresh = True
-            best.paused = False
-            if best.tier == "ready":
-                best.tier = "immediate"
-            st.primary = best
-            actions.append(Promote(best.key, i))
-
+    promote(gpus, usable, actions)
     ranked = order_pending(inp.pending, held, inp.usage_by_owner, now, cfg)
+    _place(ranked, gpus, usable, cfg, now, cpu_busy, actions, notes)
+    next_check = run_or_pause(gpus, usable, cfg, now, actions)
+    return Decision(tuple(actions), next_check, inp, ranked, gpus, notes)
+
+
+def _gate_only(inp: PolicyInput) -> Decision:
+    """Nothing pending: only promotions and guest gating can change, and only on GPUs
+    that host guests (most simulator decisions are this one, so it builds no more)."""
+    hosted: dict[int, list[Running]] = {}
+    primary: dict[int, Running] = {}
+    for r in inp.running:
+        if r.role == "guest":
+            if r.gpus:
+                hosted.setdefault(r.gpus[0], []).append(r)
+        elif r.role == "primary":
+            for g in r.gpus:
+                primary[g] = r
+    if not hosted:
+        return Decision((), None, inp)
+    cfg, now = inp.config, inp.now
+    views = {v.index: v for v in inp.gpus}
+    gated: list[tuple[int, GpuView, bool, bool, list[Slot]]] = []
+    actions: list[Action] = []
+    for i in sorted(hosted):
+        view = views.get(i)
+        if view is None or view.lost:
+            continue
+        guests = [Slot.of_running(r, now, cfg) for r in hosted[i]]
+        prim = primary.get(i)
+        if prim is None:
+            best = min(guests, key=Slot.guest_rank)
+            guests.remove(best)
+            actions.append(Promote(best.key, i))
+            gated.append((i, view, True, False, guests))
+        else:
+            gated.append((i, view, False, prim.io_waiting, guests))
+    next_check: float | None = None
+    for i, view, fresh, io_waiting, guests in gated:
+        if guests:
+            next_check = gate(i, view, fresh, io_waiting, guests, cfg, now, actions, next_check)
+    return Decision(tuple(actions), next_check, inp)
+
+
+def _place(
+    ranked: list[Ranked],
+    gpus: dict[int, GpuState],
+    usable: list[int],
+    cfg: PolicyConfig,
+    now: float,
+    cpu_busy: int,
+    actions: list[Action],
+    notes: Notes,
+) -> None:
+    """Pending steps onto GPUs (primaries, background, guests) and CPU slots, by rank."""
     cpu_q = [r for r in ranked if r.pending.type == "cpu"]
     gpu_q = [r for r in ranked if r.pending.type != "cpu" and not r.background]
     bg_q = [r for r in ranked if r.pending.type != "cpu" and r.background]
 
     granted: set[StepKey] = set()
-    _immediate(gpu_q, gpus, usable, cfg, actions, notes, granted)
+    _immediate(gpu_q, gpus, usable, cfg, now, actions, notes, granted)
     if not cfg.fifo:
-        _background_on_free(bg_q, gpus, usable, actions, granted)
+        _background_on_free(bg_q, gpus, usable, now, actions, granted)
         # gpu_light steps are natural guests: they compete for guest slots by rank (as
         # background guests), but never take a GPU from a gpu step.
         bg_max = cfg.background_priority_max
@@ -166,8 +213,8 @@ def decide(inp: PolicyInput) -> Decision:
             if r.pending.type != "cpu"
             and (not r.background or (r.pending.type == "gpu_light" and r.eff >= bg_max))
         ]
-        _guests(guest_q, gpus, usable, cfg, actions, notes, granted)
-        _guests(bg_q, gpus, usable, cfg, actions, notes, granted)
+        _guests(guest_q, gpus, usable, cfg, now, actions, notes, granted)
+        _guests(bg_q, gpus, usable, cfg, now, actions, notes, granted)
     free_cpu = cfg.cpu_slots - cpu_busy
     for c in cpu_q:
         if free_cpu <= 0:
@@ -175,13 +222,6 @@ def decide(inp: PolicyInput) -> Decision:
         actions.append(StartCpu(c.pending.key))
         granted.add(c.pending.key)
         free_cpu -= 1
-    next_check = _run_or_pause(gpus, usable, cfg, now, actions)
-    return Decision(tuple(actions), next_check, inp, ranked, gpus, notes)
-
-
-def _fits(st: GpuState, memory: int, cfg: PolicyConfig) -> bool:
-    cap = st.view.memory_total * cfg.memory_overprovision
-    return cap > 0 and memory > 0 and st.used_memory() + memory <= cap
 
 
 def _immediate(
@@ -189,11 +229,13 @@ def _immediate(
     gpus: dict[int, GpuState],
     usable: list[int],
     cfg: PolicyConfig,
+    now: float,
     actions: list[Action],
     notes: Notes,
     granted: set[StepKey],
 ) -> None:
     reserved = False
+    shadow = math.inf  # when the reserved step is expected to have all its GPUs
     free = [i for i in usable if gpus[i].primary is None]
     bg_hosts = [] if cfg.fifo else [i for i in usable if _is_bg_host(gpus[i], cfg)]
     for r in queue:
@@ -223,11 +265,23 @@ def _immediate(
                     bg_hosts.remove(i)
                 else:
                     free.remove(i)
-                st.primary = Slot.of_pending(p, r.eff, "immediate")
+                st.primary = Slot.of_pending(p, r.eff, "immediate", started_at=now)
                 st.reserved_for = None
             actions.append(Grant(p.key, tuple(take), "immediate"))
             granted.add(p.key)
             continue
+        # EASY backfill: a step whose declared limit ends before the reserved step can
+        # start may use GPUs held for it; they stay held, so no guest settles there.
+        if reserved and p.time_limit is not None and now + p.time_limit <= shadow < math.inf:
+            held = [i for i in free if i not in avail]
+            if len(avail) + len(held) >= k:
+                take = (avail + held)[:k]
+                for i in take:
+                    free.remove(i)
+                    gpus[i].primary = Slot.of_pending(p, r.eff, "immediate", started_at=now)
+                actions.append(Grant(p.key, tuple(take), "immediate"))
+                granted.add(p.key)
+                continue
         if k > 1 and not reserved and not cfg.fifo:
             hold = _reservation(gpus, usable, k, free)
             for i in hold:
@@ -235,6 +289,7 @@ def _immediate(
                 gpus[i].reserved_gpus = k
             actions.append(Reserve(p.key, tuple(hold)))
             reserved = True
+            shadow = max(_free_at(gpus[i], i in free, now) for i in hold)
             notes[p.key] = [f"holds GPU {', '.join(map(str, hold))} until all {k} are free"]
         if cfg.fifo:
             notes[p.key] = [f"fifo: at the head, needs {k} free GPUs"]
@@ -260,6 +315,17 @@ def _room_beside(st: GpuState, memory: int, cfg: PolicyConfig) -> bool:
     return cap > 0 and st.used_memory() + memory <= cap
 
 
+def _free_at(st: GpuState, free: bool, now: float) -> float:
+    """When a GPU is expected to be free: now, or when its primary's declared limit ends
+    (never, as far as the policy knows, without one; now, if it is already past it)."""
+    prim = st.primary
+    if prim is None or free:
+        return now
+    if prim.time_limit is None:
+        return math.inf
+    return max(now, prim.started_at + prim.time_limit)
+
+
 def _reservation(
     gpus: dict[int, GpuState], usable: list[int], k: int, free: list[int]
 ) -> list[int]:
@@ -268,9 +334,9 @@ def _reservation(
     def expected_free(i: int) -> tuple[float, int]:
         prim = gpus[i].primary
         if prim is None or i in free:
-            return (float("-inf"), i)
+            return (-math.inf, i)
         if prim.time_limit is None:
-            return (float("inf"), i)
+            return (math.inf, i)
         return (prim.started_at + prim.time_limit, i)
 
     candidates = [i for i in usable if gpus[i].reserved_for is None or i in free]
@@ -282,6 +348,7 @@ def _guests(
     gpus: dict[int, GpuState],
     usable: list[int],
     cfg: PolicyConfig,
+    now: float,
     actions: list[Action],
     notes: Notes,
     granted: set[StepKey],
@@ -294,6 +361,13 @@ def _guests(
         and gpus[i].reserved_for is None
         and len(gpus[i].guests) < cfg.guests_per_gpu
     ]
+    if not hosts or not queue:
+        return
+    # Memory per host, kept up to date here: a long queue asks about every host per step.
+    cap = {i: gpus[i].view.memory_total * cfg.memory_overprovision for i in hosts}
+    used = {i: gpus[i].used_memory() for i in hosts}
+    room = max(cap[i] - used[i] for i in hosts)
+    seen: tuple[tuple[int, int, int], ...] | None = None
     for r in queue:
         if not hosts:
             return
@@ -303,19 +377,30 @@ def _guests(
         if max(1, p.gpus) > 1:
             notes.setdefault(p.key, []).append("multi-GPU steps do not run as guests")
             continue
-        if p.gpu_memory <= 0:
+        memory = p.gpu_memory
+        if memory <= 0:
             notes.setdefault(p.key, []).append("declares no gpu_memory, so it cannot be a guest")
             continue
-        fitting = [i for i in hosts if _fits(gpus[i], p.gpu_memory, cfg)]
+        # `room` is a float difference: only a clear miss skips the exact test below.
+        fitting = (
+            []
+            if memory - room > 1.0
+            else [i for i in hosts if cap[i] > 0 and used[i] + memory <= cap[i]]
+        )
         if not fitting:
-            seen = tuple((i, gpus[i].used_memory(), gpus[i].view.memory_total) for i in hosts)
-            notes.setdefault(p.key, []).append(partial(_no_fit_text, p.gpu_memory, seen))
+            if seen is None:
+                seen = tuple((i, used[i], gpus[i].view.memory_total) for i in hosts)
+            notes.setdefault(p.key, []).append(partial(_no_fit_text, memory, seen))
             continue
-        i = max(fitting, key=lambda j: (gpus[j].free_memory(cfg), -j))
+        i = max(fitting, key=lambda j: (cap[j] - used[j], -j))
         tier: Tier = "background" if r.background else "ready"
-        gpus[i].guests.append(Slot.of_pending(p, r.eff, tier, paused=True))
+        gpus[i].guests.append(Slot.of_pending(p, r.eff, tier, paused=True, started_at=now))
+        used[i] = gpus[i].used_memory()
         if len(gpus[i].guests) >= cfg.guests_per_gpu:
             hosts.remove(i)
+        if hosts:
+            room = max(cap[j] - used[j] for j in hosts)
+        seen = None
         actions.append(Grant(p.key, (i,), tier))
         granted.add(p.key)
 
@@ -329,6 +414,7 @@ def _background_on_free(
     queue: list[Ranked],
     gpus: dict[int, GpuState],
     usable: list[int],
+    now: float,
     actions: list[Action],
     granted: set[StepKey],
 ) -> None:
@@ -342,41 +428,9 @@ def _background_on_free(
         if len(free) >= k:
             take, free = free[:k], free[k:]
             for i in take:
-                gpus[i].primary = Slot.of_pending(p, r.eff, "background")
+                gpus[i].primary = Slot.of_pending(p, r.eff, "background", started_at=now)
             actions.append(Grant(p.key, tuple(take), "background"))
             granted.add(p.key)
-
-
-def _run_or_pause(
-    gpus: dict[int, GpuState],
-    usable: list[int],
-    cfg: PolicyConfig,
-    now: float,
-    actions: list[Action],
-) -> float | None:
-    """Let the best guest compute while its primary waits on I/O; pause all others."""
-    next_check: float | None = None
-    for i in usable:
-        st = gpus[i]
-        prim = st.primary
-        if prim is None or not st.guests:
-            continue
-        low_since = st.view.util_low_since
-        util_low = st.view.primary_util is None or st.view.primary_util < cfg.io_util_threshold
-        inferred = low_since is not None and util_low and now - low_since >= cfg.io_timeout
-        io = not prim.fresh and (prim.io_waiting or inferred)
-        if not io and not prim.fresh and low_since is not None and util_low:
-            due = low_since + cfg.io_timeout
-            next_check = due if next_check is None else min(next_check, due)
-        best = min(st.guests, key=Slot.guest_rank) if io else None
-        for g in sorted(st.guests, key=Slot.guest_rank):
-            if g is best and g.paused:
-                actions.append(ResumeGuest(g.key, i))
-                g.paused = False
-            elif g is not best and not g.paused:
-                actions.append(PauseGuest(g.key, i))
-                g.paused = True
-    return next_check
 
 
 def _gib(n: float) -> str:

@@ -24,6 +24,7 @@ from m27._policy_model import (
     Promote,
     ResumeGuest,
     Role,
+    Running,
     StartCpu,
     StepKey,
     Tier,
@@ -44,6 +45,7 @@ class Live:
         "finished_at",
         "gpus",
         "job",
+        "memo",
         "paused",
         "pending",
         "phase",
@@ -81,6 +83,9 @@ class Live:
         self.token = 0
         self.started_at: float | None = None
         self.finished_at: float | None = None
+        #: a scheduler's own view of this job; the engine clears it on every change of
+        #: role, tier, pause or phase, so the scheduler rebuilds it only then.
+        self.memo: Running | None = None
 
     @property
     def in_io(self) -> bool:
@@ -99,6 +104,10 @@ class SimState:
     primary: list[str | None] = field(default_factory=list)
     guests: list[list[str]] = field(default_factory=list)
     by_key: dict[StepKey, str] = field(default_factory=dict)
+    #: bumped on every change of the waiting steps / of the leases (who holds what, in
+    #: which role, tier, pause or phase), so a scheduler may reuse what it built from them
+    pending_version: int = 0
+    lease_version: int = 0
 
     @property
     def cpu_running(self) -> int:
@@ -197,6 +206,7 @@ class _Engine:
         lv = Live(self.jobs[job_id], now)
         self.lives[job_id] = lv
         self.st.pending[job_id] = lv
+        self.st.pending_version += 1
         self.st.by_key[lv.job.key] = job_id
 
     def track_queue(self, now: float, closing: bool = False) -> None:
@@ -234,6 +244,8 @@ class _Engine:
 
     def phase_end(self, lv: Live, now: float) -> None:
         self.stop(lv, now)
+        lv.memo = None
+        self.st.lease_version += 1
         lv.phase += 1
         lv.phase_started = now
         if lv.phase < len(lv.job.phases):
@@ -246,6 +258,7 @@ class _Engine:
         st = self.st
         lv.finished_at = now
         del st.running[lv.job.id]
+        st.lease_version += 1
         for g in lv.gpus:
             if st.primary[g] == lv.job.id:
                 st.primary[g] = None
@@ -270,6 +283,9 @@ class _Engine:
         for a in actions:
             if isinstance(a, Grant | StartCpu):
                 lv = self.live(a.key)
+                lv.memo = None
+                st.lease_version += 1
+                st.pending_version += 1
                 if st.pending.pop(lv.job.id, None) is None:
                     raise SimulationError(f"{a.key} granted twice", step=a.key)
                 st.running[lv.job.id] = lv
@@ -295,6 +311,8 @@ class _Engine:
                 self.go(lv, now)
             elif isinstance(a, PauseGuest | ResumeGuest):
                 lv = self.live(a.key)
+                lv.memo = None
+                st.lease_version += 1
                 if lv.role != "guest":
                     raise SimulationError(f"{a.key} is not a guest", step=a.key)
                 lv.paused = isinstance(a, PauseGuest)
@@ -305,6 +323,8 @@ class _Engine:
                 changed = True
             elif isinstance(a, Promote):
                 lv = self.live(a.key)
+                lv.memo = None
+                st.lease_version += 1
                 if st.primary[a.gpu] is not None:
                     raise SimulationError(f"GPU {a.gpu} already has a primary", gpu=a.gpu)
                 self.stop(lv, now)  # closes a running guest's segment under its old role
@@ -317,6 +337,8 @@ class _Engine:
                 changed = True
             elif isinstance(a, Demote):
                 lv = self.live(a.key)
+                lv.memo = None
+                st.lease_version += 1
                 self.stop(lv, now)
                 st.primary[a.gpu] = None
                 st.guests[a.gpu].append(lv.job.id)

@@ -16,6 +16,7 @@ from m27._policy_model import (
     Action,
     GpuView,
     Grant,
+    Pending,
     PolicyConfig,
     PolicyInput,
     Running,
@@ -25,6 +26,9 @@ from m27.policy import decide
 from m27.sim.engine import Live, SimState
 
 POLICIES = ("manual", "fifo", "backfill", "m27")
+
+#: Marks a GPU whose view was never built (no lease memo is this object).
+_UNSEEN = object()
 
 
 class PolicyScheduler:
@@ -38,47 +42,87 @@ class PolicyScheduler:
         self._last = 0.0
         #: the last input handed to decide (tests compare it with a direct call).
         self.last_input: PolicyInput | None = None
+        self._views: list[tuple[object, GpuView | None]] = []
+        self._gpu_views: tuple[GpuView, ...] = ()
+        self._state: SimState | None = None
+        self._lease_version = -1
+        self._pending_version = -1
+        self._running: tuple[Running, ...] = ()
+        self._primaries: list[tuple[str, int]] = []
+        self._pending: tuple[Pending, ...] = ()
 
     def step(self, state: SimState) -> tuple[Sequence[Action], float | None]:
         now = state.now
         if self.config.cpu_slots != state.trace.cpu_slots:
             self.config = replace(self.config, cpu_slots=state.trace.cpu_slots)
-        self._age_usage(state, now)
-        running = tuple(_running(lv) for lv in state.running.values())
-        views = []
-        memory = state.trace.gpu_memory
-        for g in range(state.gpus):
-            prim_id = state.primary[g]
-            prim = state.running[prim_id] if prim_id is not None else None
-            if prim is not None and prim.in_io:
-                views.append(GpuView(g, memory, None, False, 0.0, prim.phase_started))
-            else:
-                views.append(GpuView(g, memory, None, False, 100.0 if prim else None, None))
+        # Recent GPU-seconds per owner, decaying with a half-life, for fair share.
+        usage = self._usage
+        dt = now - self._last
+        self._last = now
+        if dt > 0:
+            decay = math.exp(-dt / self._tau)
+            for owner in usage:
+                usage[owner] *= decay
+        # A lease's frozen input changes only with its role, tier, pause or phase; the
+        # engine then clears `memo` and bumps `lease_version`, so the leases (and the GPU
+        # views that follow their primaries) are rebuilt only when something changed.
+        if state is not self._state or state.lease_version != self._lease_version:
+            self._leases(state)
+        if dt > 0:
+            for owner, n in self._primaries:
+                usage[owner] = usage.get(owner, 0.0) + dt * n
+        if state.pending_version != self._pending_version:
+            self._pending_version = state.pending_version
+            self._pending = tuple([lv.pending for lv in state.pending.values()])
         inp = PolicyInput(
-            pending=tuple(lv.pending for lv in state.pending.values()),
-            running=running,
-            gpus=tuple(views),
+            pending=self._pending,
+            running=self._running,
+            gpus=self._gpu_views,
             now=now,
             config=self.config,
-            usage_by_owner=self._usage,
+            usage_by_owner=usage,
         )
         self.last_input = inp
         d = decide(inp)
         return d.actions, d.next_check
 
-    def _age_usage(self, state: SimState, now: float) -> None:
-        """Recent GPU-seconds per owner, decaying with a half-life, for fair share."""
-        dt = now - self._last
-        self._last = now
-        if dt <= 0:
-            return
-        decay = math.exp(-dt / self._tau)
-        for owner in self._usage:
-            self._usage[owner] *= decay
+    def _leases(self, state: SimState) -> None:
+        running = []
+        primaries = []
         for lv in state.running.values():
-            if lv.role == "primary":
-                o = lv.job.owner
-                self._usage[o] = self._usage.get(o, 0.0) + dt * len(lv.gpus)
+            r = lv.memo
+            if r is None:
+                r = lv.memo = _running(lv)
+            running.append(r)
+            if r.role == "primary":
+                primaries.append((r.owner, len(r.gpus)))
+        self._running = tuple(running)
+        self._primaries = primaries
+        cache = self._views
+        if state is not self._state or len(cache) != state.gpus:
+            self._state = state
+            cache[:] = [(_UNSEEN, None)] * state.gpus
+            self._pending_version = -1
+        self._lease_version = state.lease_version
+        leases = state.running
+        changed = False
+        for g, prim_id in enumerate(state.primary):
+            memo = leases[prim_id].memo if prim_id is not None else None
+            if cache[g][0] is not memo:
+                cache[g] = (memo, self._view(state, g))
+                changed = True
+        if changed:
+            self._gpu_views = tuple(v for _, v in cache if v is not None)
+
+    @staticmethod
+    def _view(state: SimState, g: int) -> GpuView:
+        """What the agent's samples would say: no utilization while the primary is in I/O."""
+        memory = state.trace.gpu_memory
+        prim_id = state.primary[g]
+        prim = state.running[prim_id] if prim_id is not None else None
+        if prim is not None and prim.in_io:
+            return GpuView(g, memory, None, False, 0.0, prim.phase_started)
+        return GpuView(g, memory, None, False, 100.0 if prim else None, None)
 
 
 def _running(lv: Live) -> Running:

@@ -187,6 +187,53 @@ def test_reservation_prefers_the_gpus_whose_primaries_end_first() -> None:
     assert Reserve(("r", "big"), (1, 2)) in d.actions
 
 
+def test_short_step_backfills_a_reserved_gpu_only_if_it_ends_before_the_reservation() -> None:
+    # GPU 0 frees at 100 (declared); big holds 0 and the free 1 until then (EASY backfill).
+    gpus = (gpu(0), gpu(1))
+    running = (prim("x", gpu=0, started_at=0.0, time_limit=100.0),)
+    big = pend("big", gpus=2, priority=10)
+    fits = pend("fits", queued_at=1.0, time_limit=90.0)  # ends at 100: in time
+    late = pend("late", queued_at=1.0, time_limit=91.0)
+    unknown = pend("unknown", queued_at=1.0)  # no declared limit: never backfilled
+    d = run((big, fits), running, gpus, now=10.0)
+    assert Reserve(("r", "big"), (0, 1)) in d.actions
+    assert grants(d) == {"fits": ((1,), "immediate")}
+    for other in (late, unknown):
+        d = run((big, other), running, gpus, now=10.0)
+        assert grants(d) == {}
+        assert Reserve(("r", "big"), (0, 1)) in d.actions
+
+
+def test_a_step_granted_in_the_same_decision_counts_as_started_now_for_reservations() -> None:
+    # a takes GPU 1 now (500) and declares 800 s: it frees at 1300, after x on GPU 0 (1000).
+    gpus = (gpu(0), gpu(1), gpu(2))
+    running = (prim("x", gpu=0, started_at=0.0, time_limit=1000.0),)
+    pending = (pend("a", priority=20, time_limit=800.0), pend("big", gpus=2, priority=10))
+    d = run(pending, running, gpus, now=500.0)
+    assert grants(d)["a"] == ((1,), "immediate")
+    assert Reserve(("r", "big"), (0, 2)) in d.actions
+
+
+def test_no_backfill_while_a_reserved_gpu_has_no_declared_end() -> None:
+    gpus = (gpu(0), gpu(1))
+    running = (prim("x", gpu=0),)  # no time limit: when big can start is unknown
+    d = run((pend("big", gpus=2), pend("short", queued_at=1.0, time_limit=1.0)), running, gpus)
+    assert grants(d) == {}
+
+
+def test_a_backfilled_gpu_stays_held_so_no_guest_settles_beside_it() -> None:
+    gpus = (gpu(0), gpu(1))
+    running = (prim("x", gpu=0, time_limit=100.0),)
+    pending = (
+        pend("big", gpus=2, priority=10),
+        pend("fits", priority=5, time_limit=50.0),
+        pend("guest", queued_at=2.0),
+    )
+    d = run(pending, running, gpus)
+    assert grants(d) == {"fits": ((1,), "immediate")}
+    assert "reserved for r/big" in d.reasons[("r", "guest")]
+
+
 def test_higher_priority_single_step_still_beats_a_waiting_multi_gpu_step() -> None:
     gpus = (gpu(0), gpu(1))
     pending = (pend("big", gpus=2, priority=5), pend("urgent", priority=50))

@@ -96,6 +96,25 @@ def test_backfill_starts_a_short_job_that_ends_before_the_head_reservation() -> 
     assert times(trace, "fifo")["short"] == (110, 140)
 
 
+def test_m27_backfills_a_short_step_into_a_gpu_held_for_a_multi_gpu_step() -> None:
+    trace = Trace(
+        jobs=(
+            job("long", 0, ("compute", 100), time_limit=100.0),
+            job("big", 1, ("compute", 10), gpus=2, time_limit=50.0, priority=10),
+            job("short", 2, ("compute", 30), time_limit=40.0),
+            job("late", 3, ("compute", 30), time_limit=200.0),
+        ),
+        gpus=2,
+    )
+    t = times(trace, "m27")
+    # big holds both GPUs from t=1 until long's declared end (100); short ends by 42, so it
+    # runs on the held GPU 1; late would end after 100, so it waits, then joins big as a
+    # guest and is promoted when big ends.
+    assert t["short"] == (2, 32)
+    assert t["big"] == (100, 110)
+    assert t["late"] == (100, 140)
+
+
 def test_manual_starts_jobs_after_a_delay_in_working_hours_only() -> None:
     trace = Trace(jobs=(job("a", 0, ("compute", 10)), job("b", 0, ("compute", 10))), gpus=1)
     t = times(trace, "manual")
