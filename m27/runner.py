@@ -229,27 +229,50 @@ def run_step(
         return _finish(launch, store, clock, sink, end, 1, started, 0.0, will_retry=False)
     with log_file:
         sink.file = log_file
-        attempt = 0
-        while True:
-            if cancel is not None and cancel.is_set():
-                return _cancelled(launch, store, clock, sink, attempt, started, None, None)
-            attempt += 1
-            sink.tail.clear()
-            t0 = clock.monotonic()
-            end = _attempt(launch, store, clock, sink, attempt, log_path, cancel, resume_from)
-            took = clock.monotonic() - t0
-            if end.cancelled:
-                sink.write(f"=== attempt {attempt} cancelled ===\n")
-                sink.flush()
-                return _cancelled(
-                    launch, store, clock, sink, attempt, started, end.exit_code, end.signal
-                )
-            will_retry = not end.ok and end.retryable and attempt <= launch.retries
-            result = _finish(launch, store, clock, sink, end, attempt, started, took, will_retry)
-            if not will_retry:
-                return result
-            if _wait_retry(clock, launch.retry_delay, cancel):
-                return _cancelled(launch, store, clock, sink, attempt, started, None, None)
+        return run_attempts(
+            launch,
+            store,
+            clock,
+            sink,
+            started,
+            cancel,
+            lambda n: _attempt(launch, store, clock, sink, n, log_path, cancel, resume_from),
+        )
+
+
+def run_attempts(
+    launch: StepLaunch,
+    store: EventStore,
+    clock: Clock,
+    sink: _Sink,
+    started: float,
+    cancel: threading.Event | None,
+    one_attempt: Callable[[int], _End],
+) -> StepResult:
+    """The retry loop every executor shares (local processes, Slurm jobs): run attempt
+    1, 2, ... through `one_attempt` and record each, until one succeeds, the retries are
+    spent, or `cancel` is set."""
+    attempt = 0
+    while True:
+        if cancel is not None and cancel.is_set():
+            return _cancelled(launch, store, clock, sink, attempt, started, None, None)
+        attempt += 1
+        sink.tail.clear()
+        t0 = clock.monotonic()
+        end = one_attempt(attempt)
+        took = clock.monotonic() - t0
+        if end.cancelled:
+            sink.write(f"=== attempt {attempt} cancelled ===\n")
+            sink.flush()
+            return _cancelled(
+                launch, store, clock, sink, attempt, started, end.exit_code, end.signal
+            )
+        will_retry = not end.ok and end.retryable and attempt <= launch.retries
+        result = _finish(launch, store, clock, sink, end, attempt, started, took, will_retry)
+        if not will_retry:
+            return result
+        if _wait_retry(clock, launch.retry_delay, cancel):
+            return _cancelled(launch, store, clock, sink, attempt, started, None, None)
 
 
 def _attempt(

@@ -51,14 +51,13 @@ from m27.events import SlurmJobSubmitted
 from m27.runner import (
     StepLaunch,
     StepResult,
-    _cancelled,
     _End,
     _finish,
     _Sink,
-    _wait_retry,
     child_env,
     default_log_path,
     resolve_argv,
+    run_attempts,
 )
 from m27.store import EventStore
 
@@ -142,27 +141,15 @@ def run_slurm_step(
     job = _Job(launch, store, clock, sink, opts, cli or SubprocessSlurm(), python, log_path)
     with log_file:
         sink.file = log_file
-        attempt = 0
-        while True:
-            if cancel is not None and cancel.is_set():
-                return _cancelled(launch, store, clock, sink, attempt, started, None, None)
-            attempt += 1
-            sink.tail.clear()
-            t0 = clock.monotonic()
-            end = job.attempt(attempt, cancel, resume_from)
-            took = clock.monotonic() - t0
-            if end.cancelled:
-                sink.write(f"=== attempt {attempt} cancelled ===\n")
-                sink.flush()
-                return _cancelled(
-                    launch, store, clock, sink, attempt, started, end.exit_code, end.signal
-                )
-            will_retry = not end.ok and end.retryable and attempt <= launch.retries
-            result = _finish(launch, store, clock, sink, end, attempt, started, took, will_retry)
-            if not will_retry:
-                return result
-            if _wait_retry(clock, launch.retry_delay, cancel):
-                return _cancelled(launch, store, clock, sink, attempt, started, None, None)
+        return run_attempts(
+            launch,
+            store,
+            clock,
+            sink,
+            started,
+            cancel,
+            lambda n: job.attempt(n, cancel, resume_from),
+        )
 
 
 class _Job:

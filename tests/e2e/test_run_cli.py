@@ -180,6 +180,21 @@ def _running_pgid(home: Path) -> tuple[str, int]:
     raise LookupError
 
 
+def _wait_running(home: Path) -> tuple[str, int]:
+    """The run id and process group of the `long` step, once it runs."""
+    found: list[tuple[str, int]] = []
+
+    def started() -> bool:
+        try:
+            found.append(_running_pgid(home))
+            return True
+        except LookupError:
+            return False
+
+    _wait_for(started)
+    return found[0]
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -194,17 +209,7 @@ def test_m27_cancel_stops_the_step_process_group_and_records_the_run_cancelled(
     spec = _write(tmp_path, SLEEPER)
     proc = spawn_m27("run", str(spec), "--plain")
     try:
-        found: list[tuple[str, int]] = []
-
-        def started() -> bool:
-            try:
-                found.append(_running_pgid(m27_home))
-                return True
-            except LookupError:
-                return False
-
-        _wait_for(started)
-        run_id, pgid = found[0]
+        run_id, pgid = _wait_running(m27_home)
         follower = spawn_m27("logs", run_id, "long", "-f")
         done = m27("cancel", run_id)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -225,22 +230,12 @@ def test_ctrl_c_cancels_the_run(m27: M27, tmp_path: Path, m27_home: Path) -> Non
     spec = _write(tmp_path, SLEEPER)
     proc = spawn_m27("run", str(spec), "--plain")
     try:
-        found: list[tuple[str, int]] = []
-
-        def started() -> bool:
-            try:
-                found.append(_running_pgid(m27_home))
-                return True
-            except LookupError:
-                return False
-
-        _wait_for(started)
+        run_id, pgid = _wait_running(m27_home)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 1, out
-    run_id, pgid = found[0]
     assert node_state(m27_home).runs[run_id].status == "cancelled"
     assert "cancelling" in out
     _wait_for(lambda: not _group_alive(pgid), timeout=15)
