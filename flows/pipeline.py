@@ -209,6 +209,7 @@ def _step_body(run: _Run, step: Step) -> State:
         resume_from=lambda: run.resume_from(step.name),
         supervise=supervise,
         on_requeue=requeued,
+        time_limit=step.timeout,
     )
     return _state_of(result)
 

@@ -167,6 +167,7 @@ def policy_input(
             gpus=0 if r.type == "cpu" else max(1, r.gpus),
             gpu_memory=r.gpu_memory,
             queued_at=r.at,
+            time_limit=r.time_limit,
         )
         for key, r in book.requests.items()
         if r.type in STEP_TYPES
@@ -189,6 +190,7 @@ def policy_input(
                 owner=req.owner if req else "",
                 queued_at=req.at if req else h.granted_at,
                 started_at=h.started_at if h.started_at is not None else h.granted_at,
+                time_limit=req.time_limit if req else None,
                 io_waiting=role == "primary" and io_waiting(key),
             )
         )

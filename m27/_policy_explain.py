@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from m27._policy_model import PolicyInput, StepKey, key_text
+from m27._policy_model import PolicyConfig, PolicyInput, StepKey, key_text
 from m27._policy_state import GpuState, Ranked, aged_points
 
 
@@ -40,7 +40,10 @@ def explain(
                     f"waiting: rank {pos} of {len(queue)} in the {kind} queue, prio {r.eff}"
                     f" (base {p.priority} + bump {p.bump} + aged {aged})"
                 )
-            parts = [head, *(n if isinstance(n, str) else n() for n in notes.get(p.key, ()))]
+            said = [n if isinstance(n, str) else n() for n in notes.get(p.key, ())]
+            parts = [head, *dict.fromkeys(said)]  # a gpu_light step may be noted twice
+            if kind != "cpu" and not said:
+                parts.append(_blocked(p.key, max(1, p.gpus), pos, gpus, cfg))
             if kind == "cpu":
                 parts.append(f"{cpu_busy} of {cfg.cpu_slots} CPU slots busy")
             else:
@@ -71,3 +74,44 @@ def _gpu_text(i: int, st: GpuState) -> str:
     if st.reserved_for is not None:
         bits.append(f"reserved for {key_text(st.reserved_for)} (gpus: {st.reserved_gpus})")
     return f"GPU {i} " + ", ".join(bits)
+
+
+def _blocked(
+    key: StepKey, k: int, pos: int, gpus: Mapping[int, GpuState], cfg: PolicyConfig
+) -> str:
+    """Why a GPU step the placement passed over silently got neither a GPU nor a guest
+    slot (its guest pass ended early: no host had a free slot), from the final layout."""
+    if cfg.fifo:
+        if pos == 1:
+            return f"fifo: at the head, needs {k} free GPU{'s' if k > 1 else ''}"
+        return f"fifo: behind {pos - 1} earlier step{'s' if pos > 2 else ''}, no guests"
+    parts = []
+    full = [
+        (i, st)
+        for i, st in gpus.items()
+        if not st.view.lost
+        and st.primary is not None
+        and st.primary.tier == "immediate"
+        and st.reserved_for is None
+        and len(st.guests) >= cfg.guests_per_gpu
+    ]
+    if full:
+        held = [key_text(g.key) for _, st in full for g in st.guests]
+        text = (
+            f"guest slots on GPU {', '.join(str(i) for i, _ in full)} full"
+            f" (guests_per_gpu={cfg.guests_per_gpu})"
+        )
+        parts.append(text + (f": held by {', '.join(held)}" if held else ""))
+    for i, st in gpus.items():
+        if st.view.lost:
+            parts.append(f"GPU {i} lost")
+        elif st.reserved_for is not None and st.reserved_for != key:
+            parts.append(
+                f"GPU {i} reserved for {key_text(st.reserved_for)} (gpus: {st.reserved_gpus})"
+            )
+        elif st.primary is not None and st.primary.tier == "background":
+            parts.append(f"GPU {i} primary {key_text(st.primary.key)} is background: no guests")
+    if not parts:
+        free = sum(1 for st in gpus.values() if st.primary is None and not st.view.lost)
+        parts.append(f"needs {k} free GPU{'s' if k > 1 else ''} at once, {free} free")
+    return "; ".join(parts)

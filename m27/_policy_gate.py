@@ -1,4 +1,5 @@
-"""Guest gating: who computes on a GPU while its primary waits on I/O, and promotion.
+"""Guest gating: who computes on a GPU while its primary waits on I/O, and promotion
+(or, when a waiting step outranks the guest, the GPU for that step).
 
 Part of :func:`m27.policy.decide`, kept apart because it runs on every decision, also
 when nothing waits (then it is all that runs).
@@ -6,8 +7,17 @@ when nothing waits (then it is all that runs).
 
 from __future__ import annotations
 
-from m27._policy_model import Action, GpuView, PauseGuest, PolicyConfig, Promote, ResumeGuest
-from m27._policy_state import GpuState, Slot
+from m27._policy_model import (
+    Action,
+    GpuView,
+    Grant,
+    PauseGuest,
+    PolicyConfig,
+    Promote,
+    ResumeGuest,
+    StepKey,
+)
+from m27._policy_state import GpuState, Ranked, Slot, is_bg_host, room_beside
 
 
 def promote(gpus: dict[int, GpuState], usable: list[int], actions: list[Action]) -> None:
@@ -23,6 +33,68 @@ def promote(gpus: dict[int, GpuState], usable: list[int], actions: list[Action])
                 best.tier = "immediate"
             st.primary = best
             actions.append(Promote(best.key, i))
+
+
+def outrank(
+    ranked: list[Ranked],
+    gpus: dict[int, GpuState],
+    usable: list[int],
+    cfg: PolicyConfig,
+    now: float,
+    actions: list[Action],
+    granted: set[StepKey],
+) -> None:
+    """A GPU whose primary ended goes to a waiting gpu step that outranks its best guest.
+
+    Promotion in place is the normal case (no reload); it only yields to a step with a
+    strictly higher effective priority that gets no free GPU otherwise (the free and
+    demotable GPUs go to the best steps first), needs one GPU, and declares memory that
+    fits beside the guests, which stay loaded and paused in their slots. The weakest
+    guest is displaced first, so the stronger ones are still promoted.
+    """
+    open_ = {
+        i: min(gpus[i].guests, key=Slot.guest_rank)
+        for i in usable
+        if gpus[i].primary is None and gpus[i].guests
+    }
+    if not open_:
+        return
+    free_left = sum(
+        1
+        for i in usable
+        if (gpus[i].primary is None and not gpus[i].guests) or is_bg_host(gpus[i], cfg)
+    )
+    weakest = min(best.eff for best in open_.values())
+    for r in ranked:
+        p = r.pending
+        if p.type == "cpu" or r.background:
+            continue
+        if r.eff <= weakest:
+            return  # the queue is in rank order: nobody below outranks a guest either
+        k = max(1, p.gpus)
+        if free_left >= k:
+            free_left -= k
+            continue
+        if k > 1:
+            free_left = 0  # a reservation takes the free GPUs first
+            continue
+        if p.gpu_memory <= 0:
+            continue  # unknown need: never placed beside loaded guests
+        fits = [
+            i
+            for i, best in open_.items()
+            if r.eff > best.eff and room_beside(gpus[i], p.gpu_memory, cfg)
+        ]
+        if not fits:
+            continue
+        i = min(fits, key=lambda j: (open_[j].eff, j))
+        del open_[i]
+        gpus[i].primary = Slot.of_pending(p, r.eff, "immediate", started_at=now)
+        actions.append(Grant(p.key, (i,), "immediate"))
+        granted.add(p.key)
+        if not open_:
+            return
+        weakest = min(best.eff for best in open_.values())
 
 
 def run_or_pause(

@@ -51,7 +51,8 @@ class Pending:
 
     ``gpu_memory`` is the declared need in bytes (0: unknown, so it is never admitted as a
     guest on a GPU whose memory is known to be short). ``time_limit`` is the declared
-    run time in seconds, used only to guess which GPU frees first for a reservation.
+    run time in seconds (on a node, the step's ``timeout:``), used to guess which GPU
+    frees first for a reservation and whether the step may backfill one.
     """
 
     key: StepKey

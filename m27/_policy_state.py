@@ -169,3 +169,23 @@ def order_pending(
         keyed.sort()
         return [Ranked(t[5], -t[0], t[5].type == "gpu_light" or -t[0] < bg_max) for t in keyed]
     return [Ranked(t[4], -t[0], t[4].type == "gpu_light" or -t[0] < bg_max) for t in items]
+
+
+def is_bg_host(st: GpuState, cfg: PolicyConfig) -> bool:
+    """A GPU whose background primary could step aside as a guest."""
+    bg = st.primary
+    return (
+        bg is not None
+        and bg.tier == "background"
+        and bg.gpus == 1
+        and not bg.fresh
+        and len(st.guests) + 1 <= cfg.guests_per_gpu
+    )
+
+
+def room_beside(st: GpuState, memory: int, cfg: PolicyConfig) -> bool:
+    """Whether `memory` fits beside what a GPU holds (never on one held by a reservation)."""
+    if st.reserved_for is not None:
+        return False
+    cap = st.view.memory_total * cfg.memory_overprovision
+    return cap > 0 and st.used_memory() + memory <= cap

@@ -260,6 +260,8 @@ class StepRequested(Event):
     gpu_memory: int = 0
     owner: str = ""
     pid: int = 0
+    #: the step's declared hard limit per attempt (its ``timeout:``), seconds; None: none
+    time_limit: float | None = None
 
 
 @event

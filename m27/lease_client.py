@@ -103,8 +103,12 @@ class AgentLease:
         priority: int = 0,
         owner: str = "",
         cancelled: Callable[[], bool] = lambda: False,
+        time_limit: float | None = None,
     ) -> Granted | None:
-        """Ask the agent and wait; None (and the request withdrawn) if `cancelled()` first."""
+        """Ask the agent and wait; None (and the request withdrawn) if `cancelled()` first.
+
+        `time_limit` is the step's declared hard limit (seconds): the policy may then
+        backfill it onto GPUs held for a wider step it will not delay."""
         key = (run_id, step)
         self._start()
         with self._cond:
@@ -120,6 +124,7 @@ class AgentLease:
             gpu_memory=gpu_memory,
             owner=owner,
             pid=os.getpid(),
+            time_limit=time_limit,
         )
         self.store.append([request])
         self._keep_agent()
@@ -226,6 +231,7 @@ def run_leased(
     resume_from: Callable[[], str | None] | None = None,
     supervise: Callable[[Callable[[], StepResult]], StepResult] = lambda f: f(),
     on_requeue: Callable[[Granted], None] | None = None,
+    time_limit: float | None = None,
 ) -> StepResult | None:
     """Lease, run the step with its channel and GPUs, release; again if its GPU was lost.
 
@@ -242,6 +248,7 @@ def run_leased(
             priority=priority,
             owner=owner,
             cancelled=cancel.is_set,
+            time_limit=time_limit,
         )
         if granted is None:
             return None

@@ -11,7 +11,8 @@ Tiers:
   declared memory fits next to the primary's, times ``memory_overprovision``); a guest
   computes only while its primary waits on I/O (its hint, or its utilization below
   ``io_util_threshold`` for ``io_timeout``) and is paused when the primary computes; when
-  the primary ends the best guest is promoted in place, without a restart.
+  the primary ends the best guest is promoted in place, without a restart (unless a
+  waiting step outranks it: that step takes the GPU and the guest stays paused).
 - background: ``cpu`` steps on CPU slots; ``gpu_light`` and low-priority GPU work on GPUs
   nobody above wants (demoted to a paused guest when someone does), or as the last guests.
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 
 from m27._policy_explain import explain
-from m27._policy_gate import gate, promote, run_or_pause
+from m27._policy_gate import gate, outrank, promote, run_or_pause
 from m27._policy_model import (
     Action,
     Demote,
@@ -51,7 +52,15 @@ from m27._policy_model import (
     Tier,
     key_text,
 )
-from m27._policy_state import GpuState, Ranked, Slot, effective_priority, order_pending
+from m27._policy_state import (
+    GpuState,
+    Ranked,
+    Slot,
+    effective_priority,
+    is_bg_host,
+    order_pending,
+    room_beside,
+)
 
 #: A reason fragment: text, or a function that builds it when someone asks.
 Note = str | Callable[[], str]
@@ -140,9 +149,12 @@ def decide(inp: PolicyInput) -> Decision:
             gpus[r.gpus[0]].guests.append(slot)
     usable = [i for i, st in gpus.items() if not st.view.lost]
 
-    promote(gpus, usable, actions)
     ranked = order_pending(inp.pending, held, inp.usage_by_owner, now, cfg)
-    _place(ranked, gpus, usable, cfg, now, cpu_busy, actions, notes)
+    granted: set[StepKey] = set()
+    if not cfg.fifo:
+        outrank(ranked, gpus, usable, cfg, now, actions, granted)
+    promote(gpus, usable, actions)
+    _place(ranked, gpus, usable, cfg, now, cpu_busy, actions, notes, granted)
     next_check = run_or_pause(gpus, usable, cfg, now, actions)
     return Decision(tuple(actions), next_check, inp, ranked, gpus, notes)
 
@@ -194,13 +206,13 @@ def _place(
     cpu_busy: int,
     actions: list[Action],
     notes: Notes,
+    granted: set[StepKey],
 ) -> None:
     """Pending steps onto GPUs (primaries, background, guests) and CPU slots, by rank."""
     cpu_q = [r for r in ranked if r.pending.type == "cpu"]
     gpu_q = [r for r in ranked if r.pending.type != "cpu" and not r.background]
     bg_q = [r for r in ranked if r.pending.type != "cpu" and r.background]
 
-    granted: set[StepKey] = set()
     _immediate(gpu_q, gpus, usable, cfg, now, actions, notes, granted)
     if not cfg.fifo:
         _background_on_free(bg_q, gpus, usable, now, actions, granted)
@@ -237,12 +249,14 @@ def _immediate(
     reserved = False
     shadow = math.inf  # when the reserved step is expected to have all its GPUs
     free = [i for i in usable if gpus[i].primary is None]
-    bg_hosts = [] if cfg.fifo else [i for i in usable if _is_bg_host(gpus[i], cfg)]
+    bg_hosts = [] if cfg.fifo else [i for i in usable if is_bg_host(gpus[i], cfg)]
     for r in queue:
         p = r.pending
+        if p.key in granted:
+            continue
         k = max(1, p.gpus)
         if k > len(usable):
-            notes[p.key] = [f"needs {k} GPUs, this node has {len(usable)} usable"]
+            notes[p.key] = [_too_wide_text(k, gpus, usable)]
             continue
         # Nothing can start now; only the first multi-GPU step may still need a hold.
         if not free and not bg_hosts and (reserved or cfg.fifo or k == 1):
@@ -252,7 +266,7 @@ def _immediate(
         avail = [i for i in free if gpus[i].reserved_for in (None, p.key)] if reserved else free
         demote: list[int] = []
         if len(avail) < k and bg_hosts:
-            demote = [i for i in bg_hosts if _room_beside(gpus[i], p.gpu_memory, cfg)]
+            demote = [i for i in bg_hosts if room_beside(gpus[i], p.gpu_memory, cfg)]
         if len(avail) + len(demote) >= k:
             take = (avail + demote)[:k]
             for i in take:
@@ -296,23 +310,10 @@ def _immediate(
             break
 
 
-def _is_bg_host(st: GpuState, cfg: PolicyConfig) -> bool:
-    """A GPU whose background primary could step aside as a guest."""
-    bg = st.primary
-    return (
-        bg is not None
-        and bg.tier == "background"
-        and bg.gpus == 1
-        and not bg.fresh
-        and len(st.guests) + 1 <= cfg.guests_per_gpu
-    )
-
-
-def _room_beside(st: GpuState, memory: int, cfg: PolicyConfig) -> bool:
-    if st.reserved_for is not None:
-        return False
-    cap = st.view.memory_total * cfg.memory_overprovision
-    return cap > 0 and st.used_memory() + memory <= cap
+def _too_wide_text(k: int, gpus: dict[int, GpuState], usable: list[int]) -> str:
+    lost = [str(i) for i, st in gpus.items() if st.view.lost]
+    text = f"needs {k} GPU{'s' if k > 1 else ''}, this node has {len(usable)} usable"
+    return text + (f" (GPU {', '.join(lost)} lost)" if lost else "")
 
 
 def _free_at(st: GpuState, free: bool, now: float) -> float:
@@ -390,7 +391,8 @@ def _guests(
         if not fitting:
             if seen is None:
                 seen = tuple((i, used[i], gpus[i].view.memory_total) for i in hosts)
-            notes.setdefault(p.key, []).append(partial(_no_fit_text, memory, seen))
+            over = cfg.memory_overprovision
+            notes.setdefault(p.key, []).append(partial(_no_fit_text, memory, over, seen))
             continue
         i = max(fitting, key=lambda j: (cap[j] - used[j], -j))
         tier: Tier = "background" if r.background else "ready"
@@ -405,9 +407,13 @@ def _guests(
         granted.add(p.key)
 
 
-def _no_fit_text(memory: int, seen: tuple[tuple[int, int, int], ...]) -> str:
-    beside = ", ".join(f"GPU {i} ({_gib(used)} of {_gib(total)})" for i, used, total in seen)
-    return f"as a guest its {_gib(memory)} does not fit beside {beside}"
+def _no_fit_text(memory: int, over: float, seen: tuple[tuple[int, int, int], ...]) -> str:
+    free = ", ".join(
+        f"GPU {i} has {_gib(max(0.0, total * over - used))} free of {_gib(total)}"
+        f" × overprovision {over}"
+        for i, used, total in seen
+    )
+    return f"does not fit as a guest: needs {_gib(memory)}, {free}"
 
 
 def _background_on_free(

@@ -11,7 +11,7 @@ whether it hints that itself. ``expected`` is worked out by hand (the comment sa
   that both hand :func:`m27.policy.decide` this input and get these actions.
 
 Only what both sides can express is used: no priority bumps (the simulator has none),
-no declared time limits (requests carry none), no lost GPUs, one I/O start per case (the
+no declared time limits (the simulator's come from its trace), no lost GPUs, one I/O start per case (the
 agent learns when utilization dropped by sampling).
 """
 
@@ -228,6 +228,27 @@ CASES: tuple[Case, ...] = (
             Step("g/ana", 5.0, role="guest", tier="ready", on=(0,), started_at=50.0, paused=True),
         ),
         expected=(Promote(_k("g/ana"), 0),),
+    ),
+    # GPU 0 lost its primary, but a waiting step outranks its guest (9 > 1) and no GPU is
+    # free: the step becomes the primary and the guest stays loaded and paused beside it.
+    Case(
+        "a higher-priority waiting step takes the GPU instead of the guest's promotion",
+        gpus=1,
+        now=700.0,
+        steps=(
+            Step(
+                "g/ana",
+                5.0,
+                priority=1,
+                role="guest",
+                tier="ready",
+                on=(0,),
+                started_at=50.0,
+                paused=True,
+            ),
+            Step("u/urgent", 650.0, priority=9),
+        ),
+        expected=(Grant(_k("u/urgent"), (0,), "immediate"),),
     ),
     # A 2-GPU step cannot start: it holds the free GPU 1 and GPU 0 (no declared end, so
     # last), and the 1-GPU step behind it may not take GPU 1; GPU 0 is held, so it gets

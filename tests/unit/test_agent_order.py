@@ -24,7 +24,7 @@ from m27 import events as ev
 from m27.clock import FakeClock
 from m27.commands import bump, queue
 from m27.lease_client import AgentLease, run_leased
-from m27.policy import Decision
+from m27.policy import Decision, Reserve
 from m27.runner import StepLaunch, StepResult
 from tests.unit.agent_helpers import GiB, Node, make_node, step_argv
 
@@ -63,6 +63,7 @@ class Hand:
         priority: int = 0,
         owner: str = "u",
         gated: bool = False,
+        time_limit: float | None = None,
     ) -> None:
         """Ask for a lease (as a step task does) and wait until the request is logged."""
         flag = self.tmp / f"{step}.done"
@@ -84,6 +85,7 @@ class Hand:
                 gpu_memory=gpu_memory,
                 priority=priority,
                 owner=owner,
+                time_limit=time_limit,
             )
 
         t = threading.Thread(target=body, daemon=True)
@@ -148,10 +150,11 @@ def test_memory_admission_decides_which_real_step_starts_as_a_guest(
     h.submit("primary", gpu_memory=8 * GiB, priority=10, gated=True)
     h.cycle()
     h.started("primary")
-    h.submit("big", gpu_memory=4 * GiB, priority=5, gated=True)
+    # first in line (equal priority, so the promotion below is not displaced by it)
+    h.submit("big", gpu_memory=4 * GiB, gated=True)
     h.submit("small", gpu_memory=2 * GiB, gated=True)
     decision = h.cycle(0.01)
-    assert "as a guest its 4.0 GiB does not fit" in decision.why(("r", "big"))
+    assert "needs 4.0 GiB, GPU 0 has 2.0 GiB free of 10.0 GiB" in decision.why(("r", "big"))
     assert [(g.step, g.tier) for g in h.grants()] == [("primary", "immediate"), ("small", "ready")]
     h.started("small")  # loaded beside the primary, held at its gate
     h.cycle(0.01)
@@ -292,3 +295,56 @@ def test_a_black_box_primary_lends_its_gpu_when_its_own_utilization_stays_low(
     sim.set_computing(prim.pid, True)  # computes again: the guest is paused at once
     h.cycle(0.001)
     assert guest_events()[-1] == "GuestPaused" and not channel.gate_open()
+
+
+def test_a_real_higher_priority_step_takes_the_gpu_before_the_loaded_guest_is_promoted(
+    hands: Callable[..., Hand],
+) -> None:
+    h = hands()
+    h.submit("holder", gpu_memory=4 * GiB, priority=5)
+    h.cycle()
+    h.started("holder")
+    h.submit("guest", gpu_memory=2 * GiB, priority=1, gated=True)
+    h.cycle(0.01)
+    h.started("guest")  # loaded beside the holder, held at its gate
+    h.submit("urgent", gpu_memory=2 * GiB, priority=9)
+    h.cycle(0.01)  # the only guest slot is taken: it waits
+    assert [g.step for g in h.grants()] == ["holder", "guest"]
+    h.finish("holder")
+    h.cycle(0.01)
+    # the priority-9 step gets the GPU; the priority-1 guest stays loaded and paused
+    assert [(g.step, g.tier) for g in h.grants()][2:] == [("urgent", "immediate")]
+    assert h.of(ev.Promoted) == []
+    assert not h.node.agent._channels[("r", "guest")].gate_open()
+    h.started("urgent")
+    h.finish("urgent")
+    h.cycle(0.01)  # now it is promoted in place: one start, no reload
+    assert [e.step for e in h.of(ev.Promoted)] == ["guest"]  # type: ignore[attr-defined]
+    h.finish("guest")
+    assert len([e for e in h.of(ev.StepStarted) if e.step == "guest"]) == 1  # type: ignore[attr-defined]
+
+
+def test_a_real_step_with_a_declared_timeout_backfills_a_gpu_held_for_a_wide_step(
+    hands: Callable[..., Hand],
+) -> None:
+    h = hands(gpus=2)
+    h.submit("h0", time_limit=3600)  # declared ends: the wide step's start is known
+    h.submit("h1", time_limit=3600)
+    h.cycle()
+    h.started("h0")
+    h.started("h1")
+    h.submit("wide", gpus=2, priority=5)
+    h.submit("long")  # no timeout: ahead of "short" in the queue, but never backfilled
+    h.clock.advance(1)
+    h.submit("short", time_limit=60)
+    requests = {e.step: e.time_limit for e in h.of(ev.StepRequested)}  # type: ignore[attr-defined]
+    assert requests == {"h0": 3600, "h1": 3600, "wide": None, "long": None, "short": 60}
+    h.cycle(1)
+    h.finish("h1")
+    decision = h.cycle(1)
+    # GPU 1 is free and held for the wide step; the 60 s step ends long before h0 (and
+    # so the reservation) can: it runs there meanwhile; the step without a limit waits
+    assert [(g.step, g.gpus) for g in h.grants()][2:] == [("short", (1,))]
+    assert any(isinstance(a, Reserve) and a.key == ("r", "wide") for a in decision.actions)
+    assert "reserved for r/wide (gpus: 2)" in decision.why(("r", "long"))
+    h.finish("short")

@@ -120,9 +120,53 @@ def test_only_the_best_guest_runs_during_io() -> None:
 
 def test_best_guest_is_promoted_in_place_when_the_primary_ends() -> None:
     running = (guest("a", priority=1), guest("b", priority=9))
-    d = run((pend("new", priority=50),), running, guests_per_gpu=2)
+    d = run((pend("new", priority=9), pend("low", priority=2)), running, guests_per_gpu=2)
     assert Promote(("r", "b"), 0) in d.actions
     assert "new" not in grants(d) or grants(d)["new"][1] != "immediate"
+
+
+def test_a_higher_priority_step_takes_the_gpu_and_the_guest_stays_paused() -> None:
+    d = run((pend("urgent", priority=9),), (guest("g", priority=1),))
+    assert grants(d) == {"urgent": ((0,), "immediate")}
+    assert not any(isinstance(a, Promote) for a in d.actions)
+
+
+def test_a_guest_running_when_its_primary_ended_is_paused_for_the_outranking_step() -> None:
+    d = run((pend("urgent", priority=9),), (guest("g", priority=1, paused=False),))
+    assert d.actions == (Grant(("r", "urgent"), (0,), "immediate"), PauseGuest(("r", "g"), 0))
+
+
+def test_equal_or_lower_pending_priority_never_displaces_a_loaded_guest() -> None:
+    for prio in (0, 5):
+        d = run((pend("next", priority=prio),), (guest("g", priority=5),))
+        assert d.actions[0] == Promote(("r", "g"), 0)
+        assert grants(d) == {"next": ((0,), "ready")}  # it waits as the new guest
+
+
+def test_aging_counts_for_the_guest_when_a_pending_step_would_outrank_it() -> None:
+    # the guest has waited 2 h (4 points): a priority-5 step does not outrank 2 + 4
+    d = run((pend("p5", priority=5, queued_at=7200.0),), (guest("g", priority=2),), now=7200.0)
+    assert d.actions[0] == Promote(("r", "g"), 0)
+
+
+def test_an_outranking_step_that_gets_a_free_gpu_leaves_the_promotion_alone() -> None:
+    d = run((pend("urgent", priority=9),), (guest("g", priority=1),), gpus=(gpu(0), gpu(1)))
+    assert d.actions[0] == Promote(("r", "g"), 0)
+    assert grants(d) == {"urgent": ((1,), "immediate")}
+
+
+def test_an_outranking_step_must_fit_beside_the_guest_and_declare_memory() -> None:
+    big = run((pend("urgent", priority=9, gpu_memory=14 * G),), (guest("g", priority=1),))
+    assert big.actions[0] == Promote(("r", "g"), 0)
+    unknown = run((pend("urgent", priority=9, gpu_memory=0),), (guest("g", priority=1),))
+    assert unknown.actions[0] == Promote(("r", "g"), 0)
+
+
+def test_the_weakest_of_several_guests_is_displaced_and_the_others_promoted() -> None:
+    running = (guest("g0", gpu=0, priority=4), guest("g1", gpu=1, priority=1))
+    d = run((pend("urgent", priority=9),), running, gpus=(gpu(0), gpu(1)))
+    assert Promote(("r", "g0"), 0) in d.actions
+    assert grants(d) == {"urgent": ((1,), "immediate")}
 
 
 def test_free_gpu_goes_to_the_best_pending_step_when_there_is_no_guest() -> None:
