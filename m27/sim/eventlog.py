@@ -31,6 +31,7 @@ class _Step:
     paused_at: float | None = None
     paused_s: float = 0.0
     owner: str = ""
+    time_limit: float | None = None
     gpus_used: tuple[int, ...] = field(default_factory=tuple)
 
 
@@ -59,8 +60,9 @@ def trace_from_events(
             s.gpu_memory = max(s.gpu_memory, e.gpu_memory)
             if isinstance(e, ev.StepQueued) and e.depends_on:
                 s.depends_on = e.depends_on
-            if isinstance(e, ev.StepRequested) and e.owner:
-                s.owner = e.owner
+            if isinstance(e, ev.StepRequested):
+                s.owner = e.owner or s.owner
+                s.time_limit = e.time_limit if e.time_limit is not None else s.time_limit
         elif isinstance(e, ev.StepStarted):
             s = step(e.run_id, e.step)
             s.gpus_used = e.gpus
@@ -94,6 +96,7 @@ def trace_from_events(
                 gpu_memory=s.gpu_memory,
                 depends_on=tuple(f"{run}/{d}" for d in s.depends_on),
                 klass=klass_of(priority),
+                time_limit=s.time_limit,
             )
         )
     t0 = min((j.arrival for j in jobs), default=0.0)

@@ -204,6 +204,8 @@ def test_event_log_becomes_a_trace_of_what_ran() -> None:
         ev.StepQueued(at=100.0, run_id="r1", step="md", type="gpu", gpus=1,
                       gpu_memory=4 * GIB, depends_on=("prep",)),
         ev.StepSucceeded(at=130.0, run_id="r1", step="prep", attempt=1, duration_s=30.0),
+        ev.StepRequested(at=130.0, run_id="r1", step="md", type="gpu", gpus=1,
+                         owner="ann", time_limit=600.0),
         ev.StepStarted(at=130.0, run_id="r1", step="md", attempt=1, pid=1, pgid=1,
                        command=("md",), gpus=(0,)),
         ev.GuestPaused(at=140.0, run_id="r1", step="md", gpu=0),
@@ -214,6 +216,7 @@ def test_event_log_becomes_a_trace_of_what_ran() -> None:
     md = next(j for j in trace.jobs if j.id == "r1/md")
     assert (md.arrival, md.phases, md.depends_on) == (0.0, (("compute", 90.0),), ("r1/prep",))
     assert (md.owner, md.priority, md.gpu_memory) == ("ann", 7, 4 * GIB)
+    assert md.time_limit == 600.0  # the step's declared timeout, for backfill
     assert simulate(trace, make_scheduler("fifo")).end == 120.0
 
 
