@@ -162,17 +162,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start_notifier(store: Any) -> Any:
-    """Telegram alerts from inside `m27 run` when configured and no `m27 notifier` runs.
+    """Telegram alerts and the bot from inside `m27 run` when configured and no
+    `m27 notifier` / `m27 bot` service runs.
 
     It works from the durable outbox, so what it has not sent when the run ends is sent by
     the next notifier; the run never waits on Telegram for more than a moment."""
     from m27.notify import load_config
+    from m27.notify.bot import start_embedded_bot
     from m27.notify.notifier import start_embedded_notifier
 
-    return start_embedded_notifier(store, load_config())
+    config = load_config()
+    # The bot answers the lab's chat while the run goes on (short polls, so it stops quickly).
+    return [
+        start_embedded_notifier(store, config),
+        start_embedded_bot(store, config, poll_timeout=2),
+    ]
 
 
-def _stop_notifier(handle: Any) -> None:
-    if handle.running:
+def _stop_notifier(handles: Any) -> None:
+    notifier, bot = handles
+    bot.stop(timeout=3.0)
+    if notifier.running:
         time.sleep(1.0)  # let it pick up the run's last events before it stops
-    handle.stop(timeout=3.0)
+    notifier.stop(timeout=3.0)
