@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from m27.energy import format_energy
 from m27.events import (
     CheckpointWritten,
     Event,
@@ -225,6 +226,8 @@ class Progress:
                     else (f"signal {st.signal}" if st.signal else "")
                 )
                 extra = f"  {code} {st.reason}".rstrip()
+            if st.energy_j:  # measured by the exporter from NVML energy counters
+                extra += f"  {format_energy(st.energy_j)}"
             print(f"  {st.status:<10} {name}{extra}")
         finals = [s for s in self.pipeline.steps if not self.pipeline.dependents(s.name)]
         made = [
@@ -235,6 +238,9 @@ class Progress:
         ]
         if made:
             print("\noutputs: " + ", ".join(made))
+        total = sum(st.energy_j for st in run.steps.values())
+        if total:
+            print(f"\nenergy: {format_energy(total)} on GPUs")
         print(f"\nrun {run.run_id}: {run.status}")
         print(f"logs:   m27 logs {run.run_id} STEP")
         if run.status in ("failed", "cancelled"):

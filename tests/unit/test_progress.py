@@ -94,3 +94,24 @@ def test_summary_names_failed_steps_their_exit_and_how_to_resume(
     assert "succeeded  prep" in out
     assert "resume: m27 run --resume r1" in out
     assert "outputs:" not in out  # the step that declares traj.xyz did not succeed
+
+
+def test_summary_shows_the_energy_each_step_used_when_it_was_measured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = MemoryEventStore()
+    pipeline = parse_pipeline(SPEC, tmp_path / "demo.yaml")
+    store.append(_events()[:5])
+    store.append(
+        [
+            ev.StepEnergyMeasured(5.0, "r1", "sim", 1, 12_300.0),
+            ev.StepSucceeded(6.0, "r1", "sim", 1, 4.0),
+            ev.RunSucceeded(6.1, "r1", 5.1),
+        ]
+    )
+    run = fold(store.read()).runs["r1"]
+    Progress(store, "r1", pipeline, live=False).summary(run)
+    out = capsys.readouterr().out
+    sim = next(line for line in out.splitlines() if line.strip().endswith("kJ"))
+    assert "sim" in sim and "12.3 kJ" in sim
+    assert "energy: 12.3 kJ on GPUs" in out
