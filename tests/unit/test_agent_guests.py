@@ -117,8 +117,14 @@ def test_a_guest_without_a_gate_is_stopped_by_signal_and_continued_when_promoted
     )
     _until(lambda: any(e.how == "signal" for e in node.of(ev.GuestPaused)))  # type: ignore[attr-defined]
     (started,) = [e for e in node.of(ev.StepStarted) if e.step == "blackbox"]  # type: ignore[attr-defined]
-    stat = Path(f"/proc/{started.pid}/stat").read_text()  # type: ignore[attr-defined]
-    assert stat[stat.rfind(")") + 2] == "T"  # stopped while the primary computes
+    pid = started.pid  # type: ignore[attr-defined]
+
+    def state() -> str:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rfind(")") + 2]
+
+    # stopped while the primary computes (SIGSTOP lands when the kernel next runs it)
+    _until(lambda: state() == "T", timeout=10.0)
     flag.write_text("done")
     p, g = prim.wait(), guest.wait()
     assert p is not None and p.ok and g is not None and g.ok
