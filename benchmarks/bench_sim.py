@@ -21,6 +21,8 @@ from m27.sim.schedulers import make_scheduler
 from m27.sim.trace import GIB, Job, Trace
 
 DEFAULT_ALIBABA = Path(__file__).resolve().parents[2] / "shared/traces/openb_pod_list_default.csv"
+#: the 204-pod slice kept in the repository (with its attribution), when the full file is absent
+SAMPLE_ALIBABA = Path(__file__).resolve().parents[1] / "tests/unit/data/openb_pod_list_sample.csv"
 
 
 def _h(s: float) -> str:
@@ -88,19 +90,19 @@ def poisson_trace(n: int, gpus: int = 8, load: float = 0.85, seed: int = 0) -> T
         mean_work += k * sum(s for _, s in phases)
     mean_work /= n
     rate = gpus * load / mean_work
-    for i, k, phases in specs:
+    for i, k, job_phases in specs:
         t += rng.expovariate(rate)
         prio = rng.choice([30, 10, 10, 10, -5])
         jobs.append(
             Job(
                 id=f"j{i}/main",
                 arrival=t,
-                phases=phases,  # type: ignore[arg-type]
+                phases=job_phases,  # type: ignore[arg-type]
                 priority=prio,
                 owner=rng.choice("abcd"),
                 gpus=k,
                 gpu_memory=int(rng.uniform(2, 14) * GIB),
-                time_limit=2 * sum(s for _, s in phases) + 600,
+                time_limit=2 * sum(s for _, s in job_phases) + 600,
                 io_hint=rng.random() < 0.5,
                 klass="high" if prio >= 20 else "low" if prio < 0 else "normal",
             )
@@ -129,8 +131,11 @@ def main() -> None:
     args = ap.parse_args()
     print("## Lab week (4 GPUs, 72 h)\n")
     print(lab_table(range(args.seeds)))
-    if args.alibaba.exists():
-        trace = scale_to_node(load_alibaba(args.alibaba, limit=args.jobs), gpus=8, load=0.9)
+    source = args.alibaba if args.alibaba.exists() else SAMPLE_ALIBABA
+    if source != args.alibaba:
+        print(f"\n({args.alibaba} not found: using the repository's sample {source.name})")
+    if source.exists():
+        trace = scale_to_node(load_alibaba(source, limit=args.jobs), gpus=8, load=0.9)
         print(f"\n## {trace.name}\n")
         print(jct_table([m for _, m in compare(trace)]))
     print(f"\n## Speed ({args.speed_jobs} jobs, 8 GPUs)\n")
