@@ -144,7 +144,7 @@ def bench_npsave(x: np.ndarray[Any, Any], root: Path) -> Row:
 
 def bench_h5py(x: np.ndarray[Any, Any], root: Path, gzip: bool) -> Row | None:
     try:
-        import h5py  # type: ignore[import-untyped]
+        import h5py
     except ImportError:
         return None
     path = root / "state.h5"
