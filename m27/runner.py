@@ -275,16 +275,14 @@ def run_attempts(
             return _cancelled(launch, store, clock, sink, attempt, started, None, None)
 
 
-def _attempt(
+def begin_attempt(
     launch: StepLaunch,
-    store: EventStore,
-    clock: Clock,
     sink: _Sink,
     attempt: int,
-    log_path: Path,
-    cancel: threading.Event | None,
     resume_from: Callable[[], str | None] | None,
-) -> _End:
+) -> tuple[tuple[str, ...], str | None] | _End:
+    """What every executor does first: frame the attempt in the log and find the checkpoint
+    to resume from. Returns (argv, resume path), or the attempt's end if that failed."""
     argv = resolve_argv(launch.argv)
     # One line even when an argument holds newlines (python -c scripts), for `m27 logs`.
     command = shlex.join(argv).replace("\n", "\\n")
@@ -295,6 +293,23 @@ def _attempt(
     except Exception as exc:
         sink.note(f"resume_from failed: {exc!r}")
         return _End(False, f"resume_from failed: {exc!r}", retryable=False)
+    return argv, resume
+
+
+def _attempt(
+    launch: StepLaunch,
+    store: EventStore,
+    clock: Clock,
+    sink: _Sink,
+    attempt: int,
+    log_path: Path,
+    cancel: threading.Event | None,
+    resume_from: Callable[[], str | None] | None,
+) -> _End:
+    opened = begin_attempt(launch, sink, attempt, resume_from)
+    if isinstance(opened, _End):
+        return opened
+    argv, resume = opened
     env = child_env(launch, attempt, resume)
     cwd = launch.workdir
     if cwd is not None and not cwd.is_dir():

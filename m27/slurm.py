@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import signal
 import sys
 import threading
@@ -54,9 +53,9 @@ from m27.runner import (
     _End,
     _finish,
     _Sink,
+    begin_attempt,
     child_env,
     default_log_path,
-    resolve_argv,
     run_attempts,
 )
 from m27.store import EventStore
@@ -178,15 +177,10 @@ class _Job:
         resume_from: Callable[[], str | None] | None,
     ) -> _End:
         launch, sink = self.launch, self.sink
-        argv = resolve_argv(launch.argv)
-        command = shlex.join(argv).replace("\n", "\\n")
-        sink.write(f"=== attempt {attempt}: {command} ===\n")
-        sink.flush()
-        try:
-            resume = resume_from() if resume_from is not None else None
-        except Exception as exc:
-            sink.note(f"resume_from failed: {exc!r}")
-            return _End(False, f"resume_from failed: {exc!r}", retryable=False)
+        opened = begin_attempt(launch, sink, attempt, resume_from)
+        if isinstance(opened, _End):
+            return opened
+        argv, resume = opened
         if launch.workdir is not None and not launch.workdir.is_dir():
             sink.note(f"workdir not found: {launch.workdir}")
             return _End(
