@@ -30,18 +30,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from m27 import events as ev
-from m27.agent import Agent
+from m27.executors.local import StepLaunch
 from m27.gpu.sim import SimBackend
-from m27.lease_client import AgentLease, run_leased
+from m27.node.agent import Agent
+from m27.node.lease import AgentLease, run_leased
 from m27.policy import PolicyConfig
-from m27.runner import StepLaunch
 from m27.store.sqlite import SqliteEventStore
 
 GiB = 1024**3
 
 STEP = textwrap.dedent("""\
     import sys, time
-    from m27._step_api import gate, io_wait
+    from m27.step._channel import gate, io_wait
     out, cycles, compute, io = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
     rec = open(out, "w", buffering=1)
     with io_wait():

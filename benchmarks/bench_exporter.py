@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client import generate_latest
 
 from m27 import events as ev
-from m27.exporter import Sampler, build_registry
 from m27.gpu.sim import SimBackend
+from m27.monitoring.exporter import Sampler, build_registry
 from m27.store.sqlite import SqliteEventStore
 
 GPUS = 8

@@ -31,11 +31,9 @@ from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
 
 from m27 import runids
-from m27._agent_embed import ensure_agent
 from m27._exceptions import RunnerError
 from m27.checkpoint import artifact_for, latest_checkpoint
 from m27.config import load_settings, m27_home
-from m27.container import wrap_argv
 from m27.events import (
     CancelRequested,
     CheckpointWritten,
@@ -49,11 +47,13 @@ from m27.events import (
     StepQueued,
     StepSkipped,
 )
-from m27.lease_client import AgentLease, Granted, run_leased
-from m27.runner import StepLaunch, StepResult
-from m27.slurm import run_slurm_step
+from m27.events.state import fold
+from m27.executors.container import wrap_argv
+from m27.executors.local import StepLaunch, StepResult
+from m27.executors.slurm import run_slurm_step
+from m27.node.embed import ensure_agent
+from m27.node.lease import AgentLease, Granted, run_leased
 from m27.spec import Pipeline, Step, load_pipeline
-from m27.state import fold
 from m27.store import EventStore
 from m27.store.sqlite import open_store
 

@@ -20,11 +20,11 @@ from m27._exceptions import (
     StoreError,
     UnknownEventError,
 )
-from m27._step_api import gate, io_wait
 from m27.checkpoint import Checkpointer
 from m27.clock import Clock, FakeClock, SystemClock
 from m27.config import Settings, load_settings
 from m27.spec import Pipeline, Problem, Step, load_pipeline
+from m27.step import gate, io_wait
 
 __all__ = [
     "CheckpointError",

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m27._exceptions import GpuError
-from m27._step_api import Channel
 from m27.gpu import DEFAULT_SIM_MEMORY, THROTTLE_REASONS, GpuInfo, GpuSample, ProcessSample
+from m27.step._channel import Channel
 
 __all__ = ["BUSY_W", "IDLE_W", "SimBackend"]
 

@@ -3,7 +3,7 @@
 A message about a finished run needs facts spread over many earlier events (how many
 steps ran, GPU-seconds, energy, the Prefect URL, the last failure's log tail), and the bot
 answers /runs and /queue from the same view. This fold is deliberately small and owned
-here so the notifier does not break when the node projection (``m27.state``) grows;
+here so the notifier does not break when the node projection (``m27.events.state``) grows;
 ``apply`` is the only thing that changes it.
 """
 

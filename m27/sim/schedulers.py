@@ -12,7 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from m27._policy_model import (
+from m27.policy import decide
+from m27.policy._model import (
     Action,
     GpuView,
     Grant,
@@ -22,7 +23,6 @@ from m27._policy_model import (
     Running,
     StartCpu,
 )
-from m27.policy import decide
 from m27.sim.engine import Live, SimState
 
 POLICIES = ("manual", "fifo", "backfill", "m27")

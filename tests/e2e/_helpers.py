@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from m27.state import NodeState, fold
+from m27.events.state import NodeState, fold
 from m27.store.sqlite import SqliteEventStore
 
 ROOT = Path(__file__).resolve().parents[2]

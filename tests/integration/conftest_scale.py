@@ -164,7 +164,7 @@ def start_worker(
             f"m27-{node}",
         ]
     else:
-        argv = [sys.executable, "-m", "m27.commands.worker", "--node", node]
+        argv = [sys.executable, "-m", "m27.cli.commands.worker", "--node", node]
     log = (home / "worker.log").open("ab")
     proc = subprocess.Popen(
         argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

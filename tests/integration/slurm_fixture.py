@@ -29,7 +29,7 @@ CKPT_STEP = r"""
 import json, os, sys, time
 import numpy as np
 import m27
-from m27.slurm import REQUEUE_EXIT_CODE, watch_preemption
+from m27.executors.slurm import REQUEUE_EXIT_CODE, watch_preemption
 
 stop = watch_preemption()
 ck = m27.Checkpointer(interval=3600)

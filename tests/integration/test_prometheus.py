@@ -54,7 +54,7 @@ TRAIN = textwrap.dedent("""\
     import time
     import numpy as np
     from m27.checkpoint import Checkpointer
-    from m27.energy import report_flops
+    from m27.monitoring.energy import report_flops
 
     report_flops(4e12)
     with Checkpointer() as ck:
@@ -130,8 +130,8 @@ class RunningExporter:
     def __init__(self, port: int) -> None:
         from prometheus_client import start_http_server
 
-        from m27.exporter import Sampler, build_registry
         from m27.gpu import detect
+        from m27.monitoring.exporter import Sampler, build_registry
         from m27.store.sqlite import open_store
 
         self.store = open_store()

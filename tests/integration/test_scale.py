@@ -23,9 +23,8 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from m27 import runids
 from m27._exceptions import SpecError
-from m27.commands import deploy as deploy_cmd
-from m27.commands import pool as pool_cmd
-from m27.crash import pid_alive
+from m27.cli.commands import deploy as deploy_cmd
+from m27.cli.commands import pool as pool_cmd
 from m27.events import (
     Event,
     LeaseGranted,
@@ -36,7 +35,8 @@ from m27.events import (
     RunSubmitted,
     RunSucceeded,
 )
-from m27.state import fold
+from m27.events.state import fold
+from m27.node.crash import pid_alive
 from m27.store.sqlite import open_store
 from tests.integration.conftest_scale import (
     Lab,

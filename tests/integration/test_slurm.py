@@ -34,9 +34,9 @@ from m27.events import (
     StepStarted,
     StepSucceeded,
 )
-from m27.runner import StepLaunch, StepResult
-from m27.slurm import run_slurm_step
-from m27.state import fold
+from m27.events.state import fold
+from m27.executors.local import StepLaunch, StepResult
+from m27.executors.slurm import run_slurm_step
 from m27.store import EventStore
 from m27.store.memory import MemoryEventStore
 from m27.store.sqlite import open_store

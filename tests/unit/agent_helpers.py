@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from m27 import events as ev
-from m27.agent import Agent
+from m27.executors.local import StepLaunch, StepResult
 from m27.gpu.sim import SimBackend
-from m27.lease_client import AgentLease, run_leased
+from m27.node.agent import Agent
+from m27.node.lease import AgentLease, run_leased
 from m27.policy import PolicyConfig
-from m27.runner import StepLaunch, StepResult
 from m27.store.sqlite import SqliteEventStore
 
 GiB = 1024**3
@@ -26,7 +26,7 @@ TICK = 0.01
 #: io_wait block or stopped. Every phase is recorded as "kind start end" (time.time()).
 STEP = textwrap.dedent("""\
     import sys, time
-    from m27._step_api import gate, io_wait
+    from m27.step._channel import gate, io_wait
     out, cycles, compute, io, load, chunk = sys.argv[1], int(sys.argv[2]), *map(float, sys.argv[3:7])
     gated = sys.argv[7] == "1"
     until = sys.argv[8] if len(sys.argv) > 8 else ""  # loop until this file exists

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from m27.events import Event
-from m27.runner import StepLaunch
+from m27.executors.local import StepLaunch
 from m27.store.memory import MemoryEventStore
 
 PY = sys.executable

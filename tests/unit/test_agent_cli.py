@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
-from m27.commands import bump, queue
+from m27.cli.commands import bump, queue
 from m27.store.sqlite import open_store
 
 GiB = 1024**3

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
-from m27.lease_client import AgentLease
+from m27.node.lease import AgentLease
 from tests.unit.agent_helpers import (
     GiB,
     Node,

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
-from m27._agent_book import Book
-from m27._agent_report import SNAPSHOT_NAME, read_snapshot, snapshot, write_snapshot
 from m27._exceptions import GpuError
+from m27.cli.commands import gpus
 from m27.clock import FakeClock
-from m27.commands import gpus
 from m27.gpu import GpuInfo, GpuSample
 from m27.gpu.sim import SimBackend
-from m27.lease_client import AgentLease
+from m27.node.book import Book
+from m27.node.lease import AgentLease
+from m27.node.report import SNAPSHOT_NAME, read_snapshot, snapshot, write_snapshot
 from tests.unit.agent_helpers import GiB, Node, make_node, run_step_leased, step_argv
 
 
@@ -108,7 +108,7 @@ class _Flaky(SimBackend):
 
 
 def test_the_agent_survives_a_failing_backend_with_fields_unknown(m27_home: Path) -> None:
-    from m27.agent import Agent
+    from m27.node.agent import Agent
     from m27.policy import PolicyConfig
     from m27.store.sqlite import SqliteEventStore
 

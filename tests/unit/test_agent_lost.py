@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
-from m27.commands import queue
-from m27.lease_client import AgentLease
+from m27.cli.commands import queue
+from m27.node.lease import AgentLease
 from tests.unit.agent_helpers import GiB, make_node, run_step_leased, step_argv
 
 

@@ -3,7 +3,7 @@ fair share, multi-GPU reservation, `m27 bump` and `m27 queue --why`.
 
 The agent is stepped by hand on a FakeClock (so aging and fair-share usage move by hours
 in no time, and nothing depends on how fast this machine is); the steps are real
-processes leased through :func:`m27.lease_client.run_leased`, as the flow runs them. Each
+processes leased through :func:`m27.node.lease.run_leased`, as the flow runs them. Each
 step runs until the test writes its flag file, so the test decides when a GPU frees, and
 every assertion reads the order of events in the log.
 """
@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
+from m27.cli.commands import bump, queue
 from m27.clock import FakeClock
-from m27.commands import bump, queue
-from m27.lease_client import AgentLease, run_leased
+from m27.executors.local import StepLaunch, StepResult
+from m27.node.lease import AgentLease, run_leased
 from m27.policy import Decision, Reserve
-from m27.runner import StepLaunch, StepResult
 from tests.unit.agent_helpers import GiB, Node, make_node, step_argv
 
 #: A step that holds its lease until its flag file exists (no m27 import: starts fast).

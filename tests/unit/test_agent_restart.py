@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
-from m27.lease_client import AgentLease
+from m27.node.lease import AgentLease
 from m27.store.sqlite import SqliteEventStore
 from tests.unit.agent_helpers import ROOT, make_node, run_step_leased, step_argv
 
@@ -38,7 +38,7 @@ def _events(store: SqliteEventStore) -> list[ev.Event]:
 
 def _agent(home: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "m27.commands.agent"],
+        [sys.executable, "-m", "m27.cli.commands.agent"],
         env=_env(home, "sim:2"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -49,8 +49,8 @@ def _agent(home: Path) -> subprocess.Popen[bytes]:
 REQUESTER = textwrap.dedent("""\
     import sys, threading
     from pathlib import Path
-    from m27.lease_client import AgentLease, run_leased
-    from m27.runner import StepLaunch
+    from m27.node.lease import AgentLease, run_leased
+    from m27.executors.local import StepLaunch
     from m27.store.sqlite import open_store
     home = Path(sys.argv[1])
     lease = AgentLease(open_store(home), home, embed=False)
@@ -143,9 +143,9 @@ def test_a_lost_gpu_requeues_its_step_on_another_gpu(m27_home: Path, tmp_path: P
 PIPELINE = textwrap.dedent("""\
     import sys, threading
     from pathlib import Path
-    from m27._agent_embed import ensure_agent
-    from m27.lease_client import AgentLease, run_leased
-    from m27.runner import StepLaunch
+    from m27.node.embed import ensure_agent
+    from m27.node.lease import AgentLease, run_leased
+    from m27.executors.local import StepLaunch
     from m27.store.sqlite import open_store
     home, run, n, argv = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), tuple(sys.argv[4:])
     agent = ensure_agent(home)
@@ -206,7 +206,7 @@ def test_two_pipelines_in_two_processes_share_one_gpu(m27_home: Path, tmp_path: 
 def test_ensure_agent_embeds_only_when_no_other_process_holds_the_node(
     m27_home: Path, held_by_other: bool
 ) -> None:
-    from m27._agent_embed import NodeLock, ensure_agent
+    from m27.node.embed import NodeLock, ensure_agent
 
     other = NodeLock(m27_home)  # a separate open file: the same as another process
     if held_by_other:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
-from m27._agent_embed import NodeLock
-from m27._agent_report import SNAPSHOT_NAME, read_snapshot
+from m27.node.embed import NodeLock
+from m27.node.report import SNAPSHOT_NAME, read_snapshot
 from m27.store.sqlite import SqliteEventStore
 from tests.unit.agent_helpers import ROOT
 
@@ -32,7 +32,7 @@ def _service(home: Path, stderr: Path) -> subprocess.Popen[str]:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     with stderr.open("w") as err:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "m27.commands.agent"],
+            [sys.executable, "-m", "m27.cli.commands.agent"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=err,
@@ -82,7 +82,7 @@ def test_sigterm_stops_the_service_cleanly_and_the_next_one_takes_over(
 def test_the_service_agent_ticks_every_io_timeout_from_the_nodes_settings(
     m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from m27._agent_embed import build_agent
+    from m27.node.embed import build_agent
 
     conf = tmp_path / "m2config"
     conf.write_text(

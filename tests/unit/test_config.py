@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from m27._exceptions import ConfigError
-from m27.commands import config_cmd
+from m27.cli.commands import config_cmd
 from m27.config import Settings, load_settings, m27_home
 
 # The file exactly as the original design document shows it.

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from m27._exceptions import RunnerError
-from m27.container import find_runtime, wrap_argv
+from m27.executors.container import find_runtime, wrap_argv
 
 
 def only(*names: str):  # type: ignore[no-untyped-def]

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from m27 import events as ev
 from m27._exceptions import M27Error
-from m27.energy import (
+from m27.events.state import NodeState, fold
+from m27.gpu import GpuSample
+from m27.monitoring.energy import (
     EnergyMeter,
     apportion,
     energy_by_run,
@@ -19,8 +21,6 @@ from m27.energy import (
     format_energy,
     report_flops,
 )
-from m27.gpu import GpuSample
-from m27.state import NodeState, fold
 from m27.store.sqlite import SqliteEventStore
 
 A, B = ("r1", "md"), ("r1", "analysis")

@@ -8,9 +8,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from m27 import events as ev
-from m27.exporter import build_registry
 from m27.gpu import THROTTLE_REASONS, GpuSample, ProcessSample
 from m27.gpu.sim import BUSY_W, IDLE_W, SimBackend
+from m27.monitoring.exporter import build_registry
 from tests.unit.exporter_helpers import (
     NODE,
     T0,

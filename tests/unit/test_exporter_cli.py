@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from m27._exceptions import ConfigError
-from m27.commands import exporter as command
-from m27.exporter import DEFAULT_LISTEN
+from m27.cli.commands import exporter as command
+from m27.monitoring.exporter import DEFAULT_LISTEN
 
 
 def parse(*argv: str) -> argparse.Namespace:

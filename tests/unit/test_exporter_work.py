@@ -255,8 +255,8 @@ class CountingStore(MemoryEventStore):
 
 
 def test_a_scrape_reads_only_the_events_after_the_last_one_applied() -> None:
-    from m27.exporter import Sampler, build_registry
     from m27.gpu.sim import SimBackend
+    from m27.monitoring.exporter import Sampler, build_registry
 
     store = CountingStore()
     store.append([submitted(f"r{i}") for i in range(50)])

@@ -17,11 +17,11 @@ import pytest
 import m27.gpu
 import m27.gpu.nvml
 from m27._exceptions import ConfigError, GpuError
-from m27._step_api import Channel
 from m27.clock import FakeClock
 from m27.gpu import THROTTLE_REASONS, GpuBackend, detect, parse_gpus_env
 from m27.gpu.nvml import NvmlBackend
 from m27.gpu.sim import BUSY_W, IDLE_W, SimBackend
+from m27.step._channel import Channel
 
 try:  # the fake lives with the NVML tests; the import path depends on pytest's rootdir mode
     from tests.unit.test_gpu_nvml import FakeNvml
@@ -202,7 +202,7 @@ def _send(proc: subprocess.Popen[bytes], line: str) -> None:
 
 IO_CHILD = """
 import sys
-from m27._step_api import io_wait
+from m27.step._channel import io_wait
 print("ready", flush=True)
 for line in sys.stdin:
     if line.strip() == "io":
@@ -318,7 +318,7 @@ def test_detect_auto_uses_nvml_when_it_initialises(monkeypatch: pytest.MonkeyPat
 def _gpus(argv: list[str]) -> int:
     import argparse
 
-    from m27.commands import gpus
+    from m27.cli.commands import gpus
 
     parser = argparse.ArgumentParser(prog="m27")
     gpus.register(parser.add_subparsers(required=True))

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from m27._exceptions import SpecError
-from m27._spec_template import shell_quote
 from m27.spec import Step, parse_pipeline
+from m27.spec._template import shell_quote
 
 NASTY = [
     "; touch canary",

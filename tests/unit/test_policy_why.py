@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
-from m27._policy_explain import _gpu_text
 from m27.policy import Grant, Pending, PolicyInput, Reserve, StartCpu, decide
+from m27.policy._explain import _gpu_text
 from tests.unit.test_policy import G, gpu, grants, guest, node_inputs, pend, prim, run
 
 

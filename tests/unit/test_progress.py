@@ -9,9 +9,9 @@ import pytest
 from rich.console import Console
 
 from m27 import events as ev
-from m27.commands._progress import Progress
+from m27.cli.commands._progress import Progress
+from m27.events.state import fold
 from m27.spec import parse_pipeline
-from m27.state import fold
 from m27.store.memory import MemoryEventStore
 
 SPEC = """\

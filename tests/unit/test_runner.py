@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from m27._proc import LineSplitter
 from m27.clock import FakeClock
 from m27.events import StepFailed, StepStarted, StepSucceeded
-from m27.runner import StepLaunch, resolve_argv, run_step
+from m27.executors._proc import LineSplitter
+from m27.executors.local import StepLaunch, resolve_argv, run_step
 from m27.store.memory import MemoryEventStore
 from tests.unit.runner_helpers import PY, collect, events, launch, of
 

@@ -11,7 +11,7 @@ import pytest
 
 from m27._exceptions import RunnerError
 from m27.events import StepCancelled, StepFailed, StepStarted, StepSucceeded
-from m27.runner import StepLaunch, StepResult, run_step
+from m27.executors.local import StepLaunch, StepResult, run_step
 from m27.store.memory import MemoryEventStore
 from tests.unit.runner_helpers import PY, collect, events, launch, of, running
 

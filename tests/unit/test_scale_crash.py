@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from m27 import crash
 from m27 import events as ev
 from m27.clock import FakeClock
-from m27.state import fold
+from m27.events.state import fold
+from m27.node import crash
 from m27.store.memory import MemoryEventStore
 
 HOST = socket.gethostname()

@@ -4,7 +4,7 @@ Every case of :mod:`tests.unit.policy_cases` is put (a) straight into
 :func:`m27.policy.decide`, (b) into the trace simulator's state, whose scheduler builds
 the policy input the way a replay does, and (c) into a node agent, as the events its log
 would hold and the samples of simulated GPUs, whose own builder
-(:func:`m27._agent_book.policy_input` over its book and its GPU views) makes the input.
+(:func:`m27.node.book.policy_input` over its book and its GPU views) makes the input.
 All three must give the hand-computed actions.
 """
 
@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
-from m27._agent_book import policy_input
-from m27._step_api import Channel
-from m27.agent import Agent, channel_path
 from m27.clock import FakeClock
 from m27.gpu.sim import SimBackend
+from m27.node.agent import Agent, channel_path
+from m27.node.book import policy_input
 from m27.policy import Demote, GpuView, Grant, PolicyInput, Promote, Running, StartCpu, decide
 from m27.sim.engine import Live, SimState, _Engine
 from m27.sim.schedulers import PolicyScheduler
 from m27.sim.trace import Job, Trace
+from m27.step._channel import Channel
 from m27.store.memory import MemoryEventStore
 from tests.unit.policy_cases import CASES, MEMORY, Case
 

@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 
-from m27._slurm_follow import LOST_AFTER_S
-from m27._slurm_jobs import JobInfo, SlurmError
 from m27.clock import FakeClock
 from m27.events import (
     Event,
@@ -23,9 +21,11 @@ from m27.events import (
     StepStarted,
     StepSucceeded,
 )
-from m27.runner import StepLaunch, StepResult
-from m27.slurm import run_slurm_step
-from m27.state import fold
+from m27.events.state import fold
+from m27.executors.local import StepLaunch, StepResult
+from m27.executors.slurm import run_slurm_step
+from m27.executors.slurm._follow import LOST_AFTER_S
+from m27.executors.slurm._jobs import JobInfo, SlurmError
 from m27.store.memory import MemoryEventStore
 
 Poll = JobInfo | SlurmError | None

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from m27._exceptions import ConfigError, SpecError
-from m27._slurm_jobs import SubprocessSlurm, info_from_fields, parse_exit, parse_show
-from m27._slurm_resume import choose
-from m27._slurm_script import (
+from m27.executors.slurm import scrub_env
+from m27.executors.slurm._jobs import SubprocessSlurm, info_from_fields, parse_exit, parse_show
+from m27.executors.slurm._resume import choose
+from m27.executors.slurm._script import (
     ScriptInput,
     SlurmOptions,
     load_site_options,
@@ -21,7 +22,6 @@ from m27._slurm_script import (
     render_script,
     slurm_time,
 )
-from m27.slurm import scrub_env
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 REGEN = "M27_REGEN_GOLDEN=1 pytest tests/unit/test_slurm_script.py"

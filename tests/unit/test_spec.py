@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from m27._exceptions import SpecError
-from m27.commands import validate
+from m27.cli.commands import validate
 from m27.spec import Pipeline, Step, load_pipeline, parse_pipeline
 
 SEED = """\

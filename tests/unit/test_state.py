@@ -8,7 +8,7 @@ import pytest
 
 from m27 import events as ev
 from m27.events import EVENT_TYPES, Event, Recorded
-from m27.state import (
+from m27.events.state import (
     NodeState,
     apply,
     fold,

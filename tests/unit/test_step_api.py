@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from m27 import _step_api
 from m27._exceptions import M27Error
-from m27._step_api import CHANNEL_SIZE, Channel, gate, io_wait
+from m27.step import _channel as _step_api
+from m27.step._channel import CHANNEL_SIZE, Channel, gate, io_wait
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,7 +130,7 @@ def test_bad_m27_channel_is_reported_once_and_ignored(
 
 
 GATE_CHILD = """
-import m27._step_api as api
+import m27.step._channel as api
 print("loaded", flush=True)
 api.gate()
 print("passed", flush=True)

@@ -6,7 +6,7 @@
 #SBATCH --chdir=/home/u/md
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@90
-# m27 run md-20240501-1, step simulate, attempt 1: written by m27.slurm.
+# m27 run md-20240501-1, step simulate, attempt 1: written by m27.executors.slurm
 # USR1 (sent by Slurm before the time limit) and TERM (scancel, preemption) are
 # passed on to the step, which saves a checkpoint and exits; after USR1 the job
 # requeues itself and the next start resumes from the newest valid checkpoint.
@@ -19,7 +19,7 @@ m27_pass() {
 }
 trap 'm27_usr1=1; m27_pass USR1' USR1
 trap 'm27_pass TERM' TERM
-m27_resume="$(/opt/m27/bin/python -m m27._slurm_resume "${M27_CHECKPOINT_DIR:-}" "${M27_RESUME_FROM:-}")" || m27_resume="${M27_RESUME_FROM:-}"
+m27_resume="$(/opt/m27/bin/python -m m27.executors.slurm._resume "${M27_CHECKPOINT_DIR:-}" "${M27_RESUME_FROM:-}")" || m27_resume="${M27_RESUME_FROM:-}"
 if [ -n "$m27_resume" ]; then export M27_RESUME_FROM="$m27_resume"; else unset M27_RESUME_FROM; fi
 export M27_SLURM_JOB_ID="${SLURM_JOB_ID:-}"
 export CUDA_VISIBLE_DEVICES=''

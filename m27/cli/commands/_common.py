@@ -1,0 +1,41 @@
+"""What several commands share: the node's log and state, run-id lookup, liveness, output."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from typing import Any
+
+from m27 import runids
+from m27.config import m27_home
+from m27.events.state import NodeState, RunState, fold
+from m27.node.crash import pid_alive
+from m27.store.sqlite import SqliteEventStore, open_store
+
+
+def store() -> SqliteEventStore:
+    return open_store(m27_home())
+
+
+def load_state(st: SqliteEventStore | None = None) -> NodeState:
+    st = st or store()
+    return fold(st.read())
+
+
+def find_run(state: NodeState, prefix: str) -> RunState:
+    return state.runs[runids.resolve(prefix, state.runs.keys())]
+
+
+def shown_status(run: RunState) -> str:
+    """The run's status, with `crashed` for a run whose process died without an end event."""
+    if run.status != "running":
+        return run.status
+    if run.pid and run.host == socket.gethostname() and not pid_alive(run.pid):
+        return "crashed"
+    return "running"
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")

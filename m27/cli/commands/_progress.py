@@ -1,0 +1,247 @@
+"""Live progress of one run, built only from the event log (and step output lines).
+
+In a terminal it is a rich table refreshed a few times a second; otherwise one plain line
+per event, so logs of CI jobs and cron runs stay readable.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from m27.events import (
+    CheckpointWritten,
+    Event,
+    LeaseGranted,
+    RunCancelled,
+    RunFailed,
+    RunSubmitted,
+    RunSucceeded,
+    StepCancelled,
+    StepFailed,
+    StepQueued,
+    StepSkipped,
+    StepStarted,
+    StepSucceeded,
+)
+from m27.events.state import RunState
+from m27.monitoring.energy import format_energy
+from m27.spec import Pipeline
+from m27.store import EventStore
+from m27.units import format_duration, format_size
+
+_STYLE = {
+    "succeeded": "green",
+    "failed": "red",
+    "running": "cyan",
+    "skipped": "yellow",
+    "cancelled": "yellow",
+    "queued": "white",
+    "pending": "dim",
+}
+
+
+class Progress:
+    """Follows the log for one run and shows it; never blocks the run."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        run_id: str,
+        pipeline: Pipeline,
+        *,
+        live: bool,
+        show_output: bool = True,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.pipeline = pipeline
+        self.live = live
+        self.show_output = show_output
+        self.console = Console(highlight=False)
+        self.rows: dict[str, dict[str, Any]] = {
+            s.name: {
+                "type": s.type,
+                "status": "pending",
+                "gpus": "",
+                "since": None,
+                "took": None,
+                "last": "",
+            }
+            for s in pipeline.steps
+        }
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="m27-progress", daemon=True)
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+        self._after = store.last_seq()
+
+    # --- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        if self.live:
+            self._live = Live(
+                self._table(), console=self.console, refresh_per_second=4, transient=False
+            )
+            self._live.start()
+        else:
+            self._print(
+                f"run {self.run_id}: pipeline {self.pipeline.name} "
+                f"({len(self.pipeline.steps)} steps)"
+            )
+        self._thread.start()
+
+    def stop(self) -> None:
+        time.sleep(0.05)  # let the follower see the last events
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._drain()
+        if self._live is not None:
+            self._live.update(self._table())
+            self._live.stop()
+
+    # --- inputs ----------------------------------------------------------------------
+    def on_line(self, step: str, stream: str, line: str) -> None:
+        with self._lock:
+            if step in self.rows:
+                self.rows[step]["last"] = line[-80:]
+        if self.show_output and not self.live:
+            self._print(f"[{step}] {line}")
+
+    def note(self, text: str) -> None:
+        if self._live is not None:
+            self._live.console.print(text)
+        else:
+            self._print(text)
+
+    # --- following -------------------------------------------------------------------
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            for rec in self.store.follow(self._after, timeout=0.2):
+                self._after = rec.seq
+                self._apply(rec.event)
+            if self._live is not None:
+                self._live.update(self._table())
+
+    def _drain(self) -> None:
+        for rec in self.store.read(self._after):
+            self._after = rec.seq
+            self._apply(rec.event)
+
+    def _apply(self, ev: Event) -> None:
+        if getattr(ev, "run_id", None) != self.run_id:
+            return
+        step = getattr(ev, "step", None)
+        row = self.rows.get(step) if isinstance(step, str) else None
+        text: str | None = None
+        with self._lock:
+            if isinstance(ev, RunSubmitted):
+                if ev.prefect_url:
+                    text = f"Prefect flow run: {ev.prefect_url}"
+            elif row is None:
+                text = self._run_end(ev)
+            elif isinstance(ev, StepQueued):
+                row["status"] = "queued"
+            elif isinstance(ev, LeaseGranted):
+                row["gpus"] = ",".join(map(str, ev.gpus)) or "cpu"
+            elif isinstance(ev, StepStarted):
+                row.update(status="running", since=ev.at)
+                where = f"GPU {','.join(map(str, ev.gpus))}" if ev.gpus else "CPU"
+                resumed = f", resuming from {ev.resume_from}" if ev.resume_from else ""
+                text = f"{step}: started (attempt {ev.attempt}, pid {ev.pid}, {where}{resumed})"
+            elif isinstance(ev, StepSucceeded):
+                row.update(status="succeeded", took=ev.duration_s)
+                text = f"{step}: succeeded in {format_duration(ev.duration_s)}"
+            elif isinstance(ev, StepFailed):
+                row.update(status="queued" if ev.will_retry else "failed", took=ev.duration_s)
+                again = " - retrying" if ev.will_retry else ""
+                text = f"{step}: failed (attempt {ev.attempt}): {ev.reason}{again}"
+            elif isinstance(ev, StepSkipped):
+                row["status"] = "skipped"
+                text = f"{step}: skipped ({ev.reason})"
+            elif isinstance(ev, StepCancelled):
+                row["status"] = "cancelled"
+                text = f"{step}: cancelled"
+            elif isinstance(ev, CheckpointWritten):
+                text = (
+                    f"{step}: checkpoint at step {ev.sim_step} "
+                    f"({format_size(ev.bytes_written)} written, state "
+                    f"{format_size(ev.bytes_total)})"
+                )
+        if text and not self.live:
+            self._print(text)
+        elif text and self._live is not None and not isinstance(ev, StepStarted):
+            self._live.console.print(text)
+
+    def _run_end(self, ev: Event) -> str | None:
+        if isinstance(ev, RunSucceeded):
+            return f"run {self.run_id} succeeded in {format_duration(ev.duration_s)}"
+        if isinstance(ev, RunFailed):
+            return f"run {self.run_id} failed: {ev.reason}"
+        if isinstance(ev, RunCancelled):
+            return f"run {self.run_id} cancelled"
+        return None
+
+    # --- output ----------------------------------------------------------------------
+    def _print(self, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        sys.stdout.write(f"{stamp} {text}\n")
+        sys.stdout.flush()
+
+    def _table(self) -> Table:
+        table = Table(title=f"{self.pipeline.name} / {self.run_id}", title_justify="left")
+        for col in ("step", "type", "status", "where", "time", "last output"):
+            table.add_column(col, overflow="ellipsis", no_wrap=True)
+        now = time.time()
+        with self._lock:
+            for name, row in self.rows.items():
+                took = row["took"]
+                if took is None and row["since"] is not None:
+                    took = now - row["since"]
+                table.add_row(
+                    name,
+                    row["type"],
+                    f"[{_STYLE.get(row['status'], 'white')}]{row['status']}[/]",
+                    row["gpus"],
+                    format_duration(took) if took is not None else "",
+                    row["last"],
+                )
+        return table
+
+    def summary(self, run: RunState) -> None:
+        """Final lines: each step's outcome, where its log is, and how to resume."""
+        print()
+        for name, st in run.steps.items():
+            extra = ""
+            if st.status == "failed":
+                code = (
+                    f"exit {st.exit_code}"
+                    if st.exit_code is not None
+                    else (f"signal {st.signal}" if st.signal else "")
+                )
+                extra = f"  {code} {st.reason}".rstrip()
+            if st.energy_j:  # measured by the exporter from NVML energy counters
+                extra += f"  {format_energy(st.energy_j)}"
+            print(f"  {st.status:<10} {name}{extra}")
+        finals = [s for s in self.pipeline.steps if not self.pipeline.dependents(s.name)]
+        made = [
+            str(Path(s.workdir or self.pipeline.workdir) / o)  # relative to the step's folder
+            for s in finals
+            if run.steps[s.name].status == "succeeded"
+            for o in s.outputs
+        ]
+        if made:
+            print("\noutputs: " + ", ".join(made))
+        total = sum(st.energy_j for st in run.steps.values())
+        if total:
+            print(f"\nenergy: {format_energy(total)} on GPUs")
+        print(f"\nrun {run.run_id}: {run.status}")
+        print(f"logs:   m27 logs {run.run_id} STEP")
+        if run.status in ("failed", "cancelled"):
+            print(f"resume: m27 run --resume {run.run_id}")

@@ -1,0 +1,44 @@
+"""`m27 bump RUN STEP N`: raise (or, with a negative N, lower) a step's priority."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from m27.cli.commands import _common
+from m27.events import PriorityBumped
+from m27.events.state import fold
+from m27.node.book import fold_book
+from m27.runids import resolve
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "bump",
+        help="change a step's priority",
+        description="Add N (may be negative) to STEP's priority in RUN. The agent uses the "
+        "new effective priority at its next tick; `m27 queue` shows it.",
+    )
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("step", metavar="STEP")
+    p.add_argument("delta", metavar="N", type=int)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    st = _common.store()
+    records = st.read()
+    state = fold(records)
+    book = fold_book(records)
+    keys = [*book.requests, *book.held]
+    known = list(state.runs) + [k[0] for k in keys if k[0] not in state.runs]
+    run_id = resolve(args.run_id, known)
+    steps = set(state.runs[run_id].steps) if run_id in state.runs else set()
+    steps |= {s for r, s in keys if r == run_id}
+    if args.step not in steps:
+        print(f"m27 bump: run {run_id} has no step {args.step!r}")
+        return 2
+    st.append([PriorityBumped(at=time.time(), run_id=run_id, step=args.step, delta=args.delta)])
+    total = book.bumps.get((run_id, args.step), 0) + args.delta
+    print(f"{run_id}/{args.step}: priority {args.delta:+d} (bumps now {total:+d})")
+    return 0

@@ -1,0 +1,95 @@
+"""`m27 cancel RUN`: ask a run to stop; its step process groups get SIGTERM, then SIGKILL."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from m27._exceptions import M27Error
+from m27.cli.commands import _common
+from m27.events import CancelRequested, RunCancelled, StepCancelled
+from m27.store.sqlite import SqliteEventStore
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "cancel",
+        help="cancel a run",
+        description="Record a cancel request for RUN; the process running it "
+        "stops its steps and records the run as cancelled. If that process is "
+        "gone (crashed), the steps' process groups are stopped here.",
+    )
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument(
+        "--wait", type=float, default=30.0, help="seconds to wait for the run to stop (default 30)"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    st = _common.store()
+    state = _common.load_state(st)
+    r = _common.find_run(state, args.run_id)
+    if r.status != "running":
+        print(f"run {r.run_id} already {r.status}")
+        return 0
+    now = time.time()
+    st.append([CancelRequested(at=now, run_id=r.run_id, by=f"cli:{os.getpid()}")])
+    if _common.shown_status(r) == "crashed":
+        return _cancel_orphans(st, r.run_id)
+    deadline = time.monotonic() + args.wait
+    after = st.last_seq()
+    while time.monotonic() < deadline:
+        for rec in st.follow(after, timeout=0.5):
+            after = rec.seq
+            ev = rec.event
+            if getattr(ev, "run_id", None) == r.run_id and type(ev).__name__.startswith("Run"):
+                print(f"run {r.run_id}: {type(ev).__name__.removeprefix('Run').lower()}")
+                return 0
+    print(f"m27 cancel: run {r.run_id} did not stop within {args.wait:.0f}s", file=sys.stderr)
+    return 1
+
+
+def _cancel_orphans(st: SqliteEventStore, run_id: str) -> int:
+    """The run's process died: stop what it left running and close the run in the log."""
+    state = _common.load_state(st)
+    r = state.runs[run_id]
+    events: list[StepCancelled | RunCancelled] = []
+    for name, s in r.steps.items():
+        if s.status == "running" and s.slurm_job_id:
+            from m27.executors.slurm import cancel_job
+
+            try:
+                cancel_job(s.slurm_job_id)
+            except M27Error as exc:  # the job may have ended on its own meanwhile
+                print(f"m27 cancel: {name}: {exc}", file=sys.stderr)
+            events.append(
+                StepCancelled(
+                    at=time.time(),
+                    run_id=run_id,
+                    step=name,
+                    reason="Slurm job cancelled after its run crashed",
+                )
+            )
+        elif s.status == "running" and s.pgid:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(s.pgid, sig)
+                except ProcessLookupError:
+                    break
+                time.sleep(1.0 if sig == signal.SIGTERM else 0)
+            events.append(
+                StepCancelled(
+                    at=time.time(),
+                    run_id=run_id,
+                    step=name,
+                    reason="cancelled after its run crashed",
+                )
+            )
+    events.append(RunCancelled(at=time.time(), run_id=run_id, reason="cancelled after a crash"))
+    st.append(list(events))
+    print(f"run {run_id}: cancelled (its process had died; stopped {len(events) - 1} step(s))")
+    return 0

@@ -1,0 +1,175 @@
+"""`m27 checkpoints`: list, verify and garbage-collect the checkpoints of a run's steps.
+
+    m27 checkpoints RUN [STEP] [--json]        time, step, sim step, bytes, % changed, valid
+    m27 checkpoints verify RUN [STEP]          every chunk's hash; exit 1 naming bad files
+    m27 checkpoints gc RUN [STEP] [--keep N]   keep the last N valid, drop unreferenced packs
+
+RUN is a run id (a unique prefix, or `last`) under $M27_HOME/checkpoints, or a directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from m27 import runids
+from m27._exceptions import CorruptCheckpointError, RunError
+from m27.checkpoint import Listed, prune, scan, verify
+from m27.checkpoint._settings import checkpoints_home, load_settings
+from m27.cli.commands._common import print_json
+from m27.units import format_size
+
+_ACTIONS = ("list", "verify", "gc")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "checkpoints",
+        help="list, verify or garbage-collect a run's checkpoints",
+        description="List the checkpoints of RUN (all steps, or STEP); `verify` checks every "
+        "chunk's hash (exit 1 on corruption, naming the files); `gc` keeps the newest N valid "
+        "checkpoints and deletes packs nothing references. RUN is a run id, a unique prefix, "
+        "`last`, or a checkpoint directory.",
+    )
+    p.add_argument("words", nargs="+", metavar="[verify|gc] RUN [STEP]")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--keep",
+        type=int,
+        default=None,
+        metavar="N",
+        help="gc: checkpoints to keep (default: keep_last from the config)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    words = list(args.words)
+    action = words.pop(0) if words[0] in _ACTIONS and len(words) > 1 else "list"
+    if not 1 <= len(words) <= 2:
+        print("m27 checkpoints: expected [verify|gc] RUN [STEP]", file=sys.stderr)
+        return 2
+    try:
+        targets = _directories(words[0], words[1] if len(words) > 1 else None)
+    except RunError as exc:
+        print(f"m27 checkpoints: {exc}", file=sys.stderr)
+        return 2
+    if action == "verify":
+        return _verify(targets, args.json)
+    if action == "gc":
+        keep = args.keep if args.keep is not None else load_settings().keep_last
+        if keep < 1:
+            print("m27 checkpoints gc: --keep must be at least 1", file=sys.stderr)
+            return 2
+        return _gc(targets, keep, args.json)
+    return _list(targets, args.json)
+
+
+def _directories(run: str, step: str | None) -> list[tuple[str, Path]]:
+    """(step name, directory) pairs to act on."""
+    direct = Path(run)
+    if direct.is_dir() and step is None and any(direct.glob("ckpt-*.json")):
+        return [(direct.name, direct)]
+    root = checkpoints_home()
+    known = (
+        sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        if root.is_dir()
+        else []
+    )
+    run_id = runids.resolve(run, [p.name for p in known])
+    run_dir = root / run_id
+    if step is not None:
+        if not (run_dir / step).is_dir():
+            raise RunError(f"run {run_id} has no checkpoints for step {step!r}", run_id=run_id)
+        return [(step, run_dir / step)]
+    return [(p.name, p) for p in sorted(run_dir.iterdir()) if p.is_dir()]
+
+
+def _row(step: str, entry: Listed) -> dict[str, Any]:
+    info = entry.info
+    return {
+        "step": step,
+        "seq": entry.seq,
+        "path": str(entry.path),
+        "time": info.time if info else None,
+        "sim_step": info.sim_step if info else None,
+        "bytes_written": info.bytes_written if info else None,
+        "bytes_total": info.bytes_total if info else None,
+        "percent_changed": round(info.percent_changed, 2) if info else None,
+        "valid": entry.valid,
+        "problem": entry.problem,
+    }
+
+
+def _list(targets: list[tuple[str, Path]], as_json: bool) -> int:
+    rows = [_row(step, entry) for step, directory in targets for entry in scan(directory)]
+    if as_json:
+        print_json(rows)
+        return 0
+    if not rows:
+        print("no checkpoints")
+        return 0
+    header = (
+        f"{'STEP':<20} {'#':>5} {'TIME':<19} {'SIM STEP':>10} {'WRITTEN':>10} {'CHANGED':>8}  VALID"
+    )
+    print(header)
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"])) if r["time"] else "?"
+        written = format_size(r["bytes_written"]) if r["bytes_written"] is not None else "?"
+        changed = f"{r['percent_changed']:.1f}%" if r["percent_changed"] is not None else "?"
+        valid = "yes" if r["valid"] else f"NO: {r['problem']}"
+        sim = r["sim_step"] if r["sim_step"] is not None else "?"
+        print(
+            f"{r['step']:<20} {r['seq']:>5} {when:<19} {sim:>10} {written:>10} "
+            f"{changed:>8}  {valid}"
+        )
+    return 0
+
+
+def _verify(targets: list[tuple[str, Path]], as_json: bool) -> int:
+    results = []
+    for step, directory in targets:
+        for entry in scan(directory):
+            try:
+                verify(entry.path)
+                problem = None
+            except CorruptCheckpointError as exc:
+                problem = str(exc)
+                bad = getattr(exc, "file", str(entry.path))
+            results.append(
+                {
+                    "step": step,
+                    "path": str(entry.path),
+                    "ok": problem is None,
+                    "problem": problem,
+                    "file": None if problem is None else bad,
+                }
+            )
+    if as_json:
+        print_json(results)
+    else:
+        for r in results:
+            print(f"ok       {r['path']}" if r["ok"] else f"CORRUPT  {r['path']}: {r['problem']}")
+        bad_count = sum(not r["ok"] for r in results)
+        print(f"{len(results) - bad_count} ok, {bad_count} corrupt")
+    return 1 if any(not r["ok"] for r in results) else 0
+
+
+def _gc(targets: list[tuple[str, Path]], keep: int, as_json: bool) -> int:
+    removed: list[dict[str, Any]] = []
+    for step, directory in targets:
+        sizes = {p: p.stat().st_size for p in directory.iterdir() if p.is_file()}
+        for path in prune(directory, keep):
+            removed.append({"step": step, "path": str(path), "bytes": sizes.get(path, 0)})
+    if as_json:
+        print_json(removed)
+    else:
+        for r in removed:
+            print(f"removed  {r['path']}")
+        print(
+            f"{len(removed)} files removed, {format_size(sum(r['bytes'] for r in removed))} freed"
+        )
+    return 0

@@ -1,0 +1,77 @@
+"""`m27 deploy FILE --name N`: a Prefect deployment of a pipeline on its tier's queue."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from m27.cli.commands import _common
+from m27.cli.commands.pool import require_api
+from m27.lab.deploy import POOL_NAME, TIERS, DeploymentSpec, check_tier
+from m27.spec import load_pipeline, parse_set_args
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "deploy",
+        help="create or update a Prefect deployment of a pipeline",
+        description="Validate FILE and create (or update) deployment m27-pipeline/NAME of "
+        "flows/pipeline.py with FILE and the --set values as parameters, in work pool m27 "
+        "on the queue of --tier. With --cron the deployment runs on that schedule. Needs "
+        "PREFECT_API_URL; run `m27 pool init` once first. Exit code 2 for a bad file.",
+    )
+    p.add_argument(
+        "file",
+        help="pipeline YAML (its absolute path is stored: keep it on a "
+        "filesystem every worker node sees)",
+    )
+    p.add_argument("--name", required=True, help="deployment name")
+    p.add_argument("--cron", help='schedule, e.g. "0 2 * * *" (every night at 02:00)')
+    p.add_argument("--timezone", help="time zone of --cron, e.g. Europe/Berlin (default UTC)")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="value for a {{VAR}} (repeatable)",
+    )
+    p.add_argument("--tier", choices=TIERS, default="ready", help="queue to run on (default ready)")
+    p.add_argument("--pool", default=POOL_NAME, help="work pool (default m27)")
+    p.add_argument("--json", action="store_true", help="print the deployment as JSON")
+    p.set_defaults(func=run)
+
+
+async def _deploy(spec: DeploymentSpec) -> dict[str, Any]:
+    from prefect.client.orchestration import get_client
+
+    from m27.lab.deploy import deploy
+
+    async with get_client() as client:
+        return await deploy(client, spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = parse_set_args(args.sets)
+    pipeline = load_pipeline(args.file, overrides)  # SpecError -> exit 2 before any API call
+    require_api()
+    spec = DeploymentSpec(
+        name=args.name,
+        spec_path=str(Path(args.file).resolve()),
+        pipeline_name=pipeline.name,
+        overrides=overrides,
+        tier=check_tier(args.tier),
+        cron=args.cron,
+        timezone=args.timezone,
+        pool=args.pool,
+    )
+    result = asyncio.run(_deploy(spec))
+    if args.json:
+        _common.print_json(result)
+    else:
+        when = f", cron {args.cron!r} ({args.timezone or 'UTC'})" if args.cron else ""
+        print(f"deployment {result['name']}: pool {result['pool']}, queue {result['queue']}{when}")
+        print(f"run it now: prefect deployment run '{result['name']}'")
+    return 0

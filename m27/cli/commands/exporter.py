@@ -1,0 +1,99 @@
+"""`m27 exporter`: serve the node's GPU and pipeline metrics to Prometheus.
+
+    m27 exporter [--listen 127.0.0.1:9427] [--interval 5] [--node NAME] [--once]
+
+Binds 127.0.0.1 unless told otherwise: the metrics name runs and steps, so exposing them
+beyond the host is a choice (``--listen 0.0.0.0:9427``). ``--once`` prints one scrape in
+the text exposition format and exits, for a quick look without Prometheus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from types import FrameType
+
+from m27._exceptions import ConfigError
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "exporter",
+        help="serve GPU and pipeline metrics to Prometheus",
+        description="A Prometheus exporter: per-GPU utilization, memory, temperature, power, "
+        "energy, clocks and throttle reasons (NVML, or M27_GPUS=sim:N), per-process GPU use "
+        "with run/step labels, and the queue, leases, runs, checkpoints and energy per step "
+        "from the node's event log. It also records each step's GPU energy in the log.",
+    )
+    p.add_argument(
+        "--listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="address to serve /metrics on (default 127.0.0.1:9427)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="sample between scrapes at least this often, for energy and idle accounting "
+        "(default 5; 0 samples only when scraped)",
+    )
+    p.add_argument("--node", default=None, help="the node label (default: the host name)")
+    p.add_argument(
+        "--no-energy-events",
+        action="store_true",
+        help="do not record StepEnergyMeasured events (when another exporter on this node does)",
+    )
+    p.add_argument("--once", action="store_true", help="print one scrape to stdout and exit")
+    p.set_defaults(func=run)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``:PORT`` (127.0.0.1) or ``[::1]:PORT``; ConfigError otherwise."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9427")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port_text)
+
+
+def run(args: argparse.Namespace) -> int:
+    from prometheus_client import generate_latest, start_http_server
+
+    from m27.gpu import detect
+    from m27.monitoring.exporter import DEFAULT_LISTEN, Sampler, build_registry
+    from m27.store.sqlite import open_store
+
+    host, port = parse_listen(args.listen or DEFAULT_LISTEN)
+    if args.interval < 0:
+        raise ConfigError(f"--interval {args.interval}: must be >= 0")
+    store = open_store()
+    backend = detect()
+    sampler = Sampler(backend, store, node=args.node, record_energy=not args.no_energy_events)
+    registry = build_registry(sampler)
+    try:
+        if args.once:
+            sys.stdout.write(generate_latest(registry).decode())
+            return 0
+        server, thread = start_http_server(port, addr=host, registry=registry)
+        print(f"m27 exporter: http://{host}:{port}/metrics ({backend.kind} GPUs)", flush=True)
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        wait = args.interval if args.interval > 0 else None
+        while not stop.wait(wait):
+            if wait is not None:
+                sampler.tick_if_stale(wait)
+        server.shutdown()
+        thread.join(timeout=5)
+        return 0
+    finally:
+        sampler.close()
+        store.close()

@@ -1,0 +1,172 @@
+"""`m27 gpus`: the node's GPUs now, and which steps hold them; `--watch` keeps it live.
+
+While the node's agent runs, its snapshot (``$M27_HOME/gpus.json``, rewritten about once
+a second) is what is shown: simulated utilization exists only inside the agent, and the
+agent knows the primaries and guests first-hand. Without a fresh snapshot the GPUs are
+sampled here and the steps on them read from the event log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from m27._exceptions import M27Error
+from m27.gpu import GpuBackend, detect
+from m27.units import format_size
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "gpus",
+        help="show the GPUs of this node",
+        description="One line per GPU: utilization, memory, temperature, power, and the "
+        "steps on it (primary and guests). Live from the node's agent while one runs; "
+        "M27_GPUS=sim:N shows simulated GPUs.",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON array, for scripts")
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        const=1.0,
+        type=float,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 1) until Ctrl-C; with --json, one array a line",
+    )
+    p.add_argument(
+        "--count", type=int, default=0, metavar="N", help="with --watch: stop after N tables"
+    )
+    p.set_defaults(func=run)
+
+
+class _Source:
+    """Rows from the agent's snapshot when fresh, else from a backend opened here (kept
+    open across refreshes: NVML's utilization is an average since the previous call)."""
+
+    def __init__(self) -> None:
+        self.backend: GpuBackend | None = None
+        self.live_from: int | None = None  # the agent's pid when its snapshot is shown
+
+    def rows(self) -> list[dict[str, Any]]:
+        from m27.config import m27_home
+        from m27.node.report import read_snapshot, sample_row
+
+        snap = read_snapshot(m27_home())
+        if snap is not None:
+            self.live_from = snap["pid"]
+            return list(snap["gpus"])
+        self.live_from = None
+        if self.backend is None:
+            self.backend = detect()
+            self.backend.sample(time.time())  # the first NVML utilization is discarded
+        samples = self.backend.sample(time.time())
+        primaries, guests = _occupancy()
+        rows = []
+        for s in samples:
+            row = sample_row(s)
+            row.update(
+                backend=self.backend.kind,
+                primary=primaries.get(s.index, []),
+                guests=guests.get(s.index, []),
+            )
+            rows.append(row)
+        return rows
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    interval: float | None = getattr(args, "watch", None)
+    count: int = getattr(args, "count", 0) or 0
+    if interval is not None and interval < 0:
+        print("m27 gpus: --watch needs a number of seconds >= 0", file=sys.stderr)
+        return 2
+    source = _Source()
+    shown = 0
+    try:
+        while True:
+            rows = source.rows()
+            if args.json and interval is not None:
+                print(json.dumps(rows, default=str), flush=True)
+            elif args.json:
+                from m27.cli.commands import _common
+
+                _common.print_json(rows)
+            else:
+                if interval is not None and sys.stdout.isatty():
+                    print("\033[H\033[2J", end="")  # clear the screen: a live table
+                _table(rows, source.live_from, interval)
+            shown += 1
+            if interval is None or (count and shown >= count):
+                return 0
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        source.close()
+
+
+def _table(rows: list[dict[str, Any]], live_from: int | None, interval: float | None) -> None:
+    if interval is not None:
+        where = f"live from the agent (pid {live_from})" if live_from else "sampled here"
+        print(f"{time.strftime('%H:%M:%S')}  {where}, every {interval:g}s; Ctrl-C to stop")
+    print(
+        f"{'GPU':>3}  {'NAME':<26} {'UUID':<14} {'UTIL':>5} {'MEMORY':>21} {'TEMP':>5} "
+        f"{'POWER':>6}  {'PRIMARY':<24} GUESTS"
+    )
+    for r in rows:
+        util = "lost" if r.get("lost") else _fmt(r.get("utilization_gpu"), "{:.0f}%")
+        print(
+            f"{r['index']:>3}  {_cut(r.get('name'), 26):<26} {_cut(r.get('uuid'), 14):<14} "
+            f"{util:>5} {_memory(r):>21} {_fmt(r.get('temperature_c'), '{:.0f}C'):>5} "
+            f"{_fmt(r.get('power_w'), '{:.0f}W'):>6}  {', '.join(r['primary']) or '-':<24} "
+            f"{', '.join(r['guests']) or '-'}",
+            flush=True,
+        )
+
+
+def _occupancy() -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+    """Steps on each GPU from the node's event log; empty if there is no readable log."""
+    primaries: dict[int, list[str]] = {}
+    guests: dict[int, list[str]] = {}
+    try:
+        from m27.cli.commands import _common
+        from m27.config import m27_home
+
+        if not (m27_home() / "events.db").exists():
+            return primaries, guests  # no run yet; do not create a log just to read it
+        state = _common.load_state()
+    except (M27Error, OSError, ImportError):
+        return primaries, guests
+    for (run_id, step), gpus in state.leases.items():
+        # A lease not held as a guest is its GPUs' primary (immediate, or background work
+        # on a GPU nobody above wanted); a ready lease is always a guest.
+        if (run_id, step) in state.guests or state.lease_tiers.get((run_id, step)) == "ready":
+            continue
+        for gpu in gpus:
+            primaries.setdefault(gpu, []).append(f"{run_id}/{step}")
+    for (run_id, step), gpu in state.guests.items():
+        guests.setdefault(gpu, []).append(f"{run_id}/{step}")
+    return primaries, guests
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else spec.format(value)
+
+
+def _memory(r: dict[str, Any]) -> str:
+    used, total = r.get("memory_used"), r.get("memory_total")
+    used_s = "-" if used is None else format_size(used)
+    total_s = "-" if total is None else format_size(total)
+    return f"{used_s} / {total_s}"
+
+
+def _cut(text: str | None, width: int) -> str:
+    if text is None:
+        return "-"
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -1,0 +1,59 @@
+"""`m27 logs RUN STEP [-f]`: a step's output (both streams, every attempt)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from m27.cli.commands import _common
+from m27.config import m27_home
+
+_DONE = {"succeeded", "failed", "skipped", "cancelled"}
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "logs",
+        help="print a step's log",
+        description="Print the log of STEP in RUN; with -f keep following it until the step ends.",
+    )
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("step", metavar="STEP")
+    p.add_argument("-f", "--follow", action="store_true", help="follow until the step ends")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    st = _common.store()
+    state = _common.load_state(st)
+    r = _common.find_run(state, args.run_id)
+    if args.step not in r.steps:
+        print(
+            f"m27 logs: run {r.run_id} has no step {args.step!r} (steps: {', '.join(r.steps)})",
+            file=sys.stderr,
+        )
+        return 2
+    path = Path(r.steps[args.step].log_path or m27_home() / "runs" / r.run_id / f"{args.step}.log")
+    offset = 0
+    while True:
+        if path.exists():
+            with path.open("rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+                offset += len(chunk)
+            sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+            sys.stdout.flush()
+        if not args.follow:
+            if not path.exists():
+                print(f"(no log yet for {args.step}: it has not started)", file=sys.stderr)
+            return 0
+        state = _common.load_state(st)
+        run_state = state.runs[r.run_id]
+        step_done = run_state.steps[args.step].status in _DONE
+        finished = step_done or _common.shown_status(run_state) != "running"
+        if finished and path.exists() and path.stat().st_size == offset:
+            return 0
+        st.follow(st.last_seq(), timeout=0.3)
+        time.sleep(0.05)

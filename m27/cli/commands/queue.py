@@ -1,0 +1,139 @@
+"""`m27 queue`: the node's GPU queue as the agent sees it, and why each step waits.
+
+It folds the event log and runs the agent's own :func:`m27.policy.decide` on it, so the
+tiers, effective priorities and reasons shown are the ones the agent acts on (GPU
+utilization is not sampled here: a waiting step's reason never depends on it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from m27.cli.commands import _common
+from m27.config import load_settings, m27_home
+from m27.gpu import detect
+from m27.node.agent import policy_config
+from m27.node.book import Book, fold_book, policy_input
+from m27.policy import Decision, GpuView, PolicyConfig, StepKey, effective_priority, key_text
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "queue",
+        help="show the GPU queue: tiers, effective priorities, reasons",
+        description="Steps holding a lease (primary, guest, background, cpu) and steps "
+        "waiting, in queue order, with their effective priority (base + bump + aging) and "
+        "the reason they wait.",
+    )
+    p.add_argument("--why", metavar="STEP", help="only the reason for STEP (RUN/STEP or STEP)")
+    p.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    p.set_defaults(func=run)
+
+
+def _views(book: Book) -> list[GpuView]:
+    backend = detect()
+    try:
+        devices = backend.devices()
+    finally:
+        backend.close()
+    return [GpuView(d.index, d.memory_total or 0, None, d.index in book.lost_gpus) for d in devices]
+
+
+def snapshot(book: Book, views: list[GpuView], now: float, cfg: PolicyConfig) -> dict[str, Any]:
+    """Held and waiting steps with their tiers, priorities and reasons."""
+    decision = _decide(book, views, now, cfg)
+    held = []
+    for key, h in book.held.items():
+        req = h.request
+        prio = effective_priority(
+            req.priority if req else 0,
+            book.bumps.get(key, 0),
+            req.at if req else h.granted_at,
+            now,
+            cfg,
+        )
+        state = "paused" if h.paused else "running"
+        held.append(
+            {
+                "step": key_text(key),
+                "role": h.role,
+                "tier": h.tier,
+                "gpus": list(h.gpus),
+                "priority": prio,
+                "state": state if h.role == "guest" else "running",
+            }
+        )
+    waiting = []
+    ranked = sorted(
+        book.requests.values(),
+        key=lambda r: (
+            -effective_priority(r.priority, book.bumps.get((r.run_id, r.step), 0), r.at, now, cfg),
+            r.at,
+        ),
+    )
+    for r in ranked:
+        key = (r.run_id, r.step)
+        waiting.append(
+            {
+                "step": key_text(key),
+                "type": r.type,
+                "gpus": r.gpus,
+                "priority": effective_priority(r.priority, book.bumps.get(key, 0), r.at, now, cfg),
+                "base": r.priority,
+                "bump": book.bumps.get(key, 0),
+                "owner": r.owner,
+                "waited_s": round(max(0.0, now - r.at), 1),
+                "why": decision.why(key),
+            }
+        )
+    return {"held": held, "waiting": waiting}
+
+
+def _decide(book: Book, views: list[GpuView], now: float, cfg: PolicyConfig) -> Decision:
+    from m27.policy import decide
+
+    return decide(policy_input(book, views, now, cfg))
+
+
+def _find(book: Book, name: str) -> StepKey | None:
+    keys = list(book.requests) + list(book.held)
+    for key in keys:
+        if key_text(key) == name:
+            return key
+    matches = [k for k in keys if k[1] == name or key_text(k).startswith(name)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def run(args: argparse.Namespace) -> int:
+    book = Book()
+    if (m27_home() / "events.db").exists():
+        book = fold_book(_common.store().read())
+    cfg = policy_config(load_settings())
+    now = time.time()
+    views = _views(book)
+    if args.why:
+        key = _find(book, args.why)
+        if key is None:
+            print(f"m27 queue: no waiting or running step matches {args.why!r}")
+            return 2
+        print(f"{key_text(key)}: {_decide(book, views, now, cfg).why(key)}")
+        return 0
+    snap = snapshot(book, views, now, cfg)
+    if args.json:
+        _common.print_json(snap)
+        return 0
+    print(f"{'STEP':<32} {'TIER':<10} {'ROLE':<8} {'GPUS':<6} {'PRIO':>5}  STATE")
+    for h in snap["held"]:
+        gpus = ",".join(map(str, h["gpus"])) or "-"
+        print(
+            f"{h['step']:<32} {h['tier']:<10} {h['role']:<8} {gpus:<6} {h['priority']:>5}  "
+            f"{h['state']}"
+        )
+    for w in snap["waiting"]:
+        print(f"{w['step']:<32} {'waiting':<10} {w['type']:<8} {w['gpus']:<6} {w['priority']:>5}  ")
+        print(f"    {w['why']}")
+    if not snap["held"] and not snap["waiting"]:
+        print("the queue is empty")
+    return 0

@@ -1,0 +1,187 @@
+"""`m27 run`: validate a pipeline, then run it as a Prefect flow with live progress."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from m27 import runids
+from m27.cli.commands import _common
+from m27.cli.commands._progress import Progress
+from m27.events import CancelRequested, RunFailed
+from m27.gpu import detect
+from m27.spec import Pipeline, load_pipeline, parse_set_args
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a pipeline file",
+        description="Validate FILE, record the run in the node's event log and run it as a "
+        "Prefect flow (Prefect's temporary local server unless PREFECT_API_URL is set). "
+        "Exit code 0 when every step succeeded, 1 when a step failed or the run was "
+        "cancelled, 2 for bad input.",
+    )
+    p.add_argument("file", nargs="?", help="pipeline YAML (optional with --resume)")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="value for a {{VAR}} (repeatable)",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        help="rerun the steps of RUN_ID that did not succeed, from their checkpoints",
+    )
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="plain lines instead of the live table (default when not a terminal)",
+    )
+    p.add_argument("--quiet", action="store_true", help="do not print step output")
+    p.add_argument("--verbose", action="store_true", help="show Prefect's own log lines")
+    p.set_defaults(func=run)
+
+
+def _prefect_defaults(verbose: bool) -> None:
+    """Quiet, offline-safe Prefect defaults; anything the user set wins."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+        os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | None]:
+    overrides = parse_set_args(args.sets)
+    resume_of: str | None = None
+    file = args.file
+    if args.resume:
+        state = _common.load_state()
+        old = _common.find_run(state, args.resume)
+        resume_of = old.run_id
+        file = file or old.spec_path
+        overrides = {**old.vars, **overrides}
+    if not file:
+        print("m27 run: give a pipeline FILE (or --resume RUN_ID)", file=sys.stderr)
+        raise SystemExit(2)
+    pipeline = load_pipeline(file, overrides)
+    return pipeline, overrides, resume_of
+
+
+def _check_resources(pipeline: Pipeline) -> str | None:
+    backend = detect()
+    try:
+        count = len(backend.devices())
+    finally:
+        backend.close()
+    for step in pipeline.steps:
+        if step.type != "cpu" and step.gpus > count:
+            return (
+                f"{pipeline.path}:{step.line}: step {step.name!r} needs {step.gpus} GPUs; "
+                f"this node has {count}"
+            )
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    pipeline, overrides, resume_of = _prepare(args)
+    problem = _check_resources(pipeline)
+    if problem:
+        print(f"m27: {problem}", file=sys.stderr)
+        return 2
+    _prefect_defaults(args.verbose)
+    store = _common.store()
+    run_id = runids.new_run_id()
+    live = sys.stdout.isatty() and not args.plain
+    progress = Progress(store, run_id, pipeline, live=live, show_output=not args.quiet)
+
+    interrupted = threading.Event()
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if interrupted.is_set():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        interrupted.set()
+        progress.note("cancelling: stopping step processes (Ctrl-C again to abort)")
+        store.append([CancelRequested(at=time.time(), run_id=run_id, by="ctrl-c")])
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    from flows.pipeline import LINE_SINKS, pipeline_flow
+
+    LINE_SINKS[run_id] = progress.on_line
+    progress.start()
+    notifier = _start_notifier(store)
+    flow_state: Any = None
+    try:
+        flow_state = pipeline_flow.with_options(flow_run_name=f"{pipeline.name}/{run_id}")(
+            spec_path=str(pipeline.path),
+            overrides=overrides,
+            run_id=run_id,
+            resume_of=resume_of,
+            pipeline_name=pipeline.name,
+            return_state=True,
+        )
+    except BaseException as exc:
+        state = _common.load_state(store)
+        if run_id in state.runs and state.runs[run_id].status == "running":
+            store.append(
+                [
+                    RunFailed(
+                        at=time.time(),
+                        run_id=run_id,
+                        duration_s=0.0,
+                        reason=f"m27 run stopped: {type(exc).__name__}: {exc}",
+                    )
+                ]
+            )
+        raise
+    finally:
+        _stop_notifier(notifier)
+        progress.stop()
+        LINE_SINKS.pop(run_id, None)
+        signal.signal(signal.SIGINT, previous)
+    state = _common.load_state(store)
+    if run_id not in state.runs:
+        message = getattr(flow_state, "message", "") or "the flow did not start"
+        print(f"m27: run {run_id} did not start: {message}", file=sys.stderr)
+        return 1
+    result = state.runs[run_id]
+    progress.summary(result)
+    return 0 if result.status == "succeeded" else 1
+
+
+def _start_notifier(store: Any) -> Any:
+    """Telegram alerts and the bot from inside `m27 run` when configured and no
+    `m27 notifier` / `m27 bot` service runs.
+
+    It works from the durable outbox, so what it has not sent when the run ends is sent by
+    the next notifier; the run never waits on Telegram for more than a moment."""
+    from m27.notify import load_config
+    from m27.notify.bot import start_embedded_bot
+    from m27.notify.notifier import start_embedded_notifier
+
+    config = load_config()
+    # The bot answers the lab's chat while the run goes on (short polls, so it stops quickly).
+    return [
+        start_embedded_notifier(store, config),
+        start_embedded_bot(store, config, poll_timeout=2),
+    ]
+
+
+def _stop_notifier(handles: Any) -> None:
+    notifier, bot = handles
+    bot.stop(timeout=3.0)
+    if notifier.running:
+        time.sleep(1.0)  # let it pick up the run's last events before it stops
+    notifier.stop(timeout=3.0)

@@ -1,0 +1,57 @@
+"""`m27 runs`: the run history of this node, from the event log."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from m27.cli.commands import _common
+from m27.units import format_duration
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "runs",
+        help="list runs (newest last)",
+        description="List the runs recorded in this node's event log.",
+    )
+    p.add_argument("--limit", type=int, default=20, help="show the newest N runs (default 20)")
+    p.add_argument("--json", action="store_true", help="one JSON array, for scripts")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    state = _common.load_state()
+    runs = list(state.runs.values())[-args.limit :] if args.limit > 0 else list(state.runs.values())
+    rows: list[dict[str, Any]] = []
+    for r in runs:
+        ok = sum(1 for s in r.steps.values() if s.status == "succeeded")
+        rows.append(
+            {
+                "run_id": r.run_id,
+                "pipeline": r.pipeline,
+                "status": _common.shown_status(r),
+                "submitted_at": r.submitted_at,
+                "duration_s": r.duration_s,
+                "steps_succeeded": ok,
+                "steps": len(r.steps),
+                "resume_of": r.resume_of,
+                "spec_path": r.spec_path,
+            }
+        )
+    if args.json:
+        _common.print_json(rows)
+        return 0
+    if not rows:
+        print("no runs yet: start one with `m27 run PIPELINE.yaml`")
+        return 0
+    print(f"{'RUN':<22} {'PIPELINE':<18} {'STATUS':<10} {'STARTED':<19} {'TIME':>8}  STEPS")
+    for row in rows:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted_at"]))
+        took = format_duration(row["duration_s"]) if row["duration_s"] is not None else ""
+        print(
+            f"{row['run_id']:<22} {row['pipeline'][:18]:<18} {row['status']:<10} "
+            f"{started:<19} {took:>8}  {row['steps_succeeded']}/{row['steps']}"
+        )
+    return 0

@@ -1,0 +1,124 @@
+"""`m27 status [RUN]`: a run's steps in detail, or what is live on the node."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from m27.cli.commands import _common
+from m27.events.state import NodeState, RunState
+from m27.monitoring.energy import energy_by_run, energy_by_step, format_energy
+from m27.units import format_duration
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "status",
+        help="show a run's steps, or the live runs",
+        description="Without RUN: runs still in progress. With RUN (an id, a "
+        "unique prefix, or `last`): each step's state, attempts, time, exit.",
+    )
+    p.add_argument("run_id", nargs="?", metavar="RUN")
+    p.add_argument("--json", action="store_true", help="JSON, for scripts")
+    p.set_defaults(func=run)
+
+
+class _Energy:
+    """Joules per step and per run, as the exporter recorded them (empty without one)."""
+
+    def __init__(self, state: NodeState) -> None:
+        self.by_step = energy_by_step(state)
+        self.by_run = energy_by_run(state)
+
+
+def _run_dict(r: RunState, energy: _Energy) -> dict[str, Any]:
+    return {
+        "run_id": r.run_id,
+        "pipeline": r.pipeline,
+        "status": _common.shown_status(r),
+        "spec_path": r.spec_path,
+        "vars": dict(r.vars),
+        "submitted_at": r.submitted_at,
+        "ended_at": r.ended_at,
+        "duration_s": r.duration_s,
+        "resume_of": r.resume_of,
+        "prefect_url": r.prefect_url,
+        "flow_run_id": r.flow_run_id,
+        "energy_j": energy.by_run.get(r.run_id),
+        "steps": {
+            name: {
+                "type": s.type,
+                "status": s.status,
+                "attempts": s.attempts,
+                "started_at": s.started_at,
+                "ended_at": s.ended_at,
+                "exit_code": s.exit_code,
+                "signal": s.signal,
+                "reason": s.reason,
+                "gpus": list(s.gpus or ()),
+                "log_path": s.log_path,
+                "last_checkpoint": s.last_checkpoint,
+                "checkpoint_step": s.checkpoint_step,
+                "energy_j": energy.by_step.get((r.run_id, name)),
+                "outputs": list(s.outputs),
+            }
+            for name, s in r.steps.items()
+        },
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    state = _common.load_state()
+    energy = _Energy(state)
+    if args.run_id is None:
+        live = [r for r in state.runs.values() if _common.shown_status(r) == "running"]
+        if args.json:
+            _common.print_json([_run_dict(r, energy) for r in live])
+            return 0
+        if not live:
+            print("no runs in progress (history: `m27 runs`)")
+        for r in live:
+            _print_run(r, energy)
+        return 0
+    r = _common.find_run(state, args.run_id)
+    if args.json:
+        _common.print_json(_run_dict(r, energy))
+        return 0
+    _print_run(r, energy)
+    return 0
+
+
+def _print_run(r: RunState, energy: _Energy) -> None:
+    d = _run_dict(r, energy)
+    took = format_duration(d["duration_s"]) if d["duration_s"] is not None else "-"
+    print(f"run {r.run_id}  pipeline {r.pipeline}  {d['status']}  ({took})")
+    print(f"  file: {r.spec_path}")
+    if r.vars:
+        print("  vars: " + " ".join(f"{k}={v}" for k, v in r.vars.items()))
+    if r.resume_of:
+        print(f"  resumes: {r.resume_of}")
+    if r.prefect_url:
+        print(f"  prefect: {r.prefect_url}")
+    if d["energy_j"]:
+        print(f"  energy: {format_energy(d['energy_j'])} on GPUs")
+    print(f"  {'STEP':<20} {'TYPE':<9} {'STATUS':<10} {'TRY':>3} {'TIME':>8}  {'WHERE':<6} NOTE")
+    for name, s in d["steps"].items():
+        took = ""
+        if s["started_at"] is not None:
+            end = s["ended_at"] if s["ended_at"] is not None else None
+            took = format_duration(end - s["started_at"]) if end is not None else "..."
+        where = ",".join(map(str, s["gpus"])) if s["gpus"] else ("cpu" if s["attempts"] else "")
+        note = s["reason"] or ""
+        if s["status"] == "failed" and s["exit_code"] is not None:
+            note = f"exit {s['exit_code']}: {note}"
+        if s["energy_j"]:
+            note = f"{note} {format_energy(s['energy_j'])}".strip()
+        if s["last_checkpoint"]:
+            note = f"{note} checkpoint@{s['checkpoint_step']}".strip()
+        print(
+            f"  {name:<20} {s['type']:<9} {s['status']:<10} {s['attempts']:>3} {took:>8}  "
+            f"{where:<6} {note}"
+        )
+    outputs = [o for s in d["steps"].values() for o in s["outputs"]]
+    if outputs:
+        print("  outputs: " + ", ".join(outputs))

@@ -1,0 +1,80 @@
+"""`m27 worker`: the Prefect worker of this node (type m27), polling the m27 work pool."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from m27.cli.commands.pool import require_api
+from m27.lab.deploy import POOL_NAME, TIERS
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="run this node's Prefect worker (type m27)",
+        description="Poll work pool m27 and run the flow runs this node has room for, "
+        "highest tier first; publish the node's free seats; record crashed runs. The node "
+        "is M27_HOME and M27_GPUS; PREFECT_API_URL names the server. Poll interval: "
+        "PREFECT_WORKER_QUERY_SECONDS (default 10). Same as `prefect worker start --pool "
+        "m27 --type m27`.",
+    )
+    p.add_argument("--pool", default=POOL_NAME, help="work pool (default m27)")
+    p.add_argument("--name", help="worker name (default m27-<node>)")
+    p.add_argument("--node", help="node name (default M27_NODE or the host name)")
+    p.add_argument(
+        "--queue",
+        dest="queues",
+        action="append",
+        choices=TIERS,
+        help="only these tier queues (repeatable; default all)",
+    )
+    p.add_argument("--limit", type=int, help="at most this many flow runs at once")
+    p.add_argument("--run-once", action="store_true", help="poll once, wait for its runs, exit")
+    p.set_defaults(func=run)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    require_api()
+    if args.node:
+        os.environ["M27_NODE"] = args.node
+    import anyio
+
+    from m27.cli.commands.pool import _init
+    from m27.lab.worker import M27Worker, node_name
+
+    anyio.run(_init, args.pool)
+    worker = M27Worker(
+        work_pool_name=args.pool,
+        work_queues=args.queues,
+        name=args.name or f"m27-{node_name()}",
+        limit=args.limit,
+        create_pool_if_not_found=False,
+    )
+    signal.signal(signal.SIGTERM, _interrupt)  # systemd stop: tear down like Ctrl-C
+    try:
+        anyio.run(lambda: worker.start(run_once=args.run_once))
+    except KeyboardInterrupt:
+        print("m27 worker: stopped", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `m27 worker` without the full CLI (tests, and a systemd unit before wiring)."""
+    parser = argparse.ArgumentParser(prog="m27")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["worker", *(argv or [])])
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,471 @@
+"""What happened on a node: the event types of the append-only log.
+
+Events are small frozen dataclasses named in the past tense that carry facts only (ids,
+times, numbers, short texts), never live objects. Requests from other processes are events
+too (`CancelRequested`, `StepRequested`), so the log doubles as the node's mailbox.
+
+Each event type has a schema ``version``. Decoding an unknown kind or a newer version raises
+:class:`~m27.UnknownEventError`: replay must stop loudly rather than build a wrong state.
+
+``at`` is the wall-clock time (epoch seconds, from the injected clock) when it happened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from m27._exceptions import UnknownEventError
+
+#: kind name -> event class; filled by the @event decorator.
+EVENT_TYPES: dict[str, type[Event]] = {}
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of every event; ``kind`` is the class name and ``version`` its schema version."""
+
+    version: ClassVar[int] = 1
+
+    at: float
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+    def to_payload(self) -> dict[str, Any]:
+        """The event's fields as JSON-able values (tuples become lists)."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """An event as stored: its gapless sequence number in the node's log, and the event."""
+
+    seq: int
+    event: Event
+
+
+_E = typing.TypeVar("_E", bound=type[Event])
+
+
+def event(cls: _E) -> _E:
+    """Register an event class under its name so it can be decoded from the log."""
+    if cls.__name__ in EVENT_TYPES:
+        raise TypeError(f"event kind {cls.__name__} registered twice")
+    EVENT_TYPES[cls.__name__] = cls
+    return cls
+
+
+def encode(ev: Event) -> tuple[str, int, str]:
+    """(kind, version, JSON payload) for storage."""
+    return ev.kind, type(ev).version, json.dumps(ev.to_payload(), separators=(",", ":"))
+
+
+def decode(kind: str, version: int, payload: str | dict[str, Any]) -> Event:
+    """Rebuild an event from storage; unknown kinds and newer versions fail loudly."""
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        raise UnknownEventError(f"unknown event kind {kind!r} in the log", kind=kind)
+    if version > cls.version:
+        raise UnknownEventError(
+            f"event {kind} has schema version {version}, this m27 knows up to {cls.version}",
+            kind=kind,
+            version=version,
+        )
+    data = json.loads(payload) if isinstance(payload, str) else dict(payload)
+    kwargs: dict[str, Any] = {}
+    for name, is_tuple in _fields(cls):
+        if name not in data:
+            continue
+        value = data[name]
+        if isinstance(value, list) and is_tuple:
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise UnknownEventError(f"event {kind} payload does not fit: {exc}", kind=kind) from exc
+
+
+_FIELDS: dict[str, tuple[tuple[str, bool], ...]] = {}
+
+
+def _fields(cls: type[Event]) -> tuple[tuple[str, bool], ...]:
+    """(field name, is a tuple) per field; resolving type hints is slow, so once per class."""
+    found = _FIELDS.get(cls.__name__)
+    if found is None:
+        hints = typing.get_type_hints(cls)
+        found = tuple((f.name, _is_tuple(hints.get(f.name))) for f in dataclasses.fields(cls))
+        _FIELDS[cls.__name__] = found
+    return found
+
+
+def _is_tuple(hint: Any) -> bool:
+    if hint is None:
+        return False
+    if typing.get_origin(hint) is tuple:
+        return True
+    return any(typing.get_origin(a) is tuple for a in typing.get_args(hint))
+
+
+# --- runs -----------------------------------------------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class RunSubmitted(Event):
+    """A pipeline run was accepted: the spec validated and its steps are known."""
+
+    run_id: str
+    pipeline: str
+    spec_path: str
+    steps: tuple[str, ...]
+    vars: dict[str, str] = field(default_factory=dict)
+    owner: str = ""
+    priority: int = 0
+    resume_of: str | None = None
+    flow_run_id: str | None = None
+    prefect_url: str | None = None
+    pid: int = 0
+    host: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class RunSucceeded(Event):
+    run_id: str
+    duration_s: float
+
+
+@event
+@dataclass(frozen=True)
+class RunFailed(Event):
+    run_id: str
+    duration_s: float
+    failed_steps: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class RunCancelled(Event):
+    run_id: str
+    reason: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class CancelRequested(Event):
+    """Someone (`m27 cancel`, Ctrl-C, the bot, Prefect) asked a run to stop."""
+
+    run_id: str
+    by: str = ""
+
+
+# --- steps ----------------------------------------------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class StepQueued(Event):
+    """A step is waiting for its dependencies and a slot (CPU or GPUs)."""
+
+    run_id: str
+    step: str
+    type: str
+    priority: int = 0
+    gpus: int = 0
+    gpu_memory: int = 0
+    depends_on: tuple[str, ...] = ()
+
+
+@event
+@dataclass(frozen=True)
+class StepStarted(Event):
+    """The step's process was started in its own process group."""
+
+    run_id: str
+    step: str
+    attempt: int
+    pid: int
+    pgid: int
+    command: tuple[str, ...]
+    gpus: tuple[int, ...] = ()
+    log_path: str = ""
+    resume_from: str | None = None
+    host: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class StepSucceeded(Event):
+    run_id: str
+    step: str
+    attempt: int
+    duration_s: float
+    outputs: tuple[str, ...] = ()
+
+
+@event
+@dataclass(frozen=True)
+class StepFailed(Event):
+    """An attempt failed; ``will_retry`` says whether another attempt follows."""
+
+    run_id: str
+    step: str
+    attempt: int
+    duration_s: float
+    reason: str
+    exit_code: int | None = None
+    signal: int | None = None
+    log_tail: str = ""
+    will_retry: bool = False
+
+
+@event
+@dataclass(frozen=True)
+class StepSkipped(Event):
+    """A step did not run: an upstream step failed, or it already succeeded (resume)."""
+
+    run_id: str
+    step: str
+    reason: str
+
+
+@event
+@dataclass(frozen=True)
+class StepCancelled(Event):
+    run_id: str
+    step: str
+    reason: str = ""
+
+
+# --- leases and the agent ---------------------------------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class StepRequested(Event):
+    """A step task asks the node for a lease (the agent answers with LeaseGranted)."""
+
+    run_id: str
+    step: str
+    type: str
+    priority: int = 0
+    gpus: int = 0
+    gpu_memory: int = 0
+    owner: str = ""
+    pid: int = 0
+    #: the step's declared hard limit per attempt (its ``timeout:``), seconds; None: none
+    time_limit: float | None = None
+
+
+@event
+@dataclass(frozen=True)
+class LeaseGranted(Event):
+    """The agent's answer to a StepRequested; ``channel`` is the step's channel file (its
+    ``M27_CHANNEL``), empty for steps that get none (cpu)."""
+
+    run_id: str
+    step: str
+    gpus: tuple[int, ...]
+    tier: str = "immediate"
+    channel: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class LeaseReleased(Event):
+    run_id: str
+    step: str
+    gpus: tuple[int, ...] = ()
+
+
+@event
+@dataclass(frozen=True)
+class GuestStarted(Event):
+    run_id: str
+    step: str
+    gpu: int
+
+
+@event
+@dataclass(frozen=True)
+class GuestPaused(Event):
+    run_id: str
+    step: str
+    gpu: int
+    how: str = "gate"
+
+
+@event
+@dataclass(frozen=True)
+class GuestResumed(Event):
+    run_id: str
+    step: str
+    gpu: int
+
+
+@event
+@dataclass(frozen=True)
+class Promoted(Event):
+    run_id: str
+    step: str
+    gpu: int
+
+
+@event
+@dataclass(frozen=True)
+class PriorityBumped(Event):
+    run_id: str
+    step: str
+    delta: int
+
+
+@event
+@dataclass(frozen=True)
+class GpuLost(Event):
+    gpu: int
+    uuid: str = ""
+    reason: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class AgentStarted(Event):
+    pid: int
+    host: str = ""
+    gpus: int = 0
+    backend: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class StepEnergyMeasured(Event):
+    run_id: str
+    step: str
+    gpu: int
+    joules: float
+
+
+# --- checkpoints ------------------------------------------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class CheckpointWritten(Event):
+    """A checkpoint was committed durably (manifest renamed into place)."""
+
+    run_id: str
+    step: str
+    path: str
+    sim_step: int
+    bytes_written: int
+    bytes_total: int
+    duration_s: float
+    pipeline: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class CheckpointRestored(Event):
+    run_id: str
+    step: str
+    path: str
+    sim_step: int
+
+
+# --- notify: GPU health alerts (the agent appends them from its samples; the notifier
+# --- turns them into Telegram messages) -------------------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class GpuOverheated(Event):
+    """A GPU's temperature reached the alert threshold (once per crossing, not per sample)."""
+
+    gpu: int
+    temperature_c: float
+    threshold_c: float
+    uuid: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class GpuThrottled(Event):
+    """A GPU started clocking down for a reason other than idling (thermal, power, ...)."""
+
+    gpu: int
+    reasons: tuple[str, ...]
+    uuid: str = ""
+
+
+# --- exporter: what a step reports about its own work -----------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class StepFlopsReported(Event):
+    """A step counted `flops` floating-point operations (``report_flops``); reports
+    add up, and the Energy board divides them by the step's joules into TFLOPS/W."""
+
+    run_id: str
+    step: str
+    flops: float
+
+
+# --- scale: the m27 worker and crash truth ---------------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class RunAdmitted(Event):
+    """An m27 worker took a Prefect flow run for this node, on a seat of `tier`; the run
+    holds that seat until it ends (RunSubmitted follows from the flow's own process)."""
+
+    run_id: str
+    flow_run_id: str
+    tier: str
+    node: str = ""
+    host: str = ""
+    worker_pid: int = 0
+
+
+@event
+@dataclass(frozen=True)
+class RunCrashed(Event):
+    """The run's process died without recording an end (kill -9, OOM, power cut); the
+    watchdog stopped its orphaned steps and set the Prefect flow run to Crashed."""
+
+    run_id: str
+    reason: str
+
+
+# --- slurm: steps run as Slurm jobs (m27.executors.slurm) ----------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class SlurmJobSubmitted(Event):
+    """sbatch accepted a step's attempt as Slurm job `job_id` (kept across requeues)."""
+
+    run_id: str
+    step: str
+    job_id: str
+    attempt: int
+
+
+@event
+@dataclass(frozen=True)
+class SlurmJobStateChanged(Event):
+    """The job's Slurm state changed (PENDING, RUNNING, TIMEOUT, ...); `reason` is Slurm's."""
+
+    run_id: str
+    step: str
+    job_id: str
+    state: str
+    reason: str = ""

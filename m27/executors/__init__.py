@@ -1,0 +1,1 @@
+"""Executors: how a step's process runs (local, container, Slurm)."""

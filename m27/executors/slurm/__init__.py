@@ -1,0 +1,321 @@
+"""The Slurm executor: a step runs as a Slurm job, supervised by the same Prefect task.
+
+:func:`run_slurm_step` has the shape of :func:`m27.executors.local.run_step` and records the same
+events (``StepStarted``, ``StepSucceeded``/``StepFailed``, ``StepCancelled``) plus
+``SlurmJobSubmitted`` and ``SlurmJobStateChanged``, so ``m27 status``, ``m27 logs`` and the
+notifier need not know where a step ran. Per attempt it writes an sbatch script
+(:mod:`m27.executors.slurm._script`), submits it, follows the job with ``scontrol``
+(:mod:`m27.executors.slurm._jobs`), tails the job's output files into the step log and the
+caller's ``on_line``, and turns cancellation into ``scancel``.
+
+Why plain ``sbatch``/``scontrol``/``scancel`` and not submitit (which works with this
+Slurm): submitit pickles a Python callable and runs it in a fresh interpreter, while an
+m27 step is an arbitrary command line; its requeue machinery (``Checkpointable``) lives
+inside that pickled callable, whereas m27 steps checkpoint with their own Checkpointer;
+and its output files are read after the job ends, while m27 streams lines as they come.
+What m27 needs is a generated script, four commands and a state poll; that is less code
+than adapting submitit, and the script is readable (and golden-tested) as it is.
+
+Requeue and resume: jobs are submitted with ``--requeue --signal=B:USR1@N``. The batch
+script passes USR1 on to the step, which saves a checkpoint and exits non-zero (see
+:func:`watch_preemption`); the script then requeues its own job. Every start of the job
+(first, after that requeue, after a preemption or a node failure that Slurm requeued)
+picks the newest valid checkpoint of the step's directory as ``M27_RESUME_FROM``.
+See docs/slurm.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from m27._exceptions import ConfigError, SpecError
+from m27.clock import Clock, SystemClock
+from m27.events import SlurmJobSubmitted
+from m27.executors.local import (
+    StepLaunch,
+    StepResult,
+    _End,
+    _finish,
+    _Sink,
+    begin_attempt,
+    child_env,
+    default_log_path,
+    run_attempts,
+)
+from m27.executors.slurm._follow import Follower, FollowResult
+from m27.executors.slurm._jobs import JobInfo, SlurmCli, SlurmError, SubprocessSlurm
+from m27.executors.slurm._script import (
+    ScriptInput,
+    SlurmOptions,
+    load_site_options,
+    parse_options,
+    render_script,
+)
+from m27.store import EventStore
+
+#: Exit code for a step that saved a checkpoint on USR1/TERM and wants to be requeued
+#: (BSD's EX_TEMPFAIL). Any non-zero code after USR1 requeues; this one says why.
+REQUEUE_EXIT_CODE = 75
+
+#: Variables of an enclosing Slurm job that must not leak into a job m27 submits (sbatch
+#: reads SBATCH_* as options, and SLURM_* describe the wrong job).
+_DROP_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")
+_KEEP = ("SLURM_CONF",)
+
+
+def watch_preemption(
+    signals: Iterable[signal.Signals] = (signal.SIGUSR1, signal.SIGTERM),
+) -> threading.Event:
+    """An event set when Slurm asks the step to stop, for a step's main loop to check.
+
+    USR1 arrives ``signal_before`` seconds before the time limit (passed on by the batch
+    script); TERM arrives on ``scancel`` and on preemption. Call it from the main thread::
+
+        stop = m27.executors.slurm.watch_preemption()
+        for i in range(start, n):
+            ...
+            if stop.is_set():
+                ck.save(state, i); ck.flush()
+                sys.exit(m27.executors.slurm.REQUEUE_EXIT_CODE)
+    """
+    flag = threading.Event()
+    for sig in signals:
+        signal.signal(sig, lambda *_: flag.set())
+    return flag
+
+
+def scrub_env(env: Mapping[str, str], wants_gpus: bool) -> dict[str, str]:
+    """The environment sbatch exports to the job (``--export=ALL``).
+
+    When Slurm hands the job GPUs it sets CUDA_VISIBLE_DEVICES itself, so m27's (empty,
+    for local CPU steps) value must not reach the job; without GPUs the empty value stays
+    and CUDA cannot pick a GPU behind the scheduler's back.
+    """
+    out = {k: v for k, v in env.items() if k in _KEEP or not k.startswith(_DROP_PREFIXES)}
+    if wants_gpus:
+        out.pop("CUDA_VISIBLE_DEVICES", None)
+    return out
+
+
+def run_slurm_step(
+    launch: StepLaunch,
+    store: EventStore,
+    *,
+    options: Mapping[str, Any],
+    clock: Clock | None = None,
+    on_line: Callable[[str, str], None] | None = None,
+    cancel: threading.Event | None = None,
+    resume_from: Callable[[], str | None] | None = None,
+    cli: SlurmCli | None = None,
+    site: Mapping[str, Any] | None = None,
+    python: str | None = None,
+) -> StepResult:
+    """Run the step as Slurm jobs (one per attempt) and wait for the last one to end.
+
+    `options` is the step's ``slurm:`` mapping; `site` defaults to the site file (see
+    :func:`m27.executors.slurm._script.load_site_options`). `cli` and `python` (the interpreter the
+    batch script runs ``m27.executors.slurm._resume`` with) are for tests and unusual clusters.
+    """
+    clock = clock or SystemClock()
+    started = clock.monotonic()
+    log_path = launch.log_path or default_log_path(launch.run_id, launch.step)
+    sink = _Sink(None, on_line)
+    try:
+        site_options = load_site_options() if site is None else site
+        opts = parse_options(options, site=site_options, timeout=launch.timeout, step=launch.step)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if launch.checkpoint_dir is not None:
+            launch.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        log_file = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
+    except (SpecError, ConfigError, OSError) as exc:
+        end = _End(False, f"cannot prepare the step: {exc}", retryable=False)
+        return _finish(launch, store, clock, sink, end, 1, started, 0.0, will_retry=False)
+    job = _Job(launch, store, clock, sink, opts, cli or SubprocessSlurm(), python, log_path)
+    with log_file:
+        sink.file = log_file
+        return run_attempts(
+            launch,
+            store,
+            clock,
+            sink,
+            started,
+            cancel,
+            lambda n: job.attempt(n, cancel, resume_from),
+        )
+
+
+class _Job:
+    """One step's attempts: script, submission, following, judging."""
+
+    def __init__(
+        self,
+        launch: StepLaunch,
+        store: EventStore,
+        clock: Clock,
+        sink: _Sink,
+        opts: SlurmOptions,
+        cli: SlurmCli,
+        python: str | None,
+        log_path: Path,
+    ) -> None:
+        self.launch, self.store, self.clock, self.sink = launch, store, clock, sink
+        self.opts, self.cli = opts, cli
+        self.python = python or sys.executable or "python3"
+        self.log_path = log_path
+
+    def attempt(
+        self,
+        attempt: int,
+        cancel: threading.Event | None,
+        resume_from: Callable[[], str | None] | None,
+    ) -> _End:
+        launch, sink = self.launch, self.sink
+        opened = begin_attempt(launch, sink, attempt, resume_from)
+        if isinstance(opened, _End):
+            return opened
+        argv, resume = opened
+        if launch.workdir is not None and not launch.workdir.is_dir():
+            sink.note(f"workdir not found: {launch.workdir}")
+            return _End(
+                False, f"workdir not found: {launch.workdir}", exit_code=126, retryable=False
+            )
+        job_dir = self.log_path.parent / f"{launch.step}.slurm" / f"attempt-{attempt}"
+        try:
+            script = self._write_script(job_dir, attempt, argv)
+        except OSError as exc:
+            sink.note(f"cannot write the batch script: {exc}")
+            return _End(False, f"cannot write the batch script: {exc}", retryable=False)
+        env = scrub_env(child_env(launch, attempt, resume), self.opts.wants_gpus)
+        try:
+            job_id = self.cli.submit(script, env)
+        except SlurmError as exc:
+            sink.note(str(exc))
+            return _End(False, f"sbatch failed: {exc}", retryable=exc.transient)
+        self.store.append(
+            [
+                SlurmJobSubmitted(
+                    at=self.clock.now(),
+                    run_id=launch.run_id,
+                    step=launch.step,
+                    job_id=job_id,
+                    attempt=attempt,
+                )
+            ]
+        )
+        sink.write(f"=== attempt {attempt}: Slurm job {job_id} ({script}) ===\n")
+        sink.flush()
+        follower = Follower(
+            launch=launch,
+            store=self.store,
+            clock=self.clock,
+            sink=sink,
+            cli=self.cli,
+            opts=self.opts,
+            job_id=job_id,
+            job_dir=job_dir,
+            attempt=attempt,
+            argv=argv,
+            log_path=self.log_path,
+        )
+        return self._judge(follower.follow(cancel))
+
+    def _write_script(self, job_dir: Path, attempt: int, argv: tuple[str, ...]) -> Path:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("stdout", "stderr", "starts"):  # left by an earlier run of this attempt
+            (job_dir / name).unlink(missing_ok=True)
+        text = render_script(
+            ScriptInput(
+                run_id=self.launch.run_id,
+                step=self.launch.step,
+                attempt=attempt,
+                argv=argv,
+                job_dir=job_dir.absolute(),
+                workdir=self.launch.workdir.absolute() if self.launch.workdir else None,
+                python=self.python,
+                options=self.opts,
+            )
+        )
+        path = job_dir / "job.sh"
+        path.write_text(text, encoding="utf-8")
+        path.chmod(0o755)
+        return path.absolute()
+
+    def _judge(self, r: FollowResult) -> _End:
+        if r.cancelled:
+            code, sig = _code_signal(r.info)
+            return _End(False, "cancelled", code, sig, cancelled=True)
+        if r.lost is not None:
+            return _End(False, r.lost)
+        info = r.info
+        assert info is not None
+        code, sig = _code_signal(info)
+        state = info.state
+        if state == "COMPLETED" and code == 0:
+            base = self.launch.workdir or Path.cwd()
+            missing = [out for out in self.launch.outputs if not (base / out).exists()]
+            if missing:
+                return _End(False, f"declared output missing: {', '.join(missing)}", code, sig)
+            return _End(True, "succeeded", code, sig)
+        how = (
+            f"killed by {_signame(sig)}"
+            if sig is not None
+            else f"exited with code {code}"
+            if code is not None
+            else "no exit code"
+        )
+        detail = {
+            "TIMEOUT": f"reached its time limit ({self.opts.time or 'default'} min)",
+            "OUT_OF_MEMORY": f"went over its memory limit ({self.opts.mem or 'default'})",
+            "NODE_FAIL": f"its node {info.node or ''} failed".replace("  ", " "),
+            "PREEMPTED": "preempted by a higher-priority job",
+            "CANCELLED": "cancelled outside m27 (scancel)",
+            "DEADLINE": "missed its deadline",
+            "BOOT_FAIL": "its node failed to boot",
+        }.get(state, how)
+        if state == "COMPLETED":
+            state = "FAILED"  # COMPLETED with a non-zero code cannot happen; be safe
+        reason = f"Slurm {state}: {detail}"
+        if detail != how and state not in ("TIMEOUT", "CANCELLED"):
+            reason += f", {how}"
+        # Someone cancelled the job by hand: they meant it, do not submit it again.
+        return _End(False, reason, code, sig, retryable=state != "CANCELLED")
+
+
+def _code_signal(info: JobInfo | None) -> tuple[int | None, int | None]:
+    """(exit code, signal); the batch script exits 128+N when its step died of signal N."""
+    if info is None:
+        return None, None
+    code, sig = info.exit_code, info.signal
+    if sig is None and code is not None and 128 < code < 128 + 65:
+        return None, code - 128
+    return code, sig
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def cancel_job(job_id: str) -> None:
+    """``scancel JOB``, for `m27 cancel` on a run whose process died (pid 0 steps)."""
+    if not re.fullmatch(r"\d+(_\d+)?", job_id):
+        raise SlurmError(f"not a Slurm job id: {job_id!r}")
+    SubprocessSlurm(os.environ).cancel(job_id)
+
+
+__all__ = [
+    "REQUEUE_EXIT_CODE",
+    "cancel_job",
+    "run_slurm_step",
+    "scrub_env",
+    "watch_preemption",
+]

@@ -1,0 +1,1 @@
+"""Monitoring: Prometheus collectors, metric families and per-step energy."""

@@ -1,0 +1,474 @@
+"""The node agent: read the log, sample the GPUs, ask the policy, act, record what it did.
+
+One agent serves a node (an fcntl lock on ``$M27_HOME/agent.lock``, see
+:mod:`m27.node.embed`). It ticks every ``io_timeout`` (default 50 ms) and at once when
+new events arrive:
+
+1. new events from the log (the node's mailbox) update its :class:`~m27.node.book.Book`;
+2. the GPU backend is sampled; the primary's own utilization and its channel's I/O hint
+   tell the policy whether the primary computes;
+3. :func:`m27.policy.decide` says what to do; the agent does it and appends what it did:
+   ``LeaseGranted`` (with the step's channel file), ``GuestStarted``/``GuestPaused``,
+   ``GuestResumed``, ``Promoted``, ``LeaseReleased``, ``GpuLost``; and, once per
+   crossing, ``GpuOverheated``/``GpuThrottled`` (:mod:`m27.node.report`, which also
+   writes the ``$M27_HOME/gpus.json`` snapshot that ``m27 gpus`` shows).
+
+Pausing a guest closes its gate (``m27.gate()``); a guest that does not reach its gate
+within ``gate_grace`` (it has no gate, or computes between gate calls) is stopped with
+SIGSTOP on its process group, and continued with SIGCONT when it may compute again.
+
+Everything the agent knows comes from the log, so a restarted agent (after ``kill -9``)
+replays it, re-adopts the step processes that are still alive (keeps their leases, maps
+their channels again) and releases the leases of steps whose process and requester are
+both gone (see docs/agent.md for what "requeue" means then).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from m27._exceptions import M27Error
+from m27.clock import Clock, SystemClock
+from m27.config import Settings
+from m27.events import (
+    AgentStarted,
+    Event,
+    GpuLost,
+    GuestPaused,
+    GuestResumed,
+    GuestStarted,
+    LeaseGranted,
+    LeaseReleased,
+    Promoted,
+    Recorded,
+    StepFailed,
+    StepStarted,
+)
+from m27.gpu import GpuBackend, GpuSample
+from m27.node import procs as proc
+from m27.node.book import Book, Held, policy_input
+from m27.node.report import Health, Sampler, remove_snapshot, snapshot, write_snapshot
+from m27.policy import (
+    Decision,
+    Demote,
+    GpuView,
+    Grant,
+    PauseGuest,
+    PolicyConfig,
+    Promote,
+    ResumeGuest,
+    StartCpu,
+    StepKey,
+    decide,
+)
+from m27.step import Channel
+from m27.store import EventStore
+
+__all__ = ["Agent", "channel_path", "policy_config"]
+
+log = logging.getLogger(__name__)
+
+#: Half-life of the recent GPU time per owner that fair share compares.
+USAGE_HALF_LIFE_S = 3600.0
+
+
+def policy_config(settings: Settings, **overrides: object) -> PolicyConfig:
+    """The policy's tuning from the node's settings (``~/.m2config``)."""
+    base = PolicyConfig(
+        memory_overprovision=settings.memory_overprovision,
+        io_timeout=settings.io_timeout,
+        cpu_slots=settings.cpu_slots,
+    )
+    if not overrides:
+        return base
+    from dataclasses import replace
+
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def channel_path(home: Path, key: StepKey) -> Path:
+    """``$M27_HOME/channels/<run>/<step>.chan``."""
+    run, step = (part.replace("/", "_") for part in key)
+    return home / "channels" / run / f"{step}.chan"
+
+
+class Agent:
+    """The node loop. ``start()`` replays the log; ``tick()`` is one pass; ``run(stop)``
+    loops until `stop` is set. Not thread-safe: one thread drives it."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        backend: GpuBackend,
+        home: Path,
+        *,
+        config: PolicyConfig | None = None,
+        clock: Clock | None = None,
+        tick: float | None = None,
+        gate_grace: float | None = None,
+        check_every: float = 0.5,
+        on_decision: Callable[[Decision, Sequence[Event]], None] | None = None,
+        health: Health | None = None,
+        snapshot_every: float | None = 1.0,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.home = Path(home)
+        self.config = config or PolicyConfig()
+        self.clock = clock or SystemClock()
+        self.tick_s = tick if tick is not None else self.config.io_timeout
+        self.gate_grace = gate_grace if gate_grace is not None else 4 * self.config.io_timeout
+        self.check_every = check_every
+        self.on_decision = on_decision
+        self.health = health or Health()
+        self.snapshot_every = snapshot_every
+        self._snapshot_at = -math.inf
+        self._sampler = Sampler(backend)
+        self.book = Book()
+        self.started = False
+        self._channels: dict[StepKey, Channel] = {}
+        self._stopped: set[StepKey] = set()  # guests this agent holds with SIGSTOP
+        self._attached: dict[StepKey, tuple[int, tuple[int, ...]]] = {}
+        self._low: dict[int, tuple[StepKey, float]] = {}
+        self._pgids: dict[int, int | None] = {}
+        self._usage: dict[str, float] = {}
+        self._usage_at: float | None = None
+        self._checked_at = -math.inf
+        self._memory = {d.index: d.memory_total or 0 for d in backend.devices()}
+        self._attach = getattr(backend, "attach", None)
+        self._detach = getattr(backend, "detach", None)
+
+    # -- life ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Replay the log, re-adopt live steps, release lost ones, say the agent started."""
+        for rec in self.store.read():
+            self.book.apply(rec)
+        for key, h in self.book.held.items():
+            self._open_channel(key, h)
+            if h.pid is not None and proc.alive(h.pid):
+                self._attach_step(key, h)
+                if h.guest and h.paused and h.how == "signal":
+                    self._stopped.add(key)
+        now = self.clock.now()
+        started = AgentStarted(
+            at=now,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            gpus=len(self._memory),
+            backend=self.backend.kind,
+        )
+        self.store.append([started, *self._check_lost(now)])
+        self._checked_at = now
+        self.started = True
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick until `stop` is set (at once after new events, else every ``tick_s``)."""
+        if not self.started:
+            self.start()
+        while not stop.is_set():
+            self.poll(self.tick_s)
+            if stop.is_set():
+                break
+            self.tick()
+
+    def close(self) -> None:
+        if self.snapshot_every is not None:
+            remove_snapshot(self.home)
+        for ch in self._channels.values():
+            ch.close()
+        self._channels.clear()
+        self.backend.close()
+
+    # -- one pass -----------------------------------------------------------------------
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """Apply the events appended since the last pass; waits up to `timeout` for one."""
+        if timeout > 0:
+            records = self.store.follow(self.book.last_seq, timeout)
+        else:
+            records = self.store.read(self.book.last_seq)
+        for rec in records:
+            self._apply(rec)
+        return len(records)
+
+    def tick(self) -> Decision:
+        """Sample, decide, act; the events of what was done are appended in one batch."""
+        now = self.clock.now()
+        out: list[Event] = []
+        samples = self._sampler.sample(now)
+        out += self.health.check(samples, now)
+        for s in samples:
+            if s.lost and s.index not in self.book.lost_gpus:
+                out.append(GpuLost(at=now, gpu=s.index, uuid=s.uuid or "", reason="lost"))
+        if now - self._checked_at >= self.check_every:
+            self._checked_at = now
+            out += self._check_lost(now)
+        for key in sorted(self.book.stale):
+            h = self.book.held.get(key)
+            if h is not None and h.pid is None:
+                # granted after its request was withdrawn: nobody will use it
+                out.append(LeaseReleased(at=now, run_id=key[0], step=key[1], gpus=h.gpus))
+        self._account(now)
+        inp = policy_input(
+            self.book,
+            self._views(samples, now),
+            now,
+            self.config,
+            usage=self._usage,
+            io_waiting=self._io_waiting,
+        )
+        decision = decide(inp)
+        acted: set[StepKey] = set()
+        out += self._act(decision, now, acted)
+        out += self._escalate(now, acted, samples)
+        if out:
+            self.store.append(out)
+        if self.snapshot_every is not None and now - self._snapshot_at >= self.snapshot_every:
+            self._snapshot_at = now
+            self._publish(samples, now)
+        if self.on_decision is not None and (decision.actions or out):
+            self.on_decision(decision, out)
+        return decision
+
+    def _publish(self, samples: list[GpuSample], now: float) -> None:
+        """``$M27_HOME/gpus.json`` for ``m27 gpus`` in other processes; never fatal."""
+        try:
+            write_snapshot(self.home, snapshot(samples, self.book, self.backend.kind, now))
+        except OSError as exc:
+            log.warning("m27 agent: cannot write the GPU snapshot: %s", exc)
+
+    # -- events in ----------------------------------------------------------------------
+
+    def _apply(self, rec: Recorded) -> None:
+        e = rec.event
+        if isinstance(e, LeaseReleased):
+            key = (e.run_id, e.step)
+            self._detach_step(key)
+            ch = self._channels.pop(key, None)
+            if ch is not None:
+                ch.close()
+                ch.path.unlink(missing_ok=True)
+            self._stopped.discard(key)
+        self.book.apply(rec)
+        if isinstance(e, StepStarted):
+            key = (e.run_id, e.step)
+            h = self.book.held.get(key)
+            if h is not None:
+                self._attach_step(key, h)
+        elif isinstance(e, LeaseGranted):
+            key = (e.run_id, e.step)
+            h = self.book.held.get(key)
+            if h is not None and key not in self._channels:
+                self._open_channel(key, h)
+
+    def _open_channel(self, key: StepKey, h: Held) -> None:
+        if not h.channel or key in self._channels:
+            return
+        # A channel file removed by hand: the step is paused by signal instead.
+        with contextlib.suppress(M27Error):
+            self._channels[key] = Channel.open(h.channel)
+
+    def _attach_step(self, key: StepKey, h: Held) -> None:
+        if self._attach is None or h.pid is None or not h.gpus:
+            return
+        self._detach_step(key)
+        memory = h.request.gpu_memory if h.request else 0
+        for g in h.gpus:
+            try:
+                self._attach(g, h.pid, memory, h.channel or None)
+            except M27Error:
+                self._attach(g, h.pid, memory, None)
+        self._attached[key] = (h.pid, h.gpus)
+
+    def _detach_step(self, key: StepKey) -> None:
+        old = self._attached.pop(key, None)
+        if old is not None and self._detach is not None:
+            for g in old[1]:
+                self._detach(g, old[0])
+
+    # -- what the policy sees -----------------------------------------------------------
+
+    def _io_waiting(self, key: StepKey) -> bool:
+        ch = self._channels.get(key)
+        return ch is not None and ch.io_waiting()
+
+    def _views(self, samples: list[GpuSample], now: float) -> list[GpuView]:
+        primaries = self.book.primaries()
+        views = []
+        for s in samples:
+            h = primaries.get(s.index)
+            util = self._util(s, h) if h is not None and h.pid is not None else None
+            since: float | None = None
+            if h is not None and util is not None and util < self.config.io_util_threshold:
+                old = self._low.get(s.index)
+                since = old[1] if old is not None and old[0] == h.key else now
+                self._low[s.index] = (h.key, since)
+            else:
+                self._low.pop(s.index, None)
+            total = s.memory_total or self._memory.get(s.index, 0)
+            lost = s.lost or s.index in self.book.lost_gpus
+            views.append(GpuView(s.index, total, s.memory_used, lost, util, since))
+        return views
+
+    def _util(self, s: GpuSample, h: Held) -> float | None:
+        """The primary's own SM utilization on this GPU (its process group's processes)."""
+        if s.utilization_gpu is None:
+            return None
+        total = 0.0
+        for p in s.processes:
+            if p.pid == h.pid or (h.pgid is not None and self._pgid(p.pid) == h.pgid):
+                if p.sm_util is None:
+                    return None
+                total += p.sm_util
+        return total
+
+    def _pgid(self, pid: int) -> int | None:
+        if pid not in self._pgids:
+            try:
+                self._pgids[pid] = os.getpgid(pid)
+            except OSError:
+                self._pgids[pid] = None
+            if len(self._pgids) > 4096:
+                self._pgids.clear()
+        return self._pgids.get(pid)
+
+    def _account(self, now: float) -> None:
+        """Recent GPU-seconds per owner, decaying, for fair share between owners."""
+        last, self._usage_at = self._usage_at, now
+        if last is None or now <= last:
+            return
+        dt = now - last
+        decay = math.exp(-dt * math.log(2) / USAGE_HALF_LIFE_S)
+        for owner in self._usage:
+            self._usage[owner] *= decay
+        for h in self.book.held.values():
+            if h.role == "primary" and h.request is not None:
+                owner = h.request.owner
+                self._usage[owner] = self._usage.get(owner, 0.0) + dt * len(h.gpus)
+
+    # -- acting -------------------------------------------------------------------------
+
+    def _act(self, d: Decision, now: float, acted: set[StepKey]) -> list[Event]:
+        out: list[Event] = []
+        primary_of: dict[int, StepKey] = {g: h.key for g, h in self.book.primaries().items()}
+        for a in d.actions:
+            if isinstance(a, Grant):
+                as_guest = a.tier == "ready" or (
+                    a.tier == "background" and any(g in primary_of for g in a.gpus)
+                )
+                path = channel_path(self.home, a.key)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                old = self._channels.pop(a.key, None)
+                if old is not None:
+                    old.close()
+                self._channels[a.key] = Channel.create(path, gate_open=not as_guest)
+                run_id, step = a.key
+                out.append(LeaseGranted(now, run_id, step, a.gpus, a.tier, str(path)))
+                if as_guest:
+                    out.append(GuestStarted(at=now, run_id=run_id, step=step, gpu=a.gpus[0]))
+                    out.append(GuestPaused(at=now, run_id=run_id, step=step, gpu=a.gpus[0]))
+                else:
+                    for g in a.gpus:
+                        primary_of[g] = a.key
+            elif isinstance(a, StartCpu):
+                out.append(LeaseGranted(now, a.key[0], a.key[1], (), "background", ""))
+            elif isinstance(a, PauseGuest | Demote):
+                h = self.book.held.get(a.key)
+                if h is None:
+                    continue
+                how = self._pause(a.key, h, now)
+                if isinstance(a, Demote):
+                    primary_of.pop(a.gpu, None)
+                    out.append(GuestStarted(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu))
+                out.append(GuestPaused(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu, how=how))
+            elif isinstance(a, ResumeGuest | Promote):
+                h = self.book.held.get(a.key)
+                if h is None:
+                    continue
+                self._resume(a.key, h)
+                cls = Promoted if isinstance(a, Promote) else GuestResumed
+                out.append(cls(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu))
+                if isinstance(a, Promote):
+                    primary_of[a.gpu] = a.key
+            else:
+                continue  # Reserve: nothing to do but hold, which the next decision repeats
+            acted.add(a.key)
+        return out
+
+    def _pause(self, key: StepKey, h: Held, now: float) -> str:
+        ch = self._channels.get(key)
+        if ch is not None:
+            ch.set_gate(False)
+        gateless = ch is None or not ch.uses_gate()
+        settled = h.started_at is not None and now - h.started_at >= self.gate_grace
+        may_stop = h.pid is not None and gateless and (settled or ch is None)
+        if may_stop and key not in self._stopped and proc.stop(h.pgid, h.pid):
+            self._stopped.add(key)
+            return "signal"
+        return "signal" if key in self._stopped else "gate"
+
+    def _resume(self, key: StepKey, h: Held) -> None:
+        ch = self._channels.get(key)
+        if ch is not None:
+            ch.set_gate(True)
+        if key in self._stopped:
+            proc.cont(h.pgid, h.pid)
+            self._stopped.discard(key)
+
+    def _busy(self, h: Held, samples: list[GpuSample]) -> bool:
+        for s in samples:
+            if h.gpus and s.index == h.gpus[0]:
+                util = self._util(s, h)
+                return util is not None and util >= self.config.io_util_threshold
+        return False
+
+    def _escalate(self, now: float, acted: set[StepKey], samples: list[GpuSample]) -> list[Event]:
+        """Stop by signal the paused guests that keep computing past ``gate_grace``."""
+        out: list[Event] = []
+        for key, h in self.book.held.items():
+            if not (h.guest and h.paused) or key in acted or key in self._stopped:
+                continue
+            if h.pid is None or not proc.alive(h.pid):
+                continue
+            ch = self._channels.get(key)
+            if ch is not None and (ch.at_gate() or ch.io_waiting()):
+                continue
+            since = max(h.paused_at or 0.0, h.started_at or 0.0)
+            # A guest that never used its gate and shows compute is stopped at once; a gate
+            # user gets gate_grace to reach its gate (it may be between two gate calls).
+            gateless_busy = (ch is None or not ch.uses_gate()) and self._busy(h, samples)
+            if now - since < self.gate_grace and not gateless_busy:
+                continue
+            if proc.stop(h.pgid, h.pid):
+                self._stopped.add(key)
+                gpu = h.gpus[0] if h.gpus else -1
+                out.append(GuestPaused(at=now, run_id=key[0], step=key[1], gpu=gpu, how="signal"))
+        return out
+
+    def _check_lost(self, now: float) -> list[Event]:
+        """Release leases whose step process and requester are both gone; drop requests
+        whose requester is gone. The flow's retry (or ``m27 run --resume``) reruns them."""
+        out: list[Event] = []
+        for key, h in self.book.held.items():
+            req_pid = h.request.pid if h.request is not None else 0
+            if proc.alive(h.pid) or req_pid <= 0 or proc.alive(req_pid):
+                continue
+            run_id, step = key
+            out.append(LeaseReleased(at=now, run_id=run_id, step=step, gpus=h.gpus))
+            if not h.ended:
+                took = now - h.started_at if h.started_at is not None else 0.0
+                why = f"lost: its process and its requester (pid {req_pid}) are gone"
+                out.append(StepFailed(now, run_id, step, 0, max(0.0, took), why))
+        for key, r in self.book.requests.items():
+            if r.pid > 0 and not proc.alive(r.pid):
+                why = f"lost: the process that requested it (pid {r.pid}) is gone"
+                out.append(StepFailed(now, key[0], key[1], 0, 0.0, why))
+        return out

@@ -1,0 +1,229 @@
+"""Crash truth: a run whose process died is recorded as crashed, here and in Prefect.
+
+Prefect 3.9 (OSS) has no zombie detection: a flow run whose process is killed -9 outside a
+worker stays Running forever. m27 knows better from its own log: every ``RunSubmitted``
+carries the flow process's pid and host. A run that is still ``running`` in the log while
+that pid is gone has crashed. :func:`sweep` finds such runs on this host and
+:func:`finalize` closes each one:
+
+1. stops the steps it left behind (their own process groups survive the flow process, and
+   a GPU job nobody supervises would hold a GPU the lease already handed on): SIGTERM to the
+   group, SIGKILL after `grace_s`;
+2. appends ``StepFailed`` for those steps, ``StepCancelled`` for steps still asking for a
+   lease, ``LeaseReleased`` for leases the run held, then ``RunCrashed``;
+3. sets the Prefect flow run to ``Crashed`` (forced) unless it already reached a final state.
+
+Who calls it: the m27 worker on every poll, and when a flow-run process it started exits
+without an end event; the node agent may call :func:`sweep` on its own ticks too (it is
+idempotent: a run already ended is left alone, so two callers at once append at most a
+duplicate ``RunCrashed`` that the projection ignores).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from m27.clock import Clock, SystemClock
+from m27.events import (
+    Event,
+    LeaseReleased,
+    RunCancelled,
+    RunCrashed,
+    StepCancelled,
+    StepFailed,
+)
+from m27.events.state import NodeState, fold
+from m27.store import EventStore
+
+if TYPE_CHECKING:
+    from prefect.client.orchestration import PrefectClient
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (an unreaped corpse counts as dead)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): trust kill(0)
+    return stat[stat.rindex(")") + 2 :][:1] != "Z"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A run found dead: its id, its Prefect flow run (if any) and why."""
+
+    run_id: str
+    flow_run_id: str | None
+    reason: str
+
+
+def dead_runs(
+    state: NodeState,
+    host: str | None = None,
+    is_alive: Callable[[int], bool] = pid_alive,
+    is_busy: Callable[[str], bool] = lambda _run_id: False,
+) -> list[Finding]:
+    """Runs of this host that the log says are running (or admitted) but whose process is gone.
+
+    `is_busy(run_id)` lets a worker exclude runs it is still starting or finishing itself.
+    """
+    host = host or socket.gethostname()
+    found: list[Finding] = []
+    for run in state.runs.values():
+        if run.status != "running" or run.host != host or not run.pid or is_busy(run.run_id):
+            continue
+        if not is_alive(run.pid):
+            why = f"flow run process {run.pid} on {host} died without recording an end"
+            found.append(Finding(run.run_id, run.flow_run_id, why))
+    for run_id, adm in state.admitted.items():
+        if run_id in state.runs or adm.host != host or not adm.worker_pid or is_busy(run_id):
+            continue
+        if not is_alive(adm.worker_pid):
+            why = f"worker {adm.worker_pid} died before flow run {adm.flow_run_id} started"
+            found.append(Finding(run_id, adm.flow_run_id, why))
+    return found
+
+
+def _stop_group(pgid: int, pid: int, grace_s: float, clock: Clock) -> int | None:
+    """SIGTERM the group, SIGKILL it after `grace_s`; the last signal sent, or None."""
+    sent: int | None = None
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+            sent = sig
+        except ProcessLookupError:
+            return sent
+        except PermissionError:
+            return sent
+        deadline = clock.now() + grace_s
+        while clock.now() < deadline and pid_alive(pid):
+            clock.sleep(0.05)
+        if not pid_alive(pid):
+            return sent
+    return sent
+
+
+def finalize(
+    store: EventStore,
+    run_id: str,
+    reason: str,
+    *,
+    outcome: Literal["crashed", "cancelled"] = "crashed",
+    clock: Clock | None = None,
+    grace_s: float = 3.0,
+    stop: Callable[[int, int, float, Clock], int | None] = _stop_group,
+) -> list[Event]:
+    """Close a run whose process is gone; returns the events appended (none if it had ended).
+
+    `outcome="cancelled"` is for a run cancelled from Prefect whose flow process was killed
+    before it could stop its steps: the same cleanup, ending in ``RunCancelled``.
+    """
+    clock = clock or SystemClock()
+    state = fold(store.read())
+    run = state.runs.get(run_id)
+    if run is None:
+        if run_id not in state.admitted:
+            return []
+        out: list[Event] = [RunCrashed(at=clock.now(), run_id=run_id, reason=reason)]
+        store.append(out)
+        return out
+    if run.status != "running":
+        return []
+    out = []
+    for step in run.steps.values():
+        if step.status == "running":
+            sig = stop(step.pgid or step.pid or 0, step.pid or 0, grace_s, clock)
+            now = clock.now()
+            if outcome == "cancelled":
+                out.append(StepCancelled(at=now, run_id=run_id, step=step.name, reason=reason))
+            else:
+                out.append(
+                    StepFailed(
+                        at=now,
+                        run_id=run_id,
+                        step=step.name,
+                        attempt=max(1, step.attempts),
+                        duration_s=max(0.0, now - (step.started_at or now)),
+                        reason=f"run crashed: {reason}",
+                        signal=sig,
+                        log_tail=step.log_tail,
+                    )
+                )
+        elif (run_id, step.name) in state.requests:
+            out.append(StepCancelled(at=clock.now(), run_id=run_id, step=step.name, reason=reason))
+    for (lease_run, step_name), gpus in state.leases.items():
+        if lease_run == run_id:
+            out.append(LeaseReleased(at=clock.now(), run_id=run_id, step=step_name, gpus=gpus))
+    if outcome == "cancelled":
+        out.append(RunCancelled(at=clock.now(), run_id=run_id, reason=reason))
+    else:
+        out.append(RunCrashed(at=clock.now(), run_id=run_id, reason=reason))
+    store.append(out)
+    return out
+
+
+async def mark_prefect_crashed(client: PrefectClient, flow_run_id: str, message: str) -> bool:
+    """Set the flow run to Crashed unless it is already final; True when it was set."""
+    from uuid import UUID
+
+    from prefect.exceptions import ObjectNotFound
+    from prefect.states import Crashed
+
+    try:
+        flow_run = await client.read_flow_run(UUID(flow_run_id))
+    except (ObjectNotFound, ValueError):
+        return False
+    if flow_run.state is not None and flow_run.state.is_final():
+        return False
+    await client.set_flow_run_state(UUID(flow_run_id), Crashed(message=message), force=True)
+    return True
+
+
+async def sweep(
+    store: EventStore,
+    client: PrefectClient | None,
+    *,
+    host: str | None = None,
+    is_alive: Callable[[int], bool] = pid_alive,
+    is_busy: Callable[[str], bool] = lambda _run_id: False,
+    clock: Clock | None = None,
+    log: Callable[[str], None] = lambda _line: None,
+    stop: Callable[[int, int, float, Clock], int | None] = _stop_group,
+) -> list[Finding]:
+    """Find this host's dead runs, close them in the log and mark them Crashed in Prefect.
+
+    Blocking work (reading the log, stopping process groups) runs in a worker thread so an
+    event loop (the worker's) keeps serving. Returns the runs it closed.
+    """
+    import anyio.to_thread
+
+    state = await anyio.to_thread.run_sync(lambda: fold(store.read()))
+    closed: list[Finding] = []
+    for finding in dead_runs(state, host, is_alive, is_busy):
+        events = await anyio.to_thread.run_sync(
+            lambda f=finding: finalize(store, f.run_id, f.reason, clock=clock, stop=stop)  # type: ignore[misc]
+        )
+        if not events:
+            continue
+        closed.append(finding)
+        log(f"run {finding.run_id} crashed: {finding.reason}")
+        if client is not None and finding.flow_run_id:
+            try:
+                await mark_prefect_crashed(client, finding.flow_run_id, finding.reason)
+            except Exception as exc:  # the log is the truth; Prefect catches up next sweep
+                log(f"could not mark flow run {finding.flow_run_id} Crashed: {exc}")
+    return closed

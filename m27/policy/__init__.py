@@ -1,0 +1,443 @@
+"""The three-tier GPU policy: one pure function, ``decide(PolicyInput) -> Decision``.
+
+The node agent and the trace simulator call this same function with the same plain data,
+so a simulated week tells the truth about the agent. Nothing here reads a clock, a file or
+a GPU; everything it knows is in the input.
+
+Tiers:
+
+- immediate: on each GPU the best runnable GPU step is the *primary*; it computes alone.
+- ready: the next GPU steps start early as *guests* (``guests_per_gpu``, only if their
+  declared memory fits next to the primary's, times ``memory_overprovision``); a guest
+  computes only while its primary waits on I/O (its hint, or its utilization below
+  ``io_util_threshold`` for ``io_timeout``) and is paused when the primary computes; when
+  the primary ends the best guest is promoted in place, without a restart (unless a
+  waiting step outranks it: that step takes the GPU and the guest stays paused).
+- background: ``cpu`` steps on CPU slots; ``gpu_light`` and low-priority GPU work on GPUs
+  nobody above wants (demoted to a paused guest when someone does), or as the last guests.
+
+Order: effective priority (base + bump + whole points of aging, capped), then fair share
+(the owner holding fewer GPUs, then with less recent GPU time), then queue time, then key.
+A multi-GPU step that cannot start reserves the GPUs that free first, so it cannot starve;
+a step whose declared time limit ends before the reservation is complete may use them
+meanwhile (EASY backfill).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property, partial
+
+from m27.policy._explain import explain
+from m27.policy._gate import gate, outrank, promote, run_or_pause
+from m27.policy._model import (
+    Action,
+    Demote,
+    GpuView,
+    Grant,
+    PauseGuest,
+    Pending,
+    PolicyConfig,
+    PolicyInput,
+    Promote,
+    Reserve,
+    ResumeGuest,
+    Role,
+    Running,
+    StartCpu,
+    StepKey,
+    StepType,
+    Tier,
+    key_text,
+)
+from m27.policy._state import (
+    GpuState,
+    Ranked,
+    Slot,
+    effective_priority,
+    is_bg_host,
+    order_pending,
+    room_beside,
+)
+
+#: A reason fragment: text, or a function that builds it when someone asks.
+Note = str | Callable[[], str]
+Notes = dict[StepKey, list[Note]]
+
+__all__ = [
+    "Action",
+    "Decision",
+    "Demote",
+    "GpuView",
+    "Grant",
+    "PauseGuest",
+    "Pending",
+    "PolicyConfig",
+    "PolicyInput",
+    "Promote",
+    "Reserve",
+    "ResumeGuest",
+    "Role",
+    "Running",
+    "StartCpu",
+    "StepKey",
+    "StepType",
+    "Tier",
+    "decide",
+    "effective_priority",
+    "key_text",
+]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do now, and why everything else waits.
+
+    ``next_check`` is the earliest time the answer can change with no new event (an
+    inferred I/O wait reaching ``io_timeout``); the simulator wakes itself then.
+    ``reasons`` maps every pending step that got no action (a Reserve does not start a
+    step) to one line a person can read; it is built on first access.
+    """
+
+    actions: tuple[Action, ...]
+    next_check: float | None = None
+    _inp: PolicyInput | None = field(default=None, repr=False, compare=False)
+    _ranked: Sequence[Ranked] = field(default=(), repr=False, compare=False)
+    _gpus: Mapping[int, GpuState] = field(default_factory=dict, repr=False, compare=False)
+    _notes: Mapping[StepKey, list[Note]] = field(default_factory=dict, repr=False, compare=False)
+
+    @cached_property
+    def reasons(self) -> dict[StepKey, str]:
+        if self._inp is None:
+            return {}
+        started = {a.key for a in self.actions if isinstance(a, Grant | StartCpu)}
+        return explain(self._inp, self._ranked, self._gpus, self._notes, started)
+
+    def why(self, key: StepKey) -> str:
+        """The reason `key` waits, or what it was given."""
+        for a in self.actions:
+            if isinstance(a, Grant) and a.key == key:
+                return f"granted ({a.tier}) on GPU {', '.join(map(str, a.gpus))}"
+            if isinstance(a, StartCpu) and a.key == key:
+                return "started on a CPU slot"
+        return self.reasons.get(key, f"{key_text(key)} is not pending")
+
+
+def decide(inp: PolicyInput) -> Decision:
+    """The actions that bring the node to the three-tier layout for `inp`; pure."""
+    if not inp.pending:
+        return _gate_only(inp)
+    cfg, now = inp.config, inp.now
+    gpus = {v.index: GpuState(v) for v in sorted(inp.gpus, key=lambda v: v.index)}
+    actions: list[Action] = []
+    notes: Notes = {}
+    cpu_busy = 0
+    held: dict[str, int] = {}
+    for r in inp.running:
+        if r.role == "cpu":
+            cpu_busy += 1
+            continue
+        slot = Slot.of_running(r, now, cfg)
+        if r.role == "primary":
+            held[r.owner] = held.get(r.owner, 0) + len(r.gpus)
+            for g in r.gpus:
+                if g in gpus:
+                    gpus[g].primary = slot
+        elif r.gpus and r.gpus[0] in gpus:
+            gpus[r.gpus[0]].guests.append(slot)
+    usable = [i for i, st in gpus.items() if not st.view.lost]
+
+    ranked = order_pending(inp.pending, held, inp.usage_by_owner, now, cfg)
+    granted: set[StepKey] = set()
+    if not cfg.fifo:
+        outrank(ranked, gpus, usable, cfg, now, actions, granted)
+    promote(gpus, usable, actions)
+    _place(ranked, gpus, usable, cfg, now, cpu_busy, actions, notes, granted)
+    next_check = run_or_pause(gpus, usable, cfg, now, actions)
+    return Decision(tuple(actions), next_check, inp, ranked, gpus, notes)
+
+
+def _gate_only(inp: PolicyInput) -> Decision:
+    """Nothing pending: only promotions and guest gating can change, and only on GPUs
+    that host guests (most simulator decisions are this one, so it builds no more)."""
+    hosted: dict[int, list[Running]] = {}
+    primary: dict[int, Running] = {}
+    for r in inp.running:
+        if r.role == "guest":
+            if r.gpus:
+                hosted.setdefault(r.gpus[0], []).append(r)
+        elif r.role == "primary":
+            for g in r.gpus:
+                primary[g] = r
+    if not hosted:
+        return Decision((), None, inp)
+    cfg, now = inp.config, inp.now
+    views = {v.index: v for v in inp.gpus}
+    gated: list[tuple[int, GpuView, bool, bool, list[Slot]]] = []
+    actions: list[Action] = []
+    for i in sorted(hosted):
+        view = views.get(i)
+        if view is None or view.lost:
+            continue
+        guests = [Slot.of_running(r, now, cfg) for r in hosted[i]]
+        prim = primary.get(i)
+        if prim is None:
+            best = min(guests, key=Slot.guest_rank)
+            guests.remove(best)
+            actions.append(Promote(best.key, i))
+            gated.append((i, view, True, False, guests))
+        else:
+            gated.append((i, view, False, prim.io_waiting, guests))
+    next_check: float | None = None
+    for i, view, fresh, io_waiting, guests in gated:
+        if guests:
+            next_check = gate(i, view, fresh, io_waiting, guests, cfg, now, actions, next_check)
+    return Decision(tuple(actions), next_check, inp)
+
+
+def _place(
+    ranked: list[Ranked],
+    gpus: dict[int, GpuState],
+    usable: list[int],
+    cfg: PolicyConfig,
+    now: float,
+    cpu_busy: int,
+    actions: list[Action],
+    notes: Notes,
+    granted: set[StepKey],
+) -> None:
+    """Pending steps onto GPUs (primaries, background, guests) and CPU slots, by rank."""
+    cpu_q = [r for r in ranked if r.pending.type == "cpu"]
+    gpu_q = [r for r in ranked if r.pending.type != "cpu" and not r.background]
+    bg_q = [r for r in ranked if r.pending.type != "cpu" and r.background]
+
+    _immediate(gpu_q, gpus, usable, cfg, now, actions, notes, granted)
+    if not cfg.fifo:
+        _background_on_free(bg_q, gpus, usable, now, actions, granted)
+        # gpu_light steps are natural guests: they compete for guest slots by rank (as
+        # background guests), but never take a GPU from a gpu step.
+        bg_max = cfg.background_priority_max
+        guest_q = [
+            r
+            for r in ranked
+            if r.pending.type != "cpu"
+            and (not r.background or (r.pending.type == "gpu_light" and r.eff >= bg_max))
+        ]
+        _guests(guest_q, gpus, usable, cfg, now, actions, notes, granted)
+        _guests(bg_q, gpus, usable, cfg, now, actions, notes, granted)
+    free_cpu = cfg.cpu_slots - cpu_busy
+    for c in cpu_q:
+        if free_cpu <= 0:
+            break
+        actions.append(StartCpu(c.pending.key))
+        granted.add(c.pending.key)
+        free_cpu -= 1
+
+
+def _immediate(
+    queue: list[Ranked],
+    gpus: dict[int, GpuState],
+    usable: list[int],
+    cfg: PolicyConfig,
+    now: float,
+    actions: list[Action],
+    notes: Notes,
+    granted: set[StepKey],
+) -> None:
+    reserved = False
+    shadow = math.inf  # when the reserved step is expected to have all its GPUs
+    free = [i for i in usable if gpus[i].primary is None]
+    bg_hosts = [] if cfg.fifo else [i for i in usable if is_bg_host(gpus[i], cfg)]
+    for r in queue:
+        p = r.pending
+        if p.key in granted:
+            continue
+        k = max(1, p.gpus)
+        if k > len(usable):
+            notes[p.key] = [_too_wide_text(k, gpus, usable)]
+            continue
+        # Nothing can start now; only the first multi-GPU step may still need a hold.
+        if not free and not bg_hosts and (reserved or cfg.fifo or k == 1):
+            if cfg.fifo:
+                break
+            continue
+        avail = [i for i in free if gpus[i].reserved_for in (None, p.key)] if reserved else free
+        demote: list[int] = []
+        if len(avail) < k and bg_hosts:
+            demote = [i for i in bg_hosts if room_beside(gpus[i], p.gpu_memory, cfg)]
+        if len(avail) + len(demote) >= k:
+            take = (avail + demote)[:k]
+            for i in take:
+                st = gpus[i]
+                if st.primary is not None:
+                    bg = st.primary
+                    bg.paused, bg.fresh = True, True
+                    st.guests.append(bg)
+                    actions.append(Demote(bg.key, i))
+                    bg_hosts.remove(i)
+                else:
+                    free.remove(i)
+                st.primary = Slot.of_pending(p, r.eff, "immediate", started_at=now)
+                st.reserved_for = None
+            actions.append(Grant(p.key, tuple(take), "immediate"))
+            granted.add(p.key)
+            continue
+        # EASY backfill: a step whose declared limit ends before the reserved step can
+        # start may use GPUs held for it; they stay held, so no guest settles there.
+        if reserved and p.time_limit is not None and now + p.time_limit <= shadow < math.inf:
+            held = [i for i in free if i not in avail]
+            if len(avail) + len(held) >= k:
+                take = (avail + held)[:k]
+                for i in take:
+                    free.remove(i)
+                    gpus[i].primary = Slot.of_pending(p, r.eff, "immediate", started_at=now)
+                actions.append(Grant(p.key, tuple(take), "immediate"))
+                granted.add(p.key)
+                continue
+        if k > 1 and not reserved and not cfg.fifo:
+            hold = _reservation(gpus, usable, k, free)
+            for i in hold:
+                gpus[i].reserved_for = p.key
+                gpus[i].reserved_gpus = k
+            actions.append(Reserve(p.key, tuple(hold)))
+            reserved = True
+            shadow = max(_free_at(gpus[i], i in free, now) for i in hold)
+            notes[p.key] = [f"holds GPU {', '.join(map(str, hold))} until all {k} are free"]
+        if cfg.fifo:
+            notes[p.key] = [f"fifo: at the head, needs {k} free GPUs"]
+            break
+
+
+def _too_wide_text(k: int, gpus: dict[int, GpuState], usable: list[int]) -> str:
+    lost = [str(i) for i, st in gpus.items() if st.view.lost]
+    text = f"needs {k} GPU{'s' if k > 1 else ''}, this node has {len(usable)} usable"
+    return text + (f" (GPU {', '.join(lost)} lost)" if lost else "")
+
+
+def _free_at(st: GpuState, free: bool, now: float) -> float:
+    """When a GPU is expected to be free: now, or when its primary's declared limit ends
+    (never, as far as the policy knows, without one; now, if it is already past it)."""
+    prim = st.primary
+    if prim is None or free:
+        return now
+    if prim.time_limit is None:
+        return math.inf
+    return max(now, prim.started_at + prim.time_limit)
+
+
+def _reservation(
+    gpus: dict[int, GpuState], usable: list[int], k: int, free: list[int]
+) -> list[int]:
+    """The k GPUs expected to be free first: free ones, then by the primary's declared end."""
+
+    def expected_free(i: int) -> tuple[float, int]:
+        prim = gpus[i].primary
+        if prim is None or i in free:
+            return (-math.inf, i)
+        if prim.time_limit is None:
+            return (math.inf, i)
+        return (prim.started_at + prim.time_limit, i)
+
+    candidates = [i for i in usable if gpus[i].reserved_for is None or i in free]
+    return sorted(sorted(candidates, key=expected_free)[:k])
+
+
+def _guests(
+    queue: list[Ranked],
+    gpus: dict[int, GpuState],
+    usable: list[int],
+    cfg: PolicyConfig,
+    now: float,
+    actions: list[Action],
+    notes: Notes,
+    granted: set[StepKey],
+) -> None:
+    hosts = [
+        i
+        for i in usable
+        if gpus[i].primary is not None
+        and gpus[i].primary.tier == "immediate"  # type: ignore[union-attr]
+        and gpus[i].reserved_for is None
+        and len(gpus[i].guests) < cfg.guests_per_gpu
+    ]
+    if not hosts or not queue:
+        return
+    # Memory per host, kept up to date here: a long queue asks about every host per step.
+    cap = {i: gpus[i].view.memory_total * cfg.memory_overprovision for i in hosts}
+    used = {i: gpus[i].used_memory() for i in hosts}
+    room = max(cap[i] - used[i] for i in hosts)
+    seen: tuple[tuple[int, int, int], ...] | None = None
+    for r in queue:
+        if not hosts:
+            return
+        p = r.pending
+        if p.key in granted:
+            continue
+        if max(1, p.gpus) > 1:
+            notes.setdefault(p.key, []).append("multi-GPU steps do not run as guests")
+            continue
+        memory = p.gpu_memory
+        if memory <= 0:
+            notes.setdefault(p.key, []).append("declares no gpu_memory, so it cannot be a guest")
+            continue
+        # `room` is a float difference: only a clear miss skips the exact test below.
+        fitting = (
+            []
+            if memory - room > 1.0
+            else [i for i in hosts if cap[i] > 0 and used[i] + memory <= cap[i]]
+        )
+        if not fitting:
+            if seen is None:
+                seen = tuple((i, used[i], gpus[i].view.memory_total) for i in hosts)
+            over = cfg.memory_overprovision
+            notes.setdefault(p.key, []).append(partial(_no_fit_text, memory, over, seen))
+            continue
+        i = max(fitting, key=lambda j: (cap[j] - used[j], -j))
+        tier: Tier = "background" if r.background else "ready"
+        gpus[i].guests.append(Slot.of_pending(p, r.eff, tier, paused=True, started_at=now))
+        used[i] = gpus[i].used_memory()
+        if len(gpus[i].guests) >= cfg.guests_per_gpu:
+            hosts.remove(i)
+        if hosts:
+            room = max(cap[j] - used[j] for j in hosts)
+        seen = None
+        actions.append(Grant(p.key, (i,), tier))
+        granted.add(p.key)
+
+
+def _no_fit_text(memory: int, over: float, seen: tuple[tuple[int, int, int], ...]) -> str:
+    free = ", ".join(
+        f"GPU {i} has {_gib(max(0.0, total * over - used))} free of {_gib(total)}"
+        f" × overprovision {over}"
+        for i, used, total in seen
+    )
+    return f"does not fit as a guest: needs {_gib(memory)}, {free}"
+
+
+def _background_on_free(
+    queue: list[Ranked],
+    gpus: dict[int, GpuState],
+    usable: list[int],
+    now: float,
+    actions: list[Action],
+    granted: set[StepKey],
+) -> None:
+    """Background work on GPUs that no gpu step took (nor holds by reservation)."""
+    free = [i for i in usable if gpus[i].primary is None and gpus[i].reserved_for is None]
+    for r in queue:
+        if not free:
+            return
+        p = r.pending
+        k = max(1, p.gpus)
+        if len(free) >= k:
+            take, free = free[:k], free[k:]
+            for i in take:
+                gpus[i].primary = Slot.of_pending(p, r.eff, "background", started_at=now)
+            actions.append(Grant(p.key, tuple(take), "background"))
+            granted.add(p.key)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"

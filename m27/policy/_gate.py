@@ -1,0 +1,158 @@
+"""Guest gating: who computes on a GPU while its primary waits on I/O, and promotion
+(or, when a waiting step outranks the guest, the GPU for that step).
+
+Part of :func:`m27.policy.decide`, kept apart because it runs on every decision, also
+when nothing waits (then it is all that runs).
+"""
+
+from __future__ import annotations
+
+from m27.policy._model import (
+    Action,
+    GpuView,
+    Grant,
+    PauseGuest,
+    PolicyConfig,
+    Promote,
+    ResumeGuest,
+    StepKey,
+)
+from m27.policy._state import GpuState, Ranked, Slot, is_bg_host, room_beside
+
+
+def promote(gpus: dict[int, GpuState], usable: list[int], actions: list[Action]) -> None:
+    """A primary that ended: its best guest takes over in place, before anyone new."""
+    for i in usable:
+        st = gpus[i]
+        if st.primary is None and st.guests:
+            best = min(st.guests, key=Slot.guest_rank)
+            st.guests.remove(best)
+            best.fresh = True
+            best.paused = False
+            if best.tier == "ready":
+                best.tier = "immediate"
+            st.primary = best
+            actions.append(Promote(best.key, i))
+
+
+def outrank(
+    ranked: list[Ranked],
+    gpus: dict[int, GpuState],
+    usable: list[int],
+    cfg: PolicyConfig,
+    now: float,
+    actions: list[Action],
+    granted: set[StepKey],
+) -> None:
+    """A GPU whose primary ended goes to a waiting gpu step that outranks its best guest.
+
+    Promotion in place is the normal case (no reload); it only yields to a step with a
+    strictly higher effective priority that gets no free GPU otherwise (the free and
+    demotable GPUs go to the best steps first), needs one GPU, and declares memory that
+    fits beside the guests, which stay loaded and paused in their slots. The weakest
+    guest is displaced first, so the stronger ones are still promoted.
+    """
+    open_ = {
+        i: min(gpus[i].guests, key=Slot.guest_rank)
+        for i in usable
+        if gpus[i].primary is None and gpus[i].guests
+    }
+    if not open_:
+        return
+    free_left = sum(
+        1
+        for i in usable
+        if (gpus[i].primary is None and not gpus[i].guests) or is_bg_host(gpus[i], cfg)
+    )
+    weakest = min(best.eff for best in open_.values())
+    for r in ranked:
+        p = r.pending
+        if p.type == "cpu" or r.background:
+            continue
+        if r.eff <= weakest:
+            return  # the queue is in rank order: nobody below outranks a guest either
+        k = max(1, p.gpus)
+        if free_left >= k:
+            free_left -= k
+            continue
+        if k > 1:
+            free_left = 0  # a reservation takes the free GPUs first
+            continue
+        if p.gpu_memory <= 0:
+            continue  # unknown need: never placed beside loaded guests
+        fits = [
+            i
+            for i, best in open_.items()
+            if r.eff > best.eff and room_beside(gpus[i], p.gpu_memory, cfg)
+        ]
+        if not fits:
+            continue
+        i = min(fits, key=lambda j: (open_[j].eff, j))
+        del open_[i]
+        gpus[i].primary = Slot.of_pending(p, r.eff, "immediate", started_at=now)
+        actions.append(Grant(p.key, (i,), "immediate"))
+        granted.add(p.key)
+        if not open_:
+            return
+        weakest = min(best.eff for best in open_.values())
+
+
+def run_or_pause(
+    gpus: dict[int, GpuState],
+    usable: list[int],
+    cfg: PolicyConfig,
+    now: float,
+    actions: list[Action],
+) -> float | None:
+    """Let the best guest compute while its primary waits on I/O; pause all others."""
+    next_check: float | None = None
+    for i in usable:
+        st = gpus[i]
+        prim = st.primary
+        if prim is None or not st.guests:
+            continue
+        next_check = gate(
+            i, st.view, prim.fresh, prim.io_waiting, st.guests, cfg, now, actions, next_check
+        )
+    return next_check
+
+
+def gate(
+    i: int,
+    view: GpuView,
+    fresh: bool,
+    io_waiting: bool,
+    guests: list[Slot],
+    cfg: PolicyConfig,
+    now: float,
+    actions: list[Action],
+    next_check: float | None,
+) -> float | None:
+    """One GPU's guests: the best computes while the primary waits on I/O (hinted, or
+    inferred from low utilization for ``io_timeout``), the others are paused. A fresh
+    primary (just granted or promoted) is taken to compute."""
+    low_since = view.util_low_since
+    util_low = view.primary_util is None or view.primary_util < cfg.io_util_threshold
+    inferred = low_since is not None and util_low and now - low_since >= cfg.io_timeout
+    io = not fresh and (io_waiting or inferred)
+    if not io and not fresh and low_since is not None and util_low:
+        due = low_since + cfg.io_timeout
+        next_check = due if next_check is None else min(next_check, due)
+    if len(guests) == 1:
+        g = guests[0]
+        if io and g.paused:
+            actions.append(ResumeGuest(g.key, i))
+            g.paused = False
+        elif not io and not g.paused:
+            actions.append(PauseGuest(g.key, i))
+            g.paused = True
+        return next_check
+    best = min(guests, key=Slot.guest_rank) if io else None
+    for g in sorted(guests, key=Slot.guest_rank):
+        if g is best and g.paused:
+            actions.append(ResumeGuest(g.key, i))
+            g.paused = False
+        elif g is not best and not g.paused:
+            actions.append(PauseGuest(g.key, i))
+            g.paused = True
+    return next_check

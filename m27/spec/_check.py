@@ -1,0 +1,426 @@
+"""From a YAML document to a Pipeline, collecting every problem on the way.
+
+The checker reads the top level, then each step, then checks what spans steps (names,
+dependencies, cycles, outputs). Each part goes on after a problem, so one run of
+`m27 validate` lists everything to fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from yaml.nodes import MappingNode, Node, SequenceNode
+
+from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Problem, Step, find_cycles
+from m27.spec._nodes import Reader, Template, describe, is_null, suggest
+from m27.spec._shell import unsafe_placeholders
+from m27.spec._template import (
+    VAR_NAME,
+    render_argv,
+    render_shell,
+    split_template,
+    substitute,
+)
+
+TOP_KEYS = ("name", "vars", "env", "priority", "workdir", "executor", "pipeline", "steps")
+_STEP_KEYS_TEXT = (
+    "name type command depends_on output checkpoint env retries timeout priority gpus "
+    "gpu_memory workdir shell executor slurm container binds"
+)
+STEP_KEYS = tuple(_STEP_KEYS_TEXT.split())
+STEP_NAME = re.compile(r"[A-Za-z0-9_.-]+\Z")
+ENV_NAME = VAR_NAME
+SHELL = "/bin/sh"
+
+
+@dataclass
+class _Draft:
+    """What one step's entry said, as far as it could be read."""
+
+    index: int
+    node: Node
+    where: str
+    name: str | None = None
+    name_node: Node | None = None
+    deps: list[tuple[str, Node, str]] = field(default_factory=list)
+    deps_node: Node | None = None
+    outputs: list[tuple[str, Node, str]] = field(default_factory=list)
+    workdir: str | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+class Checker(Reader):
+    def __init__(self, file: str, path: Path, overrides: Mapping[str, str]) -> None:
+        super().__init__(file)
+        self.path = path
+        self.base = path.resolve().parent
+        self.overrides = dict(overrides)
+        self.env: dict[str, str] = {}
+        self.priority = 0
+        self.executor = "local"
+        self.workdir: str | None = None
+
+    # -- top level -------------------------------------------------------------------
+
+    def pipeline(self, root: Node | None) -> Pipeline | None:
+        """The Pipeline, or None when any problem was found (they are in `.problems`)."""
+        name = self.path.stem
+        steps_node: Node | None = None
+        list_key = "pipeline"
+        top: dict[str, tuple[Node, Node]] = {}
+        if root is None:
+            self.problems.append(self._file_problem("the file is empty; expected `pipeline:`"))
+        elif isinstance(root, SequenceNode):
+            steps_node = root  # a bare list of steps
+        elif isinstance(root, MappingNode):
+            top = self.mapping(root, "", TOP_KEYS) or {}
+            # an empty optional key (`env:` with nothing under it) means "not given"
+            top = {k: v for k, v in top.items() if k in ("pipeline", "steps") or not is_null(v[1])}
+        else:
+            self.add(
+                root,
+                "",
+                "the top level must be a mapping with `pipeline:` (a list of "
+                f"steps), got {describe(root)}",
+            )
+        if top:
+            name = self._pipeline_name(top) or name
+        self._vars(top.get("vars"))
+        if "priority" in top:
+            self.priority = self.integer(top["priority"][1], "priority") or 0
+        if "executor" in top:
+            self.executor = self._executor(top["executor"][1], "executor") or "local"
+        if "workdir" in top:
+            self.workdir = self._path(top["workdir"][1], "workdir")
+        if "env" in top:
+            self.env = self._env(top["env"][1], "env")
+        if isinstance(root, MappingNode):
+            steps_node, list_key = self._steps_node(root, top)
+        drafts = self._steps(steps_node, list_key)
+        if self.problems:
+            return None
+        return Pipeline(
+            name=name,
+            path=self.path.resolve(),
+            steps=tuple(self._build(d) for d in drafts),
+            vars=MappingProxyType(dict(self.values)),
+            priority=self.priority,
+            workdir=Path(self.workdir) if self.workdir else self.base,
+        )
+
+    def _file_problem(self, message: str) -> Problem:
+        return Problem(self.file, 1, 1, "", message)
+
+    def _pipeline_name(self, top: dict[str, tuple[Node, Node]]) -> str | None:
+        if "name" not in top:
+            return None
+        value = self.text(top["name"][1], "name")
+        if value is not None and not value.strip():
+            self.add(top["name"][1], "name", "must not be empty")
+            return None
+        return value
+
+    def _vars(self, entry: tuple[Node, Node] | None) -> None:
+        defaults: dict[str, str] = {}
+        mapping = self.mapping(entry[1], "vars") if entry else {}
+        for key, (key_node, value) in (mapping or {}).items():
+            if not VAR_NAME.match(key):
+                self.add(key_node, f"vars.{key}", f"bad variable name {key!r} (use A-Z, 0-9, _)")
+            elif not is_null(value):  # null declares a variable that has no default
+                text = self.text(value, f"vars.{key}")
+                if text is not None:
+                    defaults[key] = text
+                else:
+                    self.broken.add(key)  # reported once here, not again at each use
+        for key in self.overrides:
+            if not VAR_NAME.match(key):
+                self.problems.append(
+                    self._file_problem(f"--set {key}=...: bad variable name {key!r}")
+                )
+        self.values = {**defaults, **self.overrides}
+
+    def _steps_node(self, root: Node, top: dict[str, tuple[Node, Node]]) -> tuple[Node | None, str]:
+        if "pipeline" in top and "steps" in top:
+            self.add(top["steps"][0], "steps", "use either `pipeline:` or `steps:`, not both")
+        for key in ("pipeline", "steps"):
+            if key in top:
+                return top[key][1], key
+        self.add(root, "", "missing `pipeline:` (the list of steps)")
+        return None, "pipeline"
+
+    def _steps(self, node: Node | None, key: str) -> list[_Draft]:
+        if node is None:
+            return []
+        if not isinstance(node, SequenceNode):
+            self.add(node, key, f"must be a list of steps, got {describe(node)}")
+            return []
+        if not node.value:
+            self.add(node, key, "the pipeline has no steps")
+        drafts = [self._step(item, i, f"{key}[{i}]") for i, item in enumerate(node.value)]
+        self._cross_checks([d for d in drafts if d is not None])
+        return [d for d in drafts if d is not None]
+
+    # -- one step --------------------------------------------------------------------
+
+    def _step(self, node: Node, index: int, where: str) -> _Draft | None:
+        keys = self.mapping(node, where, STEP_KEYS)
+        if keys is None:
+            return None
+        draft = _Draft(index, node, where)
+        v = draft.values
+        for required in ("name", "type", "command"):
+            if required not in keys:
+                self.add(node, f"{where}.{required}", f"missing required key {required!r}")
+            elif is_null(keys[required][1]):
+                self.add(keys[required][0], f"{where}.{required}", f"{required!r} has no value")
+
+        def get(key: str) -> Node | None:
+            entry = keys.get(key)
+            return None if entry is None or is_null(entry[1]) else entry[1]
+
+        if (n := get("name")) is not None and (name := self.text(n, f"{where}.name")) is not None:
+            if STEP_NAME.match(name):
+                draft.name, draft.name_node = name, n
+            else:
+                self.add(n, f"{where}.name", f"bad step name {name!r} (use A-Z a-z 0-9 _ . -)")
+        if (n := get("type")) is not None and (kind := self.text(n, f"{where}.type")) is not None:
+            if kind in STEP_TYPES:
+                v["type"] = kind
+            else:
+                hint = suggest(kind, STEP_TYPES) or f" (use one of {', '.join(STEP_TYPES)})"
+                self.add(n, f"{where}.type", f"unknown step type {kind!r}{hint}")
+        if (n := get("shell")) is not None:
+            v["shell"] = self.boolean(n, f"{where}.shell") or False
+        for key in ("checkpoint", "timeout"):
+            if (n := get(key)) is not None:
+                v[key] = self.duration(n, f"{where}.{key}")
+        if (n := get("retries")) is not None:
+            v["retries"] = self.integer(n, f"{where}.retries", minimum=0) or 0
+        if (n := get("priority")) is not None:
+            v["priority"] = self.integer(n, f"{where}.priority") or 0
+        if (n := get("executor")) is not None:
+            v["executor"] = self._executor(n, f"{where}.executor")
+        if (n := get("slurm")) is not None and self.mapping(n, f"{where}.slurm") is not None:
+            v["slurm"] = MappingProxyType(self.raw(n, f"{where}.slurm") or {})
+        if (n := get("container")) is not None:
+            v["container"] = self.text(n, f"{where}.container")
+        if (n := get("binds")) is not None:
+            v["binds"] = tuple(t for t, _, _ in self.texts(n, f"{where}.binds") or [])
+        if (n := get("workdir")) is not None:
+            draft.workdir = self._path(n, f"{where}.workdir")
+        if (n := get("env")) is not None:
+            v["env"] = self._env(n, f"{where}.env")
+        if (n := get("depends_on")) is not None:
+            draft.deps, draft.deps_node = self.texts(n, f"{where}.depends_on") or [], n
+        if (n := get("output")) is not None:
+            for text, item, path in self.texts(n, f"{where}.output") or []:
+                rendered = self._render_plain(self.template(item, path, text))
+                if rendered is not None:
+                    draft.outputs.append((rendered, item, path))
+        self._gpus(get("gpus"), get("gpu_memory"), where, v)
+        if (n := get("command")) is not None:
+            self._command(n, f"{where}.command", v)
+        return draft
+
+    def _gpus(self, gpus: Node | None, memory: Node | None, where: str, v: dict[str, Any]) -> None:
+        kind = v.get("type")
+        count = 0 if kind == "cpu" else 1
+        if gpus is not None and (given := self.integer(gpus, f"{where}.gpus", 0)) is not None:
+            count = given
+            if kind == "cpu" and given > 0:
+                self.add(
+                    gpus,
+                    f"{where}.gpus",
+                    f"a cpu step cannot use GPUs (gpus: {given}); use type: gpu or gpu_light",
+                )
+            elif kind in ("gpu", "gpu_light") and given == 0:
+                self.add(
+                    gpus,
+                    f"{where}.gpus",
+                    f"a {kind} step needs at least 1 GPU; use type: cpu for work without a GPU",
+                )
+        v["gpus"] = count
+        if memory is not None:
+            v["gpu_memory"] = self.size(memory, f"{where}.gpu_memory")
+            if kind == "cpu":
+                self.add(memory, f"{where}.gpu_memory", "a cpu step has no GPU memory to ask for")
+
+    def _command(self, node: Node, where: str, v: dict[str, Any]) -> None:
+        shell = bool(v.get("shell"))
+        if isinstance(node, SequenceNode):
+            items = self.texts(node, where) or []
+            v["command"] = tuple(t for t, _, _ in items)
+            if shell:
+                self.add(node, where, "shell: true needs the command as one string, not a list")
+            elif not node.value:
+                self.add(node, where, "the command is empty")
+            elif len(items) == len(node.value):
+                parts = [self._render_plain(self.template(n, p, t)) for t, n, p in items]
+                if all(p is not None for p in parts):
+                    v["argv"] = self._checked_argv(node, where, [p for p in parts if p is not None])
+            return
+        text = self.text(node, where)
+        if text is None:
+            return
+        v["command"] = text
+        if not text.strip():
+            self.add(node, where, "the command is empty")
+            return
+        tpl = self.template(node, where, text)
+        if shell:
+            for index, reason in unsafe_placeholders(text, tpl.placeholders).items():
+                ph = tpl.placeholders[index]
+                tpl.ok = False
+                self.add(node, where, f"{text[ph.start : ph.end]} {reason}", ph.start)
+            if tpl.ok:
+                script = render_shell(text, tpl.placeholders, self.values)
+                v["argv"] = self._checked_argv(node, where, [SHELL, "-c", script])
+            return
+        try:
+            split_template(text, tpl.placeholders)
+        except ValueError as exc:
+            self.add(node, where, f"cannot split the command into arguments: {exc}")
+            return
+        if tpl.ok:
+            argv = list(render_argv(text, tpl.placeholders, self.values))
+            if not argv:
+                self.add(node, where, "the command is empty")
+            else:
+                v["argv"] = self._checked_argv(node, where, argv)
+
+    def _checked_argv(self, node: Node, where: str, argv: list[str]) -> tuple[str, ...] | None:
+        if any("\0" in arg for arg in argv):
+            self.add(node, where, "a variable's value puts a NUL byte into the command")
+            return None
+        if not argv[0]:
+            self.add(node, where, "the program name is empty after substitution")
+            return None
+        return tuple(argv)
+
+    # -- shared field kinds ----------------------------------------------------------
+
+    def _render_plain(self, tpl: Template) -> str | None:
+        if not tpl.ok:
+            return None
+        return substitute(tpl.text, tpl.placeholders, self.values)
+
+    def _path(self, node: Node, where: str) -> str | None:
+        text = self.text(node, where)
+        if text is None:
+            return None
+        rendered = self._render_plain(self.template(node, where, text))
+        if rendered is None:
+            return None
+        if not rendered:
+            self.add(node, where, "must not be empty")
+            return None
+        return os.path.normpath(self.base / Path(rendered).expanduser())
+
+    def _executor(self, node: Node, where: str) -> str | None:
+        value = self.text(node, where)
+        if value is not None and value not in EXECUTORS:
+            hint = suggest(value, EXECUTORS) or f" (use one of {', '.join(EXECUTORS)})"
+            self.add(node, where, f"unknown executor {value!r}{hint}")
+            return None
+        return value
+
+    def _env(self, node: Node, where: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for key, (key_node, value) in (self.mapping(node, where) or {}).items():
+            path = f"{where}.{key}"
+            if not ENV_NAME.match(key):
+                self.add(key_node, path, f"bad environment variable name {key!r}")
+                continue
+            text = self.text(value, path)
+            if text is None:
+                continue
+            rendered = self._render_plain(self.template(value, path, text))
+            if rendered is not None and "\0" in rendered:
+                self.add(value, path, "a variable's value puts a NUL byte into the environment")
+            elif rendered is not None:
+                out[key] = rendered
+        return out
+
+    # -- across steps ----------------------------------------------------------------
+
+    def _cross_checks(self, drafts: list[_Draft]) -> None:
+        first: dict[str, _Draft] = {}
+        for d in drafts:
+            if d.name is None or d.name_node is None:
+                continue
+            if d.name in first:
+                line = first[d.name].node.start_mark.line + 1
+                message = f"duplicate step name {d.name!r} (first defined on line {line})"
+                self.add(d.name_node, f"{d.where}.name", message)
+            else:
+                first[d.name] = d
+        graph: dict[str, tuple[str, ...]] = {}
+        for d in drafts:
+            deps: list[str] = []
+            for dep, node, path in d.deps:
+                if dep == d.name:
+                    self.add(node, path, f"step {dep!r} cannot depend on itself")
+                elif dep not in first:
+                    hint = suggest(dep, first) or (f" (steps: {', '.join(first)})" if first else "")
+                    self.add(node, path, f"unknown dependency {dep!r}{hint}")
+                elif dep not in deps:
+                    deps.append(dep)
+            d.values["depends_on"] = tuple(deps)
+            if d.name is not None and first.get(d.name) is d:
+                graph[d.name] = tuple(deps)
+        for cycle in find_cycles(graph):
+            d = first[cycle[0]]
+            self.add(
+                d.deps_node or d.node,
+                f"{d.where}.depends_on",
+                "dependency cycle: " + " -> ".join(cycle),
+            )
+        self._output_clashes(drafts)
+
+    def _output_clashes(self, drafts: list[_Draft]) -> None:
+        writers: dict[str, tuple[_Draft, Node]] = {}
+        for d in drafts:
+            base = d.workdir or self.workdir or str(self.base)
+            for out, node, path in d.outputs:
+                key = os.path.normpath(os.path.join(base, os.path.expanduser(out)))
+                if key in writers and writers[key][0] is not d:
+                    other, other_node = writers[key]
+                    self.add(
+                        node,
+                        path,
+                        f"output {out!r} is also written by step "
+                        f"{other.name!r} (line {other_node.start_mark.line + 1}); "
+                        "two steps cannot write the same output",
+                    )
+                writers.setdefault(key, (d, node))
+
+    def _build(self, d: _Draft) -> Step:
+        v = d.values
+        return Step(
+            name=d.name or "",
+            type=v["type"],
+            command=v["command"],
+            argv=v["argv"],
+            depends_on=v.get("depends_on", ()),
+            outputs=tuple(out for out, _, _ in d.outputs),
+            checkpoint=v.get("checkpoint"),
+            env=MappingProxyType({**self.env, **v.get("env", {})}),
+            retries=v.get("retries", 0),
+            timeout=v.get("timeout"),
+            priority=self.priority + v.get("priority", 0),
+            gpus=v["gpus"],
+            gpu_memory=v.get("gpu_memory"),
+            workdir=d.workdir or self.workdir,
+            shell=v.get("shell", False),
+            executor=v.get("executor") or self.executor,
+            slurm=v.get("slurm", MappingProxyType({})),
+            container=v.get("container"),
+            binds=v.get("binds", ()),
+            line=d.node.start_mark.line + 1,
+        )

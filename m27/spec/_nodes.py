@@ -1,0 +1,246 @@
+"""Reading typed values out of YAML nodes while collecting problems with positions.
+
+The spec is read from `yaml.compose` nodes rather than loaded Python objects so that every
+problem can point at a line and column. Text fields take the scalar exactly as written
+(`sleep 5.10` stays `5.10`, `command: true` is the program `true`), since YAML's number and
+boolean guesses are never what a command line meant.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from m27.spec._model import Problem
+from m27.spec._template import Placeholder, scan
+from m27.units import parse_duration, parse_size
+
+T = TypeVar("T")
+
+_TAG = "tag:yaml.org,2002:"
+NULL, BOOL, INT, FLOAT, MERGE = (_TAG + t for t in ("null", "bool", "int", "float", "merge"))
+_PLAIN_TAGS = frozenset({NULL, BOOL, INT, FLOAT, _TAG + "str", _TAG + "timestamp"})
+
+
+def is_null(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.tag == NULL
+
+
+def describe(node: Node) -> str:
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    if node.tag == NULL:
+        return "nothing"
+    return repr(node.value)
+
+
+def closest(word: str, choices: Collection[str]) -> str | None:
+    """The choice `word` was most likely a typo of, ignoring case, or None."""
+    lowered = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[close[0]] if close else None
+
+
+def suggest(word: str, choices: Collection[str]) -> str:
+    """`; did you mean 'x'?` for the closest choice, or ''."""
+    close = closest(word, choices)
+    return f"; did you mean {close!r}?" if close else ""
+
+
+@dataclass
+class Template:
+    """A templated text field: where it is, its placeholders, and whether it can render."""
+
+    node: Node
+    field: str
+    text: str
+    placeholders: list[Placeholder]
+    ok: bool
+
+
+@dataclass
+class Reader:
+    """Typed access to nodes; every failure becomes a Problem and the reader goes on."""
+
+    file: str
+    values: dict[str, str] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    broken: set[str] = field(default_factory=set)  # variables whose definition was invalid
+
+    def __post_init__(self) -> None:
+        self._constructor = yaml.constructor.SafeConstructor()
+
+    def add(self, node: Node, where: str, message: str, offset: int | None = None) -> None:
+        line, column = _locate(node, offset)
+        self.problems.append(Problem(self.file, line, column, where, message))
+
+    def mapping(
+        self, node: Node, where: str, known: Collection[str] | None = None
+    ) -> dict[str, tuple[Node, Node]] | None:
+        """Key -> (key node, value node); reports duplicates and, given `known`, unknown keys."""
+        if not isinstance(node, MappingNode):
+            self.add(node, where, f"must be a mapping, got {describe(node)}")
+            return None
+        seen: dict[str, Node] = {}
+        for key, _ in node.value:
+            if isinstance(key, ScalarNode) and key.tag != MERGE:
+                if key.value in seen:
+                    first = seen[key.value].start_mark.line + 1
+                    self.add(key, _join(where, key.value), f"duplicate key (first on line {first})")
+                seen[key.value] = key
+        try:
+            self._constructor.flatten_mapping(node)  # `<<: *defaults` merges
+        except yaml.constructor.ConstructorError as exc:
+            self.add(node, where, f"bad merge: {exc.problem}")
+            return None
+        out: dict[str, tuple[Node, Node]] = {}
+        for key, value in node.value:
+            if not isinstance(key, ScalarNode) or key.tag == NULL:
+                self.add(key, where, f"keys must be plain names, got {describe(key)}")
+                continue
+            if known is not None and key.value not in known:
+                hint = suggest(key.value, known) or f" (known keys: {', '.join(known)})"
+                self.add(key, _join(where, key.value), f"unknown key {key.value!r}{hint}")
+                continue
+            out[key.value] = (key, value)
+        return out
+
+    def text(self, node: Node, where: str) -> str | None:
+        if isinstance(node, ScalarNode) and node.tag not in _PLAIN_TAGS:
+            self.add(node, where, f"unsupported YAML tag {node.tag!r}; write plain text")
+            return None
+        if isinstance(node, ScalarNode) and node.tag != NULL:
+            return str(node.value)
+        if isinstance(node, MappingNode) and node.flow_style and node.start_mark.buffer:
+            source = node.start_mark.buffer[node.start_mark.pointer : node.end_mark.pointer]
+            if source.startswith("{{"):
+                self.add(
+                    node,
+                    where,
+                    "a value that starts with '{{' must be quoted, "
+                    f'e.g. "{source}" (YAML reads a bare {{{{...}}}} as a mapping)',
+                )
+                return None
+        self.add(node, where, f"must be a string, got {describe(node)}")
+        return None
+
+    def texts(self, node: Node, where: str) -> list[tuple[str, Node, str]] | None:
+        """A string or a list of strings, as (text, node, field path) triples."""
+        if isinstance(node, SequenceNode):
+            out = []
+            for i, item in enumerate(node.value):
+                value = self.text(item, f"{where}[{i}]")
+                if value is not None:
+                    out.append((value, item, f"{where}[{i}]"))
+            return out
+        value = self.text(node, where)
+        return None if value is None else [(value, node, where)]
+
+    def integer(self, node: Node, where: str, minimum: int | None = None) -> int | None:
+        if not (isinstance(node, ScalarNode) and node.tag == INT):
+            self.add(node, where, f"must be a whole number, got {describe(node)}")
+            return None
+        value = int(self._constructor.construct_object(node))
+        if minimum is not None and value < minimum:
+            self.add(node, where, f"must be >= {minimum}, got {value}")
+            return None
+        return value
+
+    def boolean(self, node: Node, where: str) -> bool | None:
+        if not (isinstance(node, ScalarNode) and node.tag == BOOL):
+            self.add(node, where, f"must be true or false, got {describe(node)}")
+            return None
+        return bool(self._constructor.construct_object(node))
+
+    def duration(self, node: Node, where: str) -> float | None:
+        value = self._unit(node, where, parse_duration, "a duration like 300s, 5m or 50ms")
+        if value is not None and value <= 0:
+            self.add(node, where, f"must be longer than zero, got {node.value!r}")
+            return None
+        return value
+
+    def size(self, node: Node, where: str) -> int | None:
+        value = self._unit(node, where, parse_size, "a size like 512MiB or 8GiB")
+        if value is not None and value <= 0:
+            self.add(node, where, f"must be larger than zero, got {node.value!r}")
+            return None
+        return value
+
+    def raw(self, node: Node, where: str) -> Any:
+        """The value as plain Python data, for sections stored as written (slurm:)."""
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            self.add(node, where, f"cannot read: {exc}")
+            return None
+
+    def template(self, node: Node, where: str, text: str) -> Template:
+        """Scan `text` for placeholders; report malformed and undefined ones."""
+        placeholders, malformed = scan(text)
+        for bad in malformed:
+            self.add(node, where, bad.message, bad.offset)
+        ok = not malformed
+        for ph in placeholders:
+            if ph.name in self.broken:
+                ok = False
+            elif ph.name not in self.values:
+                ok = False
+                close = closest(ph.name, self.values)
+                hint = f" (did you mean {close!r}?)" if close else ""
+                message = (
+                    f"undefined variable {ph.name!r}{hint}; define it with "
+                    f"`--set {ph.name}=...` or under vars:"
+                )
+                self.add(node, where, message, ph.start)
+        return Template(node, where, text, placeholders, ok)
+
+    def _unit(self, node: Node, where: str, parse: Callable[[Any], T], what: str) -> T | None:
+        if not isinstance(node, ScalarNode) or node.tag in (NULL, BOOL):
+            self.add(node, where, f"must be {what}, got {describe(node)}")
+            return None
+        try:
+            if node.tag in (INT, FLOAT):
+                return parse(self._constructor.construct_object(node))
+            return parse(str(node.value))
+        except ValueError as exc:
+            self.add(node, where, str(exc))
+            return None
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _locate(node: Node, offset: int | None) -> tuple[int, int]:
+    """1-based line and column of `offset` in the node's value, where the source shows it.
+
+    Exact for one-line plain or quote-free quoted scalars and for `|` blocks; otherwise
+    the node's start.
+    """
+    start, end = node.start_mark, node.end_mark
+    here = (start.line + 1, start.column + 1)
+    if offset is None or not isinstance(node, ScalarNode) or not start.buffer:
+        return here
+    source = start.buffer[start.pointer : end.pointer]
+    value = node.value
+    if start.line == end.line:
+        for skip in (0, 1):
+            if source[skip : skip + len(value)] == value:
+                return here[0], here[1] + skip + offset
+    elif node.style == "|":
+        lines = source.split("\n")[1:]
+        body = [line for line in lines if line.strip()]
+        indent = len(body[0]) - len(body[0].lstrip(" ")) if body else 0
+        row = value.count("\n", 0, offset)
+        column = offset - (value.rfind("\n", 0, offset) + 1)
+        wanted = value.split("\n")[row]
+        if row < len(lines) and lines[row][indent:] == wanted:
+            return start.line + 2 + row, indent + column + 1
+    return here
