@@ -30,7 +30,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
 
-from m27 import runids
+from m27 import liveness, runids
 from m27._exceptions import RunnerError
 from m27.checkpoint import artifact_for, latest_checkpoint
 from m27.config import load_settings, m27_home
@@ -326,6 +326,7 @@ def pipeline_flow(
             prefect_url=_ui_url(),
             pid=os.getpid(),
             host=socket.gethostname(),
+            pid_started=liveness.own_start_time(),
         )
     ]
     store.append(submitted)

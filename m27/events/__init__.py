@@ -132,6 +132,9 @@ class RunSubmitted(Event):
     prefect_url: str | None = None
     pid: int = 0
     host: str = ""
+    #: the flow process's start time (:func:`m27.liveness.start_time`), so a reused pid is
+    #: not taken for it; None in logs written before it was recorded
+    pid_started: float | None = None
 
 
 @event
@@ -198,6 +201,8 @@ class StepStarted(Event):
     log_path: str = ""
     resume_from: str | None = None
     host: str = ""
+    #: the step process's start time (see ``RunSubmitted.pid_started``); None: unknown
+    pid_started: float | None = None
 
 
 @event
@@ -262,6 +267,8 @@ class StepRequested(Event):
     pid: int = 0
     #: the step's declared hard limit per attempt (its ``timeout:``), seconds; None: none
     time_limit: float | None = None
+    #: the requester's start time (see ``RunSubmitted.pid_started``); None: unknown
+    pid_started: float | None = None
 
 
 @event
@@ -433,6 +440,8 @@ class RunAdmitted(Event):
     node: str = ""
     host: str = ""
     worker_pid: int = 0
+    #: the worker's start time (see ``RunSubmitted.pid_started``); None: unknown
+    worker_pid_started: float | None = None
 
 
 @event

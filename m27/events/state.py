@@ -39,6 +39,8 @@ class StepState:
     status: StepStatus = "pending"
     attempts: int = 0
     pid: int | None = None
+    #: the step process's start time (StepStarted.pid_started): tells it from a reused pid
+    pid_started: float | None = None
     pgid: int | None = None
     gpus: tuple[int, ...] = ()
     started_at: float | None = None
@@ -99,6 +101,8 @@ class RunState:
     reason: str = ""
     pid: int = 0
     host: str = ""
+    #: the flow process's start time (RunSubmitted.pid_started): tells it from a reused pid
+    pid_started: float | None = None
 
     @property
     def duration_s(self) -> float | None:
@@ -201,13 +205,18 @@ def live_runs(state: NodeState) -> list[RunState]:
     return [run for run in state.runs.values() if run.status == "running"]
 
 
-def orphaned_steps(state: NodeState, is_alive: Callable[[int], bool]) -> list[StepState]:
-    """Running steps whose process is gone: after a crash, these need a requeue."""
+def orphaned_steps(
+    state: NodeState, is_alive: Callable[[int, float | None], bool]
+) -> list[StepState]:
+    """Running steps whose process is gone: after a crash, these need a requeue.
+
+    `is_alive(pid, started)` is :func:`m27.liveness.alive` outside tests."""
     return [
         step
         for run in state.runs.values()
         for step in run.steps.values()
-        if step.status == "running" and (step.pid is None or not is_alive(step.pid))
+        if step.status == "running"
+        and (step.pid is None or not is_alive(step.pid, step.pid_started))
     ]
 
 
@@ -248,6 +257,7 @@ def _run_submitted(state: NodeState, e: ev.RunSubmitted) -> None:
         prefect_url=e.prefect_url,
         pid=e.pid,
         host=e.host,
+        pid_started=e.pid_started,
     )
     for name in e.steps:
         run.step(name)
@@ -294,7 +304,7 @@ def _step_queued(state: NodeState, e: ev.StepQueued) -> None:
 def _step_started(state: NodeState, e: ev.StepStarted) -> None:
     if step := _step(state, e.run_id, e.step):
         step.status, step.attempts = "running", e.attempt
-        step.pid, step.pgid, step.gpus = e.pid, e.pgid, e.gpus
+        step.pid, step.pgid, step.gpus, step.pid_started = e.pid, e.pgid, e.gpus, e.pid_started
         step.started_at, step.ended_at, step.duration_s = e.at, None, None
         step.exit_code, step.signal, step.reason = None, None, ""
         step.log_path, step.resume_from, step.host = e.log_path, e.resume_from, e.host

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from m27 import liveness
 from m27._exceptions import RunnerError
 from m27.clock import Clock, SystemClock
 from m27.config import m27_home
@@ -336,6 +337,7 @@ def _attempt(
                     log_path=str(log_path),
                     resume_from=resume,
                     host=socket.gethostname(),
+                    pid_started=liveness.start_time(proc.pid),
                 )
             ]
         )

@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from m27 import liveness
 from m27._exceptions import GpuError
 from m27.gpu import DEFAULT_SIM_MEMORY, THROTTLE_REASONS, GpuInfo, GpuSample, ProcessSample
 from m27.step._channel import Channel
@@ -35,7 +36,6 @@ IDLE_W = 60.0
 BUSY_W = 300.0
 _IDLE_C, _BUSY_C, _TAU_S = 30.0, 75.0, 20.0
 _IDLE_MHZ, _BUSY_MHZ = 345.0, 1980.0
-_HAVE_PROC = os.path.isdir("/proc/self")
 
 
 @dataclass
@@ -207,35 +207,10 @@ def _is_computing(proc: _Attached) -> bool | None:
     """True computing, False idle (I/O, gate, stopped), None gone (holds no GPU memory)."""
     if proc.computing is not None:
         return proc.computing
-    state = _process_state(proc.pid)
+    state = liveness.status(proc.pid)
     if state is None:
         return None
-    if state in "Tt":
+    if state in liveness.STOPPED:
         return False
     channel = proc.channel
     return channel is None or not (channel.io_waiting() or channel.at_gate())
-
-
-def _process_state(pid: int) -> str | None:
-    """The /proc state letter of ``pid`` (R, S, D, T...), or None if it is gone or a zombie."""
-    if not _HAVE_PROC:
-        return _signal_probe(pid)
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return _signal_probe(pid)
-    state = stat[stat.rfind(")") + 2 :][:1]
-    return None if state in ("Z", "X", "") else state
-
-
-def _signal_probe(pid: int) -> str | None:
-    """Where /proc cannot be read (macOS), a process is alive or gone, never stopped."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # it exists, owned by someone else
-    return "S"

@@ -53,7 +53,7 @@ from prefect.workers.process import (
     ProcessWorkerResult,
 )
 
-from m27 import runids
+from m27 import liveness, runids
 from m27.config import load_settings, m27_home
 from m27.events import CancelRequested, RunAdmitted
 from m27.events.state import NodeState, fold
@@ -214,6 +214,7 @@ class M27Worker(ProcessWorker):
             node=self.node,
             host=self.host,
             worker_pid=os.getpid(),
+            worker_pid_started=liveness.own_start_time(),
         )
         await anyio.to_thread.run_sync(self.store.append, [admitted])
         self.get_flow_run_logger(flow_run).info(

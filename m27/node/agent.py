@@ -34,6 +34,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from m27 import liveness
 from m27._exceptions import M27Error
 from m27.clock import Clock, SystemClock
 from m27.config import Settings
@@ -153,7 +154,7 @@ class Agent:
             self.book.apply(rec)
         for key, h in self.book.held.items():
             self._open_channel(key, h)
-            if h.pid is not None and proc.alive(h.pid):
+            if liveness.alive(h.pid, h.pid_started):
                 self._attach_step(key, h)
                 if h.guest and h.paused and h.how == "signal":
                     self._stopped.add(key)
@@ -436,7 +437,7 @@ class Agent:
         for key, h in self.book.held.items():
             if not (h.guest and h.paused) or key in acted or key in self._stopped:
                 continue
-            if h.pid is None or not proc.alive(h.pid):
+            if not liveness.alive(h.pid, h.pid_started):
                 continue
             ch = self._channels.get(key)
             if ch is not None and (ch.at_gate() or ch.io_waiting()):
@@ -459,7 +460,12 @@ class Agent:
         out: list[Event] = []
         for key, h in self.book.held.items():
             req_pid = h.request.pid if h.request is not None else 0
-            if proc.alive(h.pid) or req_pid <= 0 or proc.alive(req_pid):
+            req_started = h.request.pid_started if h.request is not None else None
+            if (
+                liveness.alive(h.pid, h.pid_started)
+                or req_pid <= 0
+                or liveness.alive(req_pid, req_started)
+            ):
                 continue
             run_id, step = key
             out.append(LeaseReleased(at=now, run_id=run_id, step=step, gpus=h.gpus))
@@ -468,7 +474,7 @@ class Agent:
                 why = f"lost: its process and its requester (pid {req_pid}) are gone"
                 out.append(StepFailed(now, run_id, step, 0, max(0.0, took), why))
         for key, r in self.book.requests.items():
-            if r.pid > 0 and not proc.alive(r.pid):
+            if r.pid > 0 and not liveness.alive(r.pid, r.pid_started):
                 why = f"lost: the process that requested it (pid {r.pid}) is gone"
                 out.append(StepFailed(now, key[0], key[1], 0, 0.0, why))
         return out

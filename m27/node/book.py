@@ -49,6 +49,8 @@ class Held:
     request: ev.StepRequested | None
     channel: str = ""
     pid: int | None = None
+    #: the step process's start time: a reused pid is not taken for the step
+    pid_started: float | None = None
     pgid: int | None = None
     started_at: float | None = None
     guest: bool = False
@@ -103,6 +105,7 @@ class Book:
         elif isinstance(e, ev.StepStarted):
             if h := self.held.get((e.run_id, e.step)):
                 h.pid, h.pgid, h.started_at, h.ended = e.pid, e.pgid or e.pid, e.at, False
+                h.pid_started = e.pid_started
         elif isinstance(e, ev.GuestStarted):
             if h := self.held.get((e.run_id, e.step)):
                 h.guest, h.paused, h.how = True, False, ""

@@ -26,9 +26,9 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from m27 import liveness
 from m27.clock import Clock, SystemClock
 from m27.events import (
     Event,
@@ -45,23 +45,6 @@ if TYPE_CHECKING:
     from prefect.client.orchestration import PrefectClient
 
 
-def pid_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie (an unreaped corpse counts as dead)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (macOS): trust kill(0)
-    return stat[stat.rindex(")") + 2 :][:1] != "Z"
-
-
 @dataclass(frozen=True)
 class Finding:
     """A run found dead: its id, its Prefect flow run (if any) and why."""
@@ -74,11 +57,13 @@ class Finding:
 def dead_runs(
     state: NodeState,
     host: str | None = None,
-    is_alive: Callable[[int], bool] = pid_alive,
+    is_alive: Callable[[int, float | None], bool] = liveness.alive,
     is_busy: Callable[[str], bool] = lambda _run_id: False,
 ) -> list[Finding]:
     """Runs of this host that the log says are running (or admitted) but whose process is gone.
 
+    `is_alive(pid, started)` gets the recorded start time too (None in older logs), so a
+    stranger that reuses a dead flow process's pid does not keep its run "running".
     `is_busy(run_id)` lets a worker exclude runs it is still starting or finishing itself.
     """
     host = host or socket.gethostname()
@@ -86,13 +71,13 @@ def dead_runs(
     for run in state.runs.values():
         if run.status != "running" or run.host != host or not run.pid or is_busy(run.run_id):
             continue
-        if not is_alive(run.pid):
+        if not is_alive(run.pid, run.pid_started):
             why = f"flow run process {run.pid} on {host} died without recording an end"
             found.append(Finding(run.run_id, run.flow_run_id, why))
     for run_id, adm in state.admitted.items():
         if run_id in state.runs or adm.host != host or not adm.worker_pid or is_busy(run_id):
             continue
-        if not is_alive(adm.worker_pid):
+        if not is_alive(adm.worker_pid, adm.worker_pid_started):
             why = f"worker {adm.worker_pid} died before flow run {adm.flow_run_id} started"
             found.append(Finding(run_id, adm.flow_run_id, why))
     return found
@@ -110,9 +95,9 @@ def _stop_group(pgid: int, pid: int, grace_s: float, clock: Clock) -> int | None
         except PermissionError:
             return sent
         deadline = clock.now() + grace_s
-        while clock.now() < deadline and pid_alive(pid):
+        while clock.now() < deadline and liveness.alive(pid):
             clock.sleep(0.05)
-        if not pid_alive(pid):
+        if not liveness.alive(pid):
             return sent
     return sent
 
@@ -198,7 +183,7 @@ async def sweep(
     client: PrefectClient | None,
     *,
     host: str | None = None,
-    is_alive: Callable[[int], bool] = pid_alive,
+    is_alive: Callable[[int, float | None], bool] = liveness.alive,
     is_busy: Callable[[str], bool] = lambda _run_id: False,
     clock: Clock | None = None,
     log: Callable[[str], None] = lambda _line: None,

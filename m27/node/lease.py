@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from m27 import events as ev
+from m27 import liveness
 from m27.clock import Clock, SystemClock
 from m27.executors.local import StepLaunch, StepResult, run_step
 from m27.store import EventStore
@@ -125,6 +126,7 @@ class AgentLease:
             owner=owner,
             pid=os.getpid(),
             time_limit=time_limit,
+            pid_started=liveness.own_start_time(),
         )
         self.store.append([request])
         self._keep_agent()

@@ -35,9 +35,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from m27 import liveness
 from m27.events import Event, GpuOverheated, GpuThrottled
 from m27.gpu import GpuBackend, GpuSample, ProcessSample
-from m27.node import procs as proc
 from m27.node.book import Book
 from m27.policy import key_text
 
@@ -217,7 +217,7 @@ def read_snapshot(
     if not isinstance(written, int | float) or abs(now - written) > max_age:
         return None
     pid = data.get("pid")
-    if not isinstance(pid, int) or not proc.alive(pid):
+    if not isinstance(pid, int) or not liveness.alive(pid):
         return None
     if not isinstance(data.get("gpus"), list):
         return None

@@ -36,7 +36,7 @@ from m27.events import (
     RunSucceeded,
 )
 from m27.events.state import fold
-from m27.node.crash import pid_alive
+from m27.liveness import alive as pid_alive
 from m27.store.sqlite import open_store
 from tests.integration.conftest_scale import (
     Lab,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 from m27 import events as ev
+from m27 import liveness
 from m27.clock import FakeClock
 from m27.events.state import fold
 from m27.node import crash
@@ -49,7 +50,7 @@ def started_run(store: MemoryEventStore, pid: int, step_pid: int = 4242) -> None
 def test_a_running_run_with_a_dead_pid_on_this_host_is_found() -> None:
     store = MemoryEventStore()
     started_run(store, pid=111)
-    found = crash.dead_runs(fold(store.read()), HOST, is_alive=lambda pid: pid != 111)
+    found = crash.dead_runs(fold(store.read()), HOST, is_alive=lambda pid, _started: pid != 111)
     assert [f.run_id for f in found] == ["r"]
     assert found[0].flow_run_id is not None
 
@@ -58,9 +59,9 @@ def test_live_runs_other_hosts_and_busy_runs_are_left_alone() -> None:
     store = MemoryEventStore()
     started_run(store, pid=111)
     state = fold(store.read())
-    assert crash.dead_runs(state, HOST, is_alive=lambda pid: True) == []
-    assert crash.dead_runs(state, "other-host", is_alive=lambda pid: False) == []
-    assert crash.dead_runs(state, HOST, lambda pid: False, is_busy=lambda r: r == "r") == []
+    assert crash.dead_runs(state, HOST, is_alive=lambda pid, _started: True) == []
+    assert crash.dead_runs(state, "other-host", is_alive=lambda pid, _started: False) == []
+    assert crash.dead_runs(state, HOST, lambda pid, _s: False, is_busy=lambda r: r == "r") == []
 
 
 def test_an_admitted_run_whose_worker_died_before_it_started_is_found() -> None:
@@ -72,7 +73,7 @@ def test_an_admitted_run_whose_worker_died_before_it_started_is_found() -> None:
             )
         ]
     )
-    found = crash.dead_runs(fold(store.read()), HOST, is_alive=lambda pid: False)
+    found = crash.dead_runs(fold(store.read()), HOST, is_alive=lambda pid, _started: False)
     assert [f.run_id for f in found] == ["a"]
     crash.finalize(store, "a", found[0].reason)
     assert fold(store.read()).admitted == {}
@@ -125,15 +126,29 @@ def test_stop_group_kills_a_real_process_group(tmp_path: Path) -> None:
             proc.kill()
 
 
-def test_pid_alive_sees_zombies_as_dead() -> None:
-    proc = subprocess.Popen(["true"])
-    for _ in range(500):  # wait for the exit itself (not a timer)
-        if not crash.pid_alive(proc.pid):
-            break
-        time.sleep(0.01)
-    assert not crash.pid_alive(proc.pid)  # exited but not yet reaped
-    proc.wait()
-    assert not crash.pid_alive(0)
+def test_a_reused_pid_does_not_keep_a_dead_run_running() -> None:
+    """The flow process died and a stranger got its pid: the start time tells them apart."""
+    store = MemoryEventStore()
+    me = os.getpid()
+    mine = liveness.own_start_time()
+    assert mine is not None
+    for run_id, started in (("gone", mine - 3600.0), ("mine", mine), ("old-log", None)):
+        store.append(
+            [
+                ev.RunSubmitted(
+                    at=1.0,
+                    run_id=run_id,
+                    pipeline="p",
+                    spec_path="",
+                    steps=(),
+                    pid=me,
+                    host=HOST,
+                    pid_started=started,
+                )
+            ]
+        )
+    found = crash.dead_runs(fold(store.read()), HOST)
+    assert [f.run_id for f in found] == ["gone"]  # a log without start times trusts the pid
 
 
 class FakePrefect:
@@ -162,7 +177,7 @@ def test_sweep_closes_dead_runs_and_marks_them_crashed_in_prefect() -> None:
             store,
             client,
             host=HOST,
-            is_alive=lambda pid: False,  # type: ignore[arg-type]
+            is_alive=lambda pid, _started: False,
             clock=FakeClock(5.0),
             log=lines.append,
             stop=lambda *a: 9,

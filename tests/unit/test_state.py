@@ -303,7 +303,7 @@ def test_orphaned_steps_are_running_steps_whose_process_is_gone() -> None:
         )
     )
     alive = {100}
-    orphans = orphaned_steps(state, lambda pid: pid in alive)
+    orphans = orphaned_steps(state, lambda pid, _started: pid in alive)
     assert [(s.run_id, s.name, s.pid) for s in orphans] == [("r1", "md", 200)]
 
 

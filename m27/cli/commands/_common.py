@@ -7,10 +7,9 @@ import socket
 import sys
 from typing import Any
 
-from m27 import runids
+from m27 import liveness, runids
 from m27.config import m27_home
 from m27.events.state import NodeState, RunState, fold
-from m27.node.crash import pid_alive
 from m27.store.sqlite import SqliteEventStore, open_store
 
 
@@ -31,7 +30,11 @@ def shown_status(run: RunState) -> str:
     """The run's status, with `crashed` for a run whose process died without an end event."""
     if run.status != "running":
         return run.status
-    if run.pid and run.host == socket.gethostname() and not pid_alive(run.pid):
+    if (
+        run.pid
+        and run.host == socket.gethostname()
+        and not liveness.alive(run.pid, run.pid_started)
+    ):
         return "crashed"
     return "running"
 
