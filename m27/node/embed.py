@@ -1,8 +1,8 @@
 """One agent per node: the lock, and the agent that `m27 run` embeds when none is running.
 
-The lock is an fcntl (flock) lock on ``$M27_HOME/agent.lock``: the kernel drops it when
-its process dies, ``kill -9`` included, so a crashed agent never blocks the node. The file
-holds the holder's pid, for messages.
+The lock is :class:`m27.locks.NodeLock` on ``$M27_HOME/agent.lock`` (an flock: the kernel
+drops it when its process dies, ``kill -9`` included, so a crashed agent never blocks the
+node); it is re-exported here for the agent's callers.
 
 `m27 run` calls :func:`ensure_agent`: if the lock is free this process becomes the node's
 agent (a daemon thread, stopped at the end of the run); if another process holds it, that
@@ -13,9 +13,6 @@ second one takes over and re-adopts the steps the first agent left running.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,54 +20,13 @@ from pathlib import Path
 from m27.config import load_settings
 from m27.events import Event
 from m27.gpu import detect
+from m27.locks import NodeLock
 from m27.node.agent import Agent, policy_config
 from m27.node.report import Health
 from m27.policy import Decision
 from m27.store.sqlite import open_store
 
 __all__ = ["EmbeddedAgent", "NodeLock", "build_agent", "ensure_agent", "running_embedded"]
-
-
-class NodeLock:
-    """The node's agent lock; ``acquire()`` does not block."""
-
-    def __init__(self, home: Path) -> None:
-        self.path = Path(home) / "agent.lock"
-        self._fd: int | None = None
-
-    def acquire(self) -> bool:
-        if self._fd is not None:
-            return True
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def holder(self) -> int | None:
-        """The pid written by the last holder (it may have ended since)."""
-        try:
-            text = self.path.read_text().strip()
-        except OSError:
-            return None
-        return int(text) if text.isdigit() else None
 
 
 def build_agent(

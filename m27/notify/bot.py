@@ -27,10 +27,11 @@ from telegram import InlineKeyboardButton, InlineKeyboardMarkup, Update
 
 from m27 import events as ev
 from m27.clock import Clock, SystemClock
+from m27.locks import BOT_LOCK, NodeLock
 from m27.notify.config import NotifyConfig
 from m27.notify.facts import NodeFacts, RunFacts
 from m27.notify.messages import resume_command
-from m27.notify.notifier import NodeLock, NotifierHandle, m27_home
+from m27.notify.notifier import NotifierHandle, m27_home
 from m27.notify.outbox import Outbox, outbox_path
 from m27.notify.telegram import DeliveryError, TelegramClient, scrub
 from m27.store import EventStore
@@ -363,7 +364,7 @@ def start_embedded_bot(
     where = home or m27_home()
 
     def main() -> None:
-        lock = NodeLock(where, "bot.lock")
+        lock = NodeLock(where, BOT_LOCK)
         try:
             if not lock.acquire():
                 log.info("another bot holds %s; the embedded one stays idle", lock.path)

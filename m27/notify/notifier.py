@@ -13,16 +13,15 @@ because ``m27 notifier`` runs as a service, stays idle.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 from m27.clock import Clock, SystemClock
+from m27.locks import NOTIFY_LOCK, NodeLock
 from m27.notify.config import NotifyConfig
 from m27.notify.delivery import Deliverer, Sender
 from m27.notify.facts import NodeFacts
@@ -120,31 +119,6 @@ class Notifier:
                 self.clock.sleep(wait)
 
 
-class NodeLock:
-    """An exclusive, non-blocking flock on ``$M27_HOME/<name>`` (default notify.lock)."""
-
-    def __init__(self, home: Path, name: str = "notify.lock") -> None:
-        self.path = home / name
-        self._file: IO[str] | None = None
-
-    def acquire(self) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = self.path.open("a+")
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.close()
-            return False
-        self._file = f
-        return True
-
-    def release(self) -> None:
-        if self._file is not None:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
-
-
 def open_notifier(
     store: EventStore,
     config: NotifyConfig,
@@ -202,7 +176,7 @@ def start_embedded_notifier(
     where = home or m27_home()
 
     def main() -> None:
-        lock = NodeLock(where)
+        lock = NodeLock(where, NOTIFY_LOCK)
         try:
             if not lock.acquire():
                 log.info("another notifier holds %s; the embedded one stays idle", lock.path)

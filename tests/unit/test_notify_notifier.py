@@ -10,8 +10,9 @@ import pytest
 
 from m27 import events as ev
 from m27.clock import FakeClock
+from m27.locks import NOTIFY_LOCK, NodeLock
 from m27.notify.config import NotifyConfig, Secret
-from m27.notify.notifier import NodeLock, Notifier, start_embedded_notifier
+from m27.notify.notifier import Notifier, start_embedded_notifier
 from m27.notify.outbox import Outbox
 from m27.store.memory import MemoryEventStore
 from tests.unit.test_notify_delivery import FakeSender
@@ -179,7 +180,7 @@ def test_embedded_notifier_without_a_token_does_nothing(tmp_path: Path) -> None:
 
 
 def test_only_one_notifier_holds_the_node(tmp_path: Path) -> None:
-    a, b = NodeLock(tmp_path), NodeLock(tmp_path)
+    a, b = NodeLock(tmp_path, NOTIFY_LOCK), NodeLock(tmp_path, NOTIFY_LOCK)
     assert a.acquire()
     assert not b.acquire()
     a.release()

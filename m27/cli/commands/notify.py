@@ -13,10 +13,11 @@ import time
 from types import FrameType
 
 from m27._exceptions import ConfigError, NotifyError
+from m27.locks import BOT_LOCK, NOTIFY_LOCK, NodeLock
 from m27.notify.bot import CommandBot
 from m27.notify.config import NotifyConfig, load_config
 from m27.notify.messages import hello_message
-from m27.notify.notifier import CURSOR, NodeLock, m27_home, open_notifier
+from m27.notify.notifier import CURSOR, m27_home, open_notifier
 from m27.notify.outbox import Outbox, outbox_path
 from m27.notify.telegram import DeliveryError, TelegramClient, install_scrubber, scrub
 from m27.store.sqlite import SqliteEventStore, open_store
@@ -160,7 +161,7 @@ def _open_store() -> SqliteEventStore:
 def run_notifier(args: argparse.Namespace) -> int:
     config = _config()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    lock = NodeLock(m27_home())
+    lock = NodeLock(m27_home(), NOTIFY_LOCK)
     if not lock.acquire():
         raise NotifyError(f"another notifier is running on this node ({lock.path} is locked)")
     store = _open_store()
@@ -182,7 +183,7 @@ def run_notifier(args: argparse.Namespace) -> int:
 def run_bot(args: argparse.Namespace) -> int:
     config = _config()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    lock = NodeLock(m27_home(), "bot.lock")
+    lock = NodeLock(m27_home(), BOT_LOCK)
     if not lock.acquire():
         raise NotifyError(f"another bot is running on this node ({lock.path} is locked)")
     store = _open_store()

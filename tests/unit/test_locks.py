@@ -1,0 +1,56 @@
+"""m27.locks.NodeLock: one holder per lock file, its pid on record, gone with its process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from m27.locks import AGENT_LOCK, BOT_LOCK, NodeLock
+
+
+def test_one_holder_at_a_time_and_each_lock_file_is_its_own(tmp_path: Path) -> None:
+    a, b = NodeLock(tmp_path), NodeLock(tmp_path, AGENT_LOCK)
+    bot = NodeLock(tmp_path, BOT_LOCK)
+    assert a.acquire() and a.held
+    assert a.acquire()  # taking it again is a no-op
+    assert not b.acquire() and not b.held
+    assert bot.acquire()  # another service's lock is independent
+    assert b.holder() == os.getpid()
+    a.release()
+    a.release()  # releasing twice is a no-op
+    assert b.acquire()
+    b.release()
+    bot.release()
+
+
+def test_kill_9_of_the_holder_frees_the_lock(tmp_path: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path; from m27.locks import NodeLock\n"
+        "lock = NodeLock(Path(sys.argv[1]))\n"
+        "print('held' if lock.acquire() else 'busy', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "held"
+        mine = NodeLock(tmp_path)
+        assert not mine.acquire()
+        assert mine.holder() == child.pid
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
+        assert mine.acquire()  # the kernel dropped the dead holder's flock
+        assert mine.holder() == os.getpid()
+        mine.release()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
