@@ -6,10 +6,13 @@ skipped with the reason (a developer box without Slurm, say).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Mapping
@@ -25,10 +28,42 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+#: Ports handed out by free_port come from below the kernel's ephemeral range (32768+ on
+#: Linux), so no `bind(0)` and no outgoing connection on the machine can take one between
+#: the check and the service's own bind.
+_PORTS = range(20000, 32000)
+_RESERVED_DIR = Path(tempfile.gettempdir()) / "m27-test-ports"
+#: Lock files held for the life of this process: other test processes skip these ports.
+_held: list[IO[str]] = []
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A localhost port reserved for this test process until it exits.
+
+    Binding port 0, closing and handing the number to a service leaves a gap in which
+    anything else may take the port. Here the port is outside the ephemeral range, and an
+    exclusive lock file per port keeps concurrent pytest processes (several engineers, or
+    xdist workers) from picking the same one; the bind check skips ports in use by others.
+    """
+    _RESERVED_DIR.mkdir(exist_ok=True)
+    start = random.randrange(len(_PORTS))
+    for i in range(len(_PORTS)):
+        port = _PORTS[(start + i) % len(_PORTS)]
+        lock = open(_RESERVED_DIR / f"{port}.lock", "a")  # noqa: SIM115 - held until exit
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                lock.close()
+                continue
+        _held.append(lock)
+        return port
+    raise RuntimeError(f"no free port in {_PORTS.start}-{_PORTS.stop - 1}")
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:

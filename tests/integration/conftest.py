@@ -11,7 +11,6 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.services import free_port, unavailable, wait_http
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "infra" / "prometheus"
@@ -66,14 +66,7 @@ class Prometheus:
 
     def wait_for(self, expr: str, timeout: float = 30.0) -> list[dict[str, Any]]:
         """Poll until `expr` returns at least one series; fails after `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = self.query(expr)
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                pytest.fail(f"Prometheus never returned a series for {expr!r}")
-            time.sleep(0.25)
+        return wait_until(lambda: self.query(expr), timeout, 0.25, f"a series for {expr!r}")
 
 
 def _config(exporter_port: int) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from m27.notify.config import NotifyConfig, Secret
 from m27.notify.telegram import TelegramClient
 from m27.store.memory import MemoryEventStore
 from tests.integration.fake_bot_api import FakeBotApi, running
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.service
 
@@ -189,10 +189,8 @@ def test_embedded_bot_answers_from_a_thread_and_stops(
     handle = start_embedded_bot(store, cfg, home=tmp_path, poll_timeout=1)
     second = start_embedded_bot(store, cfg, home=tmp_path, poll_timeout=1)
     api.push_message(CHAT, "/status")
-    deadline = time.monotonic() + 10
-    while not api.sent() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    handle.stop(timeout=5)
-    second.stop(timeout=5)
+    wait_until(api.sent, timeout=30, interval=0.05, what="the bot's answer")
+    handle.stop(timeout=30)
+    second.stop(timeout=30)
     assert len(api.sent()) == 1 and "m27 status" in api.sent()[0]
     assert not handle.running and not second.running

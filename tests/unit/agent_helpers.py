@@ -88,7 +88,9 @@ class Node:
     def close(self) -> None:
         self.stop.set()
         if self.thread is not None:
-            self.thread.join(5)
+            self.thread.join(60)
+            # Closing the store under a live agent thread would fail it at random later.
+            assert not self.thread.is_alive(), "the agent thread did not stop"
         self.agent.close()
         self.store.close()
 

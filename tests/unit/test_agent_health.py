@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,7 @@ from m27.node.book import Book
 from m27.node.lease import AgentLease
 from m27.node.report import SNAPSHOT_NAME, read_snapshot, snapshot, write_snapshot
 from tests.unit.agent_helpers import GiB, Node, make_node, run_step_leased, step_argv
-
-
-def _until(pred: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
+from tests.waiting import wait_until
 
 
 def _hand_node(home: Path, gpus: int = 2) -> tuple[Node, FakeClock]:
@@ -160,7 +153,7 @@ def test_m27_gpus_shows_the_agents_live_utilization_and_steps(
         step_argv(tmp_path / "o.txt", compute=0.05, io=0.0, until=flag),
         gpu_memory=3 * GiB,
     )
-    _until(lambda: bool(node.of(ev.StepStarted)))
+    wait_until(lambda: bool(node.of(ev.StepStarted)))
     (grant,) = node.of(ev.LeaseGranted)
     gpu = grant.gpus[0]  # type: ignore[attr-defined]
 
@@ -168,7 +161,7 @@ def test_m27_gpus_shows_the_agents_live_utilization_and_steps(
         snap = read_snapshot(m27_home)
         return snap is not None and snap["gpus"][gpu]["utilization_gpu"] == 100.0
 
-    _until(computing)
+    wait_until(computing)
     rows = _gpus_json(capsys)
     assert rows[gpu]["primary"] == ["r1/md"] and rows[gpu]["memory_used"] == 3 * GiB
     assert rows[gpu]["utilization_gpu"] == 100.0 and rows[1 - gpu]["utilization_gpu"] == 0.0

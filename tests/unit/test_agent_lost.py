@@ -7,8 +7,6 @@ stops first, so only what holds either way is asserted.)"""
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,13 +15,7 @@ from m27 import events as ev
 from m27.cli.commands import queue
 from m27.node.lease import AgentLease
 from tests.unit.agent_helpers import GiB, make_node, run_step_leased, step_argv
-
-
-def _until(pred: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
+from tests.waiting import wait_until
 
 
 def test_losing_a_gpu_requeues_its_primary_and_guest_on_the_gpu_left(
@@ -41,11 +33,11 @@ def test_losing_a_gpu_requeues_its_primary_and_guest_on_the_gpu_left(
         return run_step_leased(lease, "r", name, argv, priority=priority, gpu_memory=GiB)
 
     runs = {"a": step("a", 9)}
-    _until(lambda: len(node.of(ev.StepStarted)) == 1)
+    wait_until(lambda: len(node.of(ev.StepStarted)) == 1)
     runs["b"] = step("b", 8)
-    _until(lambda: len(node.of(ev.StepStarted)) == 2)
+    wait_until(lambda: len(node.of(ev.StepStarted)) == 2)
     runs["g"] = step("g", 1)  # a guest beside one of them
-    _until(lambda: any(e.step == "g" for e in node.of(ev.GuestStarted)))  # type: ignore[attr-defined]
+    wait_until(lambda: any(e.step == "g" for e in node.of(ev.GuestStarted)))  # type: ignore[attr-defined]
     (guest,) = [e for e in node.of(ev.GuestStarted) if e.step == "g"]  # type: ignore[attr-defined]
     lost_gpu = guest.gpu  # type: ignore[attr-defined]
     (host,) = [e.step for e in node.of(ev.LeaseGranted) if e.gpus == (lost_gpu,) and e.step != "g"]  # type: ignore[attr-defined]
@@ -56,9 +48,9 @@ def test_losing_a_gpu_requeues_its_primary_and_guest_on_the_gpu_left(
         return sum(getattr(e, "step", "") == name for e in node.of(cls))
 
     # both steps that were on it are stopped and ask again (for the GPU that is left)
-    _until(lambda: count(ev.StepRequested, host) == 2 and count(ev.StepRequested, "g") == 2)
+    wait_until(lambda: count(ev.StepRequested, host) == 2 and count(ev.StepRequested, "g") == 2)
     # one of them takes the remaining GPU's guest slot; the other waits, and says why
-    _until(lambda: count(ev.LeaseGranted, host) + count(ev.LeaseGranted, "g") == 3)
+    wait_until(lambda: count(ev.LeaseGranted, host) + count(ev.LeaseGranted, "g") == 3)
     waiting = host if count(ev.LeaseGranted, host) == 1 else "g"
     monkeypatch.setenv("M27_GPUS", "sim:2")
     assert queue.run(argparse.Namespace(why=f"r/{waiting}", json=False)) == 0

@@ -27,16 +27,10 @@ from m27.executors.local import StepLaunch, StepResult
 from m27.node.lease import AgentLease, run_leased
 from m27.policy import Decision, Reserve
 from tests.unit.agent_helpers import GiB, Node, make_node, step_argv
+from tests.waiting import wait_until
 
 #: A step that holds its lease until its flag file exists (no m27 import: starts fast).
 HOLD = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.005)\n"
-
-
-def _until(pred: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
 
 
 class Hand:
@@ -92,7 +86,7 @@ class Hand:
         self.threads[step] = (t, out)
         self.cancels.append(cancel)
         t.start()
-        _until(lambda: any(getattr(e, "step", "") == step for e in self.of(ev.StepRequested)))
+        wait_until(lambda: any(getattr(e, "step", "") == step for e in self.of(ev.StepRequested)))
 
     def cycle(self, advance: float = 0.0) -> Decision:
         self.clock.advance(advance)
@@ -102,7 +96,7 @@ class Hand:
         return decision
 
     def started(self, step: str) -> ev.StepStarted:
-        _until(lambda: any(e.step == step for e in self.of(ev.StepStarted)))  # type: ignore[attr-defined]
+        wait_until(lambda: any(e.step == step for e in self.of(ev.StepStarted)))  # type: ignore[attr-defined]
         (e,) = [e for e in self.of(ev.StepStarted) if e.step == step]  # type: ignore[attr-defined]
         return e  # type: ignore[return-value]
 
@@ -279,7 +273,7 @@ def test_a_black_box_primary_lends_its_gpu_when_its_own_utilization_stays_low(
     h.cycle(0.001)
     h.started("guest")
     channel = h.node.agent._channels[("r", "guest")]
-    _until(channel.at_gate)  # loaded, waiting for the agent (no tick meanwhile)
+    wait_until(channel.at_gate)  # loaded, waiting for the agent (no tick meanwhile)
     h.cycle(0.001)
 
     def guest_events() -> list[str]:

@@ -7,8 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,19 +15,13 @@ from m27 import events as ev
 from m27.node.lease import AgentLease
 from m27.store.sqlite import SqliteEventStore
 from tests.unit.agent_helpers import ROOT, make_node, run_step_leased, step_argv
+from tests.waiting import wait_until
 
 
 def _env(home: Path, gpus: str) -> dict[str, str]:
     env = dict(os.environ, M27_HOME=str(home), M27_GPUS=gpus)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
-
-
-def _until(pred: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 def _events(store: SqliteEventStore) -> list[ev.Event]:
@@ -64,7 +56,7 @@ def test_a_restarted_agent_readopts_live_steps_and_releases_lost_ones(
 ) -> None:
     store = SqliteEventStore(m27_home / "events.db")
     first = _agent(m27_home)
-    _until(lambda: any(isinstance(e, ev.AgentStarted) for e in _events(store)))
+    wait_until(lambda: any(isinstance(e, ev.AgentStarted) for e in _events(store)))
     lease = AgentLease(store, m27_home, embed=False)
     flag = tmp_path / "finish"
     live = run_step_leased(lease, "r1", "live", step_argv(tmp_path / "l.txt", until=flag))
@@ -76,7 +68,7 @@ def test_a_restarted_agent_readopts_live_steps_and_releases_lost_ones(
     def started(step: str) -> list[ev.StepStarted]:
         return [e for e in _events(store) if isinstance(e, ev.StepStarted) and e.step == step]
 
-    _until(lambda: bool(started("live")) and bool(started("lost")))
+    wait_until(lambda: bool(started("live")) and bool(started("lost")))
 
     first.kill()  # kill -9: no cleanup at all
     first.wait()
@@ -84,7 +76,7 @@ def test_a_restarted_agent_readopts_live_steps_and_releases_lost_ones(
     requester.wait()
     os.killpg(started("lost")[0].pgid, signal.SIGKILL)  # its step dies with it
     nxt = run_step_leased(lease, "r3", "next", step_argv(tmp_path / "n.txt", cycles=1))
-    _until(
+    wait_until(
         lambda: any(isinstance(e, ev.StepRequested) and e.step == "next" for e in _events(store))
     )
     before = len(_events(store))
@@ -122,10 +114,10 @@ def test_a_lost_gpu_requeues_its_step_on_another_gpu(m27_home: Path, tmp_path: P
     lease = AgentLease(node.store, m27_home, embed=False)
     flag = tmp_path / "finish"
     step = run_step_leased(lease, "r1", "md", step_argv(tmp_path / "o.txt", until=flag))
-    _until(lambda: bool(node.of(ev.StepStarted)))
+    wait_until(lambda: bool(node.of(ev.StepStarted)))
     (first,) = node.of(ev.LeaseGranted)
     node.backend.lose(first.gpus[0])  # type: ignore[attr-defined]
-    _until(lambda: len(node.of(ev.StepStarted)) == 2)
+    wait_until(lambda: len(node.of(ev.StepStarted)) == 2)
     flag.write_text("done")
     result = step.wait()
     assert result is not None and result.ok
@@ -163,17 +155,29 @@ PIPELINE = textwrap.dedent("""\
 def test_two_pipelines_in_two_processes_share_one_gpu(m27_home: Path, tmp_path: Path) -> None:
     store = SqliteEventStore(m27_home / "events.db")
 
-    def pipeline(run: str, n: int, cycles: int) -> subprocess.Popen[bytes]:
-        argv = step_argv(tmp_path / f"{run}.txt", cycles=cycles, compute=0.1, io=0.1)
+    def pipeline(
+        run: str, n: int, cycles: int, until: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        out = tmp_path / f"{run}.txt"
+        argv = step_argv(out, cycles=cycles, compute=0.1, io=0.1, until=until)
         return subprocess.Popen(
             [sys.executable, "-c", PIPELINE, str(m27_home), run, str(n), *argv],
             env=_env(m27_home, "sim:1"),
         )
 
-    one = pipeline("one", 1, cycles=8)
-    _until(lambda: any(isinstance(e, ev.AgentStarted) for e in _events(store)))
+    # The first pipeline's step runs until the second pipeline holds the GPU beside it:
+    # the overlap is made by the order of events, not by how fast a process starts.
+    flag = tmp_path / "one-may-finish"
+    one = pipeline("one", 1, cycles=0, until=flag)
+    wait_until(lambda: any(isinstance(e, ev.AgentStarted) for e in _events(store)))
     two = pipeline("two", 3, cycles=2)
-    assert one.wait(60) == 0 and two.wait(60) == 0
+    wait_until(
+        lambda: any(isinstance(e, ev.LeaseGranted) and e.run_id == "two" for e in _events(store)),
+        timeout=60,
+        what="the second pipeline's first lease",
+    )
+    flag.write_text("done")
+    assert one.wait(120) == 0 and two.wait(120) == 0
     events = _events(store)
     done = {(e.run_id, e.step) for e in events if isinstance(e, ev.StepSucceeded)}
     assert done == {("one", "s0"), ("two", "s0"), ("two", "s1"), ("two", "s2")}

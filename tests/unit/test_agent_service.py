@@ -7,8 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,17 +16,12 @@ from m27.node.embed import NodeLock
 from m27.node.report import SNAPSHOT_NAME, read_snapshot
 from m27.store.sqlite import SqliteEventStore
 from tests.unit.agent_helpers import ROOT
-
-
-def _until(pred: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
+from tests.waiting import wait_until
 
 
 def _service(home: Path, stderr: Path) -> subprocess.Popen[str]:
     env = dict(os.environ, M27_HOME=str(home), M27_GPUS="sim:2")
+    env["PREFECT_API_URL"] = "http://127.0.0.1:9/api"  # lab mode: no Prefect server of its own
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     with stderr.open("w") as err:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
@@ -52,16 +45,16 @@ def test_sigterm_stops_the_service_cleanly_and_the_next_one_takes_over(
     first = _service(m27_home, err1)
     second: subprocess.Popen[str] | None = None
     try:
-        _until(lambda: started() == [first.pid])
-        _until(lambda: read_snapshot(m27_home) is not None)  # its live GPU snapshot
+        wait_until(lambda: started() == [first.pid])
+        wait_until(lambda: read_snapshot(m27_home) is not None)  # its live GPU snapshot
         second = _service(m27_home, err2)  # one agent per node: this one waits
-        _until(lambda: f"pid {first.pid} runs this node's agent; waiting" in err2.read_text())
+        wait_until(lambda: f"pid {first.pid} runs this node's agent; waiting" in err2.read_text())
         assert started() == [first.pid]
         first.send_signal(signal.SIGTERM)
         out, _ = first.communicate(timeout=15)
         assert first.returncode == 0
         assert "serving" in out and out.rstrip().endswith("m27 agent: stopped")
-        _until(lambda: started() == [first.pid, second.pid])  # took over at once
+        wait_until(lambda: started() == [first.pid, second.pid])  # took over at once
         second.send_signal(signal.SIGTERM)
         out2, _ = second.communicate(timeout=15)
         assert second.returncode == 0, err2.read_text()

@@ -7,8 +7,7 @@ import select
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from m27._exceptions import M27Error
 from m27.step import _channel as _step_api
 from m27.step._channel import CHANNEL_SIZE, Channel, gate, io_wait
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,13 +137,6 @@ print("passed", flush=True)
 """
 
 
-def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
-
-
 def test_gate_blocks_a_real_child_until_the_agent_opens_it(tmp_path: Path) -> None:
     path = tmp_path / "guest.chan"
     agent = Channel.create(path, gate_open=False)
@@ -152,7 +145,7 @@ def test_gate_blocks_a_real_child_until_the_agent_opens_it(tmp_path: Path) -> No
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"loaded\n"
-        _wait_for(agent.at_gate, "the child to reach its gate")
+        wait_until(agent.at_gate, what="the child to reach its gate")
         ready, _, _ = select.select([proc.stdout], [], [], 0.05)
         assert not ready and proc.poll() is None  # still held
         assert agent.uses_gate() and agent.pid() == proc.pid
@@ -181,12 +174,19 @@ def test_forked_child_can_use_io_wait_even_if_the_lock_was_held_at_fork(
             pass
         os._exit(0)
     channel._release()
-    deadline = time.monotonic() + 20
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.monotonic() > deadline:
+    status: list[int] = []
+
+    def reaped() -> bool:
+        done, code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status.append(code)
+        return bool(done)
+
+    try:
+        wait_until(reaped, timeout=20, what="the forked child (deadlocked in io_wait?)")
+    finally:
+        if not status:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
-            pytest.fail("the forked child deadlocked in io_wait")
-        time.sleep(0.005)
-    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert os.waitstatus_to_exitcode(status[0]) == 0
     assert agent.io_count() == 2 and not agent.io_waiting()

@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from m27 import runids
+from m27 import runids, tables
 from m27._exceptions import CorruptCheckpointError, RunError
 from m27.checkpoint import Listed, prune, scan, verify
 from m27.checkpoint._settings import checkpoints_home, load_settings
 from m27.cli.commands._common import print_json
+from m27.tables import Col
 from m27.units import format_size
 
 _ACTIONS = ("list", "verify", "gc")
@@ -112,20 +113,17 @@ def _list(targets: list[tuple[str, Path]], as_json: bool) -> int:
     if not rows:
         print("no checkpoints")
         return 0
-    header = (
-        f"{'STEP':<20} {'#':>5} {'TIME':<19} {'SIM STEP':>10} {'WRITTEN':>10} {'CHANGED':>8}  VALID"
-    )
-    print(header)
+    table = []
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"])) if r["time"] else "?"
         written = format_size(r["bytes_written"]) if r["bytes_written"] is not None else "?"
         changed = f"{r['percent_changed']:.1f}%" if r["percent_changed"] is not None else "?"
         valid = "yes" if r["valid"] else f"NO: {r['problem']}"
         sim = r["sim_step"] if r["sim_step"] is not None else "?"
-        print(
-            f"{r['step']:<20} {r['seq']:>5} {when:<19} {sim:>10} {written:>10} "
-            f"{changed:>8}  {valid}"
-        )
+        table.append((r["step"], r["seq"], when, sim, written, changed, valid))
+    cols = [Col("STEP"), Col("#", right=True), Col("TIME"), Col("SIM STEP", right=True)]
+    cols += [Col("WRITTEN", right=True), Col("CHANGED", right=True), Col("VALID", wrap=True)]
+    tables.show(cols, table)
     return 0
 
 

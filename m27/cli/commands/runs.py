@@ -6,7 +6,9 @@ import argparse
 import time
 from typing import Any
 
+from m27 import tables
 from m27.cli.commands import _common
+from m27.tables import Col
 from m27.units import format_duration
 
 
@@ -46,12 +48,26 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print("no runs yet: start one with `m27 run PIPELINE.yaml`")
         return 0
-    print(f"{'RUN':<22} {'PIPELINE':<18} {'STATUS':<10} {'STARTED':<19} {'TIME':>8}  STEPS")
-    for row in rows:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted_at"]))
-        took = format_duration(row["duration_s"]) if row["duration_s"] is not None else ""
-        print(
-            f"{row['run_id']:<22} {row['pipeline'][:18]:<18} {row['status']:<10} "
-            f"{started:<19} {took:>8}  {row['steps_succeeded']}/{row['steps']}"
-        )
+    cols = [
+        Col("RUN"),
+        Col("PIPELINE", max_width=18),
+        Col("STATUS"),
+        Col("STARTED"),
+        Col("TIME", right=True),
+        Col("STEPS"),
+    ]
+    tables.show(
+        cols,
+        (
+            (
+                row["run_id"],
+                row["pipeline"],
+                row["status"],
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted_at"])),
+                format_duration(row["duration_s"]) if row["duration_s"] is not None else "",
+                f"{row['steps_succeeded']}/{row['steps']}",
+            )
+            for row in rows
+        ),
+    )
     return 0

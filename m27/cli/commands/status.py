@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from m27 import tables
 from m27.cli.commands import _common
 from m27.events.state import NodeState, RunState
 from m27.monitoring.energy import energy_by_run, energy_by_step, format_energy
+from m27.tables import Col
 from m27.units import format_duration
 
 
@@ -101,7 +103,7 @@ def _print_run(r: RunState, energy: _Energy) -> None:
         print(f"  prefect: {r.prefect_url}")
     if d["energy_j"]:
         print(f"  energy: {format_energy(d['energy_j'])} on GPUs")
-    print(f"  {'STEP':<20} {'TYPE':<9} {'STATUS':<10} {'TRY':>3} {'TIME':>8}  {'WHERE':<6} NOTE")
+    rows = []
     for name, s in d["steps"].items():
         took = ""
         if s["started_at"] is not None:
@@ -115,10 +117,17 @@ def _print_run(r: RunState, energy: _Energy) -> None:
             note = f"{note} {format_energy(s['energy_j'])}".strip()
         if s["last_checkpoint"]:
             note = f"{note} checkpoint@{s['checkpoint_step']}".strip()
-        print(
-            f"  {name:<20} {s['type']:<9} {s['status']:<10} {s['attempts']:>3} {took:>8}  "
-            f"{where:<6} {note}"
-        )
+        rows.append((name, s["type"], s["status"], s["attempts"], took, where, note))
+    cols = [
+        Col("STEP"),
+        Col("TYPE"),
+        Col("STATUS"),
+        Col("TRY", right=True),
+        Col("TIME", right=True),
+        Col("WHERE"),
+        Col("NOTE", wrap=True),
+    ]
+    tables.show(cols, rows, indent=2)
     outputs = [o for s in d["steps"].values() for o in s["outputs"]]
     if outputs:
         print("  outputs: " + ", ".join(outputs))
