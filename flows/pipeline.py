@@ -49,7 +49,8 @@ from m27.events import (
 )
 from m27.events.state import fold
 from m27.executors.container import wrap_argv
-from m27.executors.local import StepLaunch, StepResult
+from m27.executors.engines import plan_for_step
+from m27.executors.local import SelfCheckpoint, StepLaunch, StepResult
 from m27.executors.slurm import run_slurm_step
 from m27.node.embed import ensure_agent
 from m27.node.lease import AgentLease, Granted, run_leased
@@ -124,7 +125,7 @@ def _launch(run: _Run, step: Step, gpus: tuple[int, ...]) -> StepLaunch:
     """What the runner (or Slurm) starts; a `container:` step runs inside its image."""
     env = dict(step.env)
     env["M27_PIPELINE"] = run.pipeline.name
-    argv = tuple(step.argv)
+    argv, guarded, grace = _self_checkpoint(run, step)
     if step.container:
         argv = wrap_argv(argv, step.container, step.binds, gpus=step.uses_gpu)
     return StepLaunch(
@@ -140,7 +141,27 @@ def _launch(run: _Run, step: Step, gpus: tuple[int, ...]) -> StepLaunch:
         checkpoint_dir=run.checkpoint_dir(step.name),
         checkpoint_interval=step.checkpoint,
         log_path=run.home / "runs" / run.run_id / f"{step.name}.log",
+        grace=grace,
+        self_checkpoint=guarded,
     )
+
+
+def _self_checkpoint(run: _Run, step: Step) -> tuple[tuple[str, ...], SelfCheckpoint | None, float]:
+    """The command with its engine recipe's options, what guards its files, the stop grace."""
+    plan = plan_for_step(step)
+    if plan is None or not plan.files:
+        return (plan.argv if plan else tuple(step.argv)), None, 10.0
+    settings = load_settings()
+    guarded = SelfCheckpoint(
+        files=plan.files,
+        resume=plan.resume,
+        signal=plan.signal,
+        recipe=plan.recipe,
+        restore_from=tuple(d / step.name / "files" for d in run.resume_dirs),
+        poll=settings.capture_poll,
+        pipeline=run.pipeline.name,
+    )
+    return plan.argv, guarded, settings.checkpoint_grace
 
 
 def _step_body(run: _Run, step: Step) -> State:

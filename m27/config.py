@@ -43,7 +43,13 @@ class Settings:
     keep_last: int = 3
     max_in_flight: int = 2
     checkpoint_threads: int = 0
+    #: how often the runner looks at a self-checkpointing program's files (seconds)
+    capture_poll: float = 1.0
+    #: how long a program gets to write its checkpoint after its signal, before SIGKILL
+    checkpoint_grace: float = 60.0
     gpu_temperature: float = 80.0
+    #: seconds an on-demand node service waits with no runs and no steps before it stops
+    service_idle: float = 1800.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
@@ -97,9 +103,12 @@ KEYS: dict[str, _Key] = {
     "checkpoint_threads": _Key(
         "checkpoint", _int_between(0), "a whole number >= 0 (0: one per core, at most 4)"
     ),
+    "capture_poll": _Key("checkpoint", _positive_duration, "a duration > 0, e.g. 1s or 500ms"),
+    "checkpoint_grace": _Key("checkpoint", _positive_duration, "a duration > 0, e.g. 60s"),
     "gpu_temperature": _Key("alerts", _positive_float, "degrees Celsius > 0, e.g. 80"),
+    "service_idle": _Key("service", _positive_duration, "a duration > 0, e.g. 30m or 1800"),
 }
-SECTIONS = ("performance", "checkpoint", "alerts")
+SECTIONS = ("performance", "checkpoint", "alerts", "service")
 
 #: The seed's chunk-size variable; a bare number is KiB (the seed sets ``M2_CHUNK_SIZE=256``).
 CHUNK_SIZE_ENV = "M2_CHUNK_SIZE"

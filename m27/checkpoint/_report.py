@@ -34,6 +34,9 @@ class Reporter:
         self.run_id = os.environ.get("M27_RUN_ID", "")
         self.step = os.environ.get("M27_STEP", "")
         self.pipeline = os.environ.get("M27_PIPELINE", "")
+        #: what the events say was saved (the runner's file captures set "files")
+        self.source = "arrays"
+        self.files: tuple[str, ...] = ()
         self._store = store
         self._clock = clock
         self._lock = threading.Lock()
@@ -49,6 +52,8 @@ class Reporter:
             bytes_total=done.bytes_total,
             duration_s=done.duration_s,
             pipeline=self.pipeline,
+            source=self.source,
+            files=self.files,
         )
         self._append(event)
         return event
@@ -91,9 +96,12 @@ def artifact_for(event: CheckpointWritten) -> tuple[str, str]:
     """(artifact key, markdown) for the Prefect artifact of a committed checkpoint."""
     when = datetime.fromtimestamp(event.at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     share = 100.0 * event.bytes_written / event.bytes_total if event.bytes_total else 0.0
+    title = f"### Checkpoint of `{event.step}` at step {event.sim_step}"
+    if event.source == "files":
+        title = f"### Checkpoint files of `{event.step}`: {', '.join(event.files)}"
     text = "\n".join(
         [
-            f"### Checkpoint of `{event.step}` at step {event.sim_step}",
+            title,
             "",
             "| field | value |",
             "|---|---|",
@@ -107,7 +115,11 @@ def artifact_for(event: CheckpointWritten) -> tuple[str, str]:
             f"| durable after | {format_duration(event.duration_s)} |",
             f"| path | `{event.path}` |",
             "",
-            f"Resume with `M27_RESUME_FROM={event.path}`.",
+            (
+                "`m27 run --resume` restores these files and adds the resume arguments."
+                if event.source == "files"
+                else f"Resume with `M27_RESUME_FROM={event.path}`."
+            ),
         ]
     )
     return artifact_key(event.pipeline, event.step), text

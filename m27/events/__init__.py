@@ -437,6 +437,10 @@ class CheckpointWritten(Event):
     bytes_total: int
     duration_s: float
     pipeline: str = ""
+    #: "arrays" (m27.Checkpointer) or "files" (a self-checkpointing program's files,
+    #: captured by the runner); `files` names them
+    source: str = "arrays"
+    files: tuple[str, ...] = ()
 
 
 @event

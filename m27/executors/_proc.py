@@ -150,10 +150,12 @@ def supervise(
     grace: float,
     cancel: threading.Event | None,
     emit: Callable[[str, list[str]], None],
+    stop_signal: signal.Signals = signal.SIGTERM,
 ) -> Outcome:
     """Pump `proc`'s output to `emit` until it and its whole group are gone.
 
-    On timeout or cancel the group gets SIGTERM, then SIGKILL `grace` seconds later. When
+    On timeout or cancel the group gets `stop_signal` (SIGTERM unless the program
+    checkpoints on another), then SIGKILL `grace` seconds later. When
     the leader exits on its own, members it left running get the same treatment. Real time
     is used on purpose: a deadline must pass in the world, not on a test's fake clock.
     `emit` gets the complete lines of each chunk read from one stream, as soon as it is read.
@@ -186,7 +188,7 @@ def supervise(
                 elif rc is None and deadline is not None and now >= deadline:
                     timed_out = True
                 if cancelled or timed_out or (rc is not None and alive):
-                    signal_group(pgid, signal.SIGTERM)
+                    signal_group(pgid, stop_signal if rc is None else signal.SIGTERM)
                     # A paused (SIGSTOPped) guest only acts on SIGTERM once it runs again.
                     signal_group(pgid, signal.SIGCONT)
                     term_at = now

@@ -28,6 +28,7 @@ from m27.clock import Clock, SystemClock
 from m27.config import m27_home
 from m27.events import Event, StepCancelled, StepFailed, StepStarted, StepSucceeded
 from m27.executors import _proc
+from m27.executors._guard import SelfCheckpoint, open_guard
 from m27.store import EventStore
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ class StepLaunch:
     log_path: Path | None = None
     grace: float = 10.0
     retry_delay: float = 0.0
+    #: a program that checkpoints itself: its files are guarded (m27.executors._guard)
+    self_checkpoint: SelfCheckpoint | None = None
 
     def __post_init__(self) -> None:
         ctx = {"run_id": self.run_id, "step": self.step}
@@ -310,7 +313,8 @@ def _attempt(
     opened = begin_attempt(launch, sink, attempt, resume_from)
     if isinstance(opened, _End):
         return opened
-    argv, resume = opened
+    g = open_guard(launch, opened[0], store, clock, sink.note)
+    argv, resume = g.argv, opened[1] or g.resume_path
     env = child_env(launch, attempt, resume)
     cwd = launch.workdir
     if cwd is not None and not cwd.is_dir():
@@ -341,12 +345,8 @@ def _attempt(
                 )
             ]
         )
-        outcome = _proc.supervise(
-            proc,
-            timeout=launch.timeout,
-            grace=launch.grace,
-            cancel=cancel,
-            emit=sink.emit,
+        outcome = g.supervise(
+            proc, timeout=launch.timeout, grace=launch.grace, cancel=cancel, emit=sink.emit
         )
     except BaseException:
         _proc.kill_now(proc)  # idempotent; supervise may already have done it
@@ -483,6 +483,7 @@ def _wait_retry(clock: Clock, delay: float, cancel: threading.Event | None) -> b
 
 
 __all__ = [
+    "SelfCheckpoint",
     "StepLaunch",
     "StepResult",
     "child_env",

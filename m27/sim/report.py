@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from m27 import tables
 from m27.sim.engine import SimResult
 from m27.sim.metrics import Metrics
 
@@ -21,7 +22,7 @@ def table(metrics: Sequence[Metrics]) -> str:
     classes = sorted({k for m in metrics for k in m.jct})
     head = ["policy", "busy %", "idle-q %", "makespan", "done/total"]
     head += [f"JCT {k} mean/p95" for k in classes]
-    rows = [head]
+    rows = []
     for m in metrics:
         row = [
             m.policy,
@@ -34,10 +35,7 @@ def table(metrics: Sequence[Metrics]) -> str:
             j = m.jct.get(k)
             row.append(f"{_h(j['mean_s'])}/{_h(j['p95_s'])}" if j else "-")
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return tables.render(head, rows)
 
 
 def _svg(result: SimResult, horizon: float, width: int = 900, lane: int = 18) -> str:

@@ -54,6 +54,11 @@ class Step:
     depends_on: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     checkpoint: float | None = None
+    #: a self-checkpointing program's files (globs under the workdir), resume arguments
+    #: and checkpoint signal, as `checkpoint:` gave them (recipes fill in the rest)
+    checkpoint_files: tuple[str, ...] = ()
+    checkpoint_resume: tuple[str, ...] | None = None
+    checkpoint_signal: str | None = None
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     retries: int = 0
     timeout: float | None = None

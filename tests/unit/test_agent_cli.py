@@ -73,3 +73,17 @@ def test_bump_of_an_unknown_step_is_bad_input(
     _log(m27_home)
     assert bump.run(argparse.Namespace(run_id="run1", step="nope", delta=1)) == 2
     assert queue.run(argparse.Namespace(why="nope", json=False)) == 2
+
+
+def test_queue_table_has_a_row_per_step_with_its_tier_and_why_it_waits(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _log(m27_home)
+    assert queue.run(argparse.Namespace(why=None, json=False)) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.split() == ["STEP", "TIER", "ROLE", "GPUS", "PRIO", "STATE"]
+    rows = {line.split()[0]: line for line in lines}
+    assert list(rows) == ["run1/md", "run1/md2", "run1/b", "run1/a"]  # held first, then by rank
+    assert rows["run1/md"].split()[1:5] == ["immediate", "primary", "0", "0"]
+    assert rows["run1/b"].split()[1:5] == ["waiting", "gpu", "1", "1"]
+    assert "reserved for run1/a" in rows["run1/b"]

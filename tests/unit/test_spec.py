@@ -278,10 +278,10 @@ def test_validate_command_prints_ok_and_the_order(
 ) -> None:
     path = _write(tmp_path, SEED, "seed.yaml")
     assert _validate(str(path), "--set", "INPUT_FILE=x.pdb") == 0
-    assert capsys.readouterr().out.splitlines() == [
+    assert capsys.readouterr().out.splitlines()[:2] == [
         "OK: pipeline 'seed' (3 steps)",
         "order: preprocessing -> md_simulation -> analysis",
-    ]
+    ]  # then what `checkpoint:` does (tests/unit/test_engines.py)
     assert _validate(str(path), "--set", "INPUT_FILE=x.pdb", "--json") == 0
     result = json.loads(capsys.readouterr().out)
     assert result["ok"] is True

@@ -16,8 +16,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from m27 import tables
 from m27._exceptions import ConfigError
 from m27.config import CHUNK_SIZE_ENV, KEYS, config_path, load_settings, m27_home
+from m27.tables import Col
 from m27.units import format_duration, format_size
 
 _SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "CREDENTIAL")
@@ -88,15 +90,11 @@ def run(args: argparse.Namespace) -> int:
     settings = data["settings"]
     rows = [(key, _shown(key, settings), settings[key]["source"]) for key in settings]
     rows += [(name, value, "environment") for name, value in data["environment"].items()]
-    width_key = max(len(r[0]) for r in rows)
-    width_value = max(len(r[1]) for r in rows)
     print(f"home:   {data['home']}")
     missing = "" if os.path.exists(data["config_file"]) else "  (missing: defaults apply)"
     print(f"config: {data['config_file']}{missing}")
     print()
-    print(f"{'setting':<{width_key}}  {'value':<{width_value}}  source")
-    for key, value, source in rows:
-        print(f"{key:<{width_key}}  {value:<{width_value}}  {source}")
+    tables.show([Col("setting"), Col("value", wrap=True), Col("source", wrap=True)], rows)
     if CHUNK_SIZE_ENV in env and settings["diff_threshold"]["source"] != f"env {CHUNK_SIZE_ENV}":
         print(f"\nnote: {CHUNK_SIZE_ENV} is set but M27_DIFF_THRESHOLD overrides it")
     return 0

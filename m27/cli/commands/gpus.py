@@ -14,8 +14,10 @@ import sys
 import time
 from typing import Any
 
+from m27 import tables
 from m27._exceptions import M27Error
 from m27.gpu import GpuBackend, detect
+from m27.tables import Col
 from m27.units import format_size
 
 
@@ -115,19 +117,33 @@ def _table(rows: list[dict[str, Any]], live_from: int | None, interval: float | 
     if interval is not None:
         where = f"live from the agent (pid {live_from})" if live_from else "sampled here"
         print(f"{time.strftime('%H:%M:%S')}  {where}, every {interval:g}s; Ctrl-C to stop")
-    print(
-        f"{'GPU':>3}  {'NAME':<26} {'UUID':<14} {'UTIL':>5} {'MEMORY':>21} {'TEMP':>5} "
-        f"{'POWER':>6}  {'PRIMARY':<24} GUESTS"
-    )
-    for r in rows:
-        util = "lost" if r.get("lost") else _fmt(r.get("utilization_gpu"), "{:.0f}%")
-        print(
-            f"{r['index']:>3}  {_cut(r.get('name'), 26):<26} {_cut(r.get('uuid'), 14):<14} "
-            f"{util:>5} {_memory(r):>21} {_fmt(r.get('temperature_c'), '{:.0f}C'):>5} "
-            f"{_fmt(r.get('power_w'), '{:.0f}W'):>6}  {', '.join(r['primary']) or '-':<24} "
-            f"{', '.join(r['guests']) or '-'}",
-            flush=True,
+    cols = [
+        Col("GPU", right=True),
+        Col("NAME", max_width=26),
+        Col("UUID", max_width=14),
+        Col("UTIL", right=True),
+        Col("MEMORY", right=True),
+        Col("TEMP", right=True),
+        Col("POWER", right=True),
+        Col("PRIMARY", wrap=True),
+        Col("GUESTS", wrap=True),
+    ]
+    table = [
+        (
+            r["index"],
+            r.get("name") or "-",
+            r.get("uuid") or "-",
+            "lost" if r.get("lost") else _fmt(r.get("utilization_gpu"), "{:.0f}%"),
+            _memory(r),
+            _fmt(r.get("temperature_c"), "{:.0f}C"),
+            _fmt(r.get("power_w"), "{:.0f}W"),
+            ", ".join(r["primary"]) or "-",
+            ", ".join(r["guests"]) or "-",
         )
+        for r in rows
+    ]
+    tables.show(cols, table)
+    sys.stdout.flush()
 
 
 def _occupancy() -> tuple[dict[int, list[str]], dict[int, list[str]]]:
@@ -164,9 +180,3 @@ def _memory(r: dict[str, Any]) -> str:
     used_s = "-" if used is None else format_size(used)
     total_s = "-" if total is None else format_size(total)
     return f"{used_s} / {total_s}"
-
-
-def _cut(text: str | None, width: int) -> str:
-    if text is None:
-        return "-"
-    return text if len(text) <= width else text[: width - 1] + "…"

@@ -11,12 +11,14 @@ import argparse
 import time
 from typing import Any
 
+from m27 import tables
 from m27.cli.commands import _common
 from m27.config import load_settings, m27_home
 from m27.gpu import detect
 from m27.node.agent import policy_config
 from m27.node.book import Book, fold_book, policy_input
 from m27.policy import Decision, GpuView, PolicyConfig, StepKey, effective_priority, key_text
+from m27.tables import Col
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -124,16 +126,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         _common.print_json(snap)
         return 0
-    print(f"{'STEP':<32} {'TIER':<10} {'ROLE':<8} {'GPUS':<6} {'PRIO':>5}  STATE")
-    for h in snap["held"]:
-        gpus = ",".join(map(str, h["gpus"])) or "-"
-        print(
-            f"{h['step']:<32} {h['tier']:<10} {h['role']:<8} {gpus:<6} {h['priority']:>5}  "
-            f"{h['state']}"
-        )
-    for w in snap["waiting"]:
-        print(f"{w['step']:<32} {'waiting':<10} {w['type']:<8} {w['gpus']:<6} {w['priority']:>5}  ")
-        print(f"    {w['why']}")
     if not snap["held"] and not snap["waiting"]:
         print("the queue is empty")
+        return 0
+    # A waiting step's STATE is why it waits (the reason `--why` explains in full).
+    rows: list[tuple[object, ...]] = []
+    for h in snap["held"]:
+        gpus = ",".join(map(str, h["gpus"])) or "-"
+        rows.append((h["step"], h["tier"], h["role"], gpus, h["priority"], h["state"]))
+    for w in snap["waiting"]:
+        rows.append((w["step"], "waiting", w["type"], w["gpus"], w["priority"], w["why"]))
+    cols = [Col("STEP"), Col("TIER"), Col("ROLE"), Col("GPUS"), Col("PRIO", right=True)]
+    tables.show([*cols, Col("STATE", wrap=True)], rows)
     return 0

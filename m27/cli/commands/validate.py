@@ -7,7 +7,19 @@ import json
 import sys
 
 from m27._exceptions import SpecError
+from m27.cli.commands._explain import explain_checkpoint
 from m27.spec import load_pipeline, parse_set_args
+
+
+#: Problems printed as text; the rest are counted ("... and K more"); --json keeps the
+#: first MAX_PROBLEMS of them. A file with 200,000 unknown keys then prints 51 lines.
+PRINTED = 50
+
+
+def _safe(text: str) -> str:
+    """`text` with anything stdout could not encode escaped (a lone surrogate, say)."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    return text.encode(encoding, errors="backslashreplace").decode(encoding)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,12 +47,16 @@ def run(args: argparse.Namespace) -> int:
         pipeline = load_pipeline(args.file, parse_set_args(args.set_vars))
     except SpecError as exc:
         problems = exc.context.get("problems", [])
+        total = exc.context.get("total", len(problems))
         if args.json:
-            print(json.dumps({"ok": False, "problems": [p.to_dict() for p in problems]}))
+            found = [p.to_dict() for p in problems]
+            print(_safe(json.dumps({"ok": False, "total": total, "problems": found})))
         else:
-            for problem in problems:
-                print(problem)
-            print(f"{len(problems)} problem(s) found", file=sys.stderr)
+            for problem in problems[:PRINTED]:
+                print(_safe(str(problem)))
+            if total > PRINTED:
+                print(f"... and {total - PRINTED} more problem(s)")
+            print(f"{total} problem(s) found", file=sys.stderr)
         return 2
     order = pipeline.topo_order()
     if args.json:
@@ -54,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
                 "gpus": s.gpus,
                 "priority": s.priority,
                 "line": s.line,
+                "checkpoint": explain_checkpoint(s, pipeline.workdir).to_dict(),
             }
             for s in pipeline.steps
         ]
@@ -62,4 +79,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"OK: pipeline {pipeline.name!r} ({len(pipeline.steps)} steps)")
         print("order: " + " -> ".join(order))
+        for s in pipeline.steps:
+            for line in explain_checkpoint(s, pipeline.workdir).lines(s.name):
+                print(line)
     return 0

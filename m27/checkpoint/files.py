@@ -1,0 +1,257 @@
+"""Capturing a program's own checkpoint files into the differential store, and restoring them.
+
+Programs such as GROMACS write their checkpoints themselves. While such a step runs, the
+runner's :class:`FileGuard` polls the declared globs; a file set is captured when it
+changed since the last capture, looks *complete* (the same size and mtime on two polls in
+a row, the engine's own validity check passes, and it did not change while being read),
+through the same :class:`~m27.checkpoint.Checkpointer` as arrays: each file is a byte
+array, so only changed chunks are written (zstd, atomic manifest, xxh3 per chunk), the
+commit is a ``CheckpointWritten`` event with ``source="files"``, and retention keeps the last
+N. :func:`restore_files` puts the newest capture that passes its hash checks back into the
+workdir: a torn or corrupt capture is skipped and the previous one used.
+
+Capturing runs on the runner's thread, never in the program: a poll is a few ``stat``
+calls, and a capture reads files the program has finished writing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from m27._exceptions import CheckpointError
+from m27.checkpoint._checkpointer import Checkpointer
+from m27.checkpoint._format import manifests
+from m27.checkpoint._reader import load
+from m27.checkpoint._report import Reporter
+from m27.clock import Clock, SystemClock
+from m27.events import CheckpointRestored
+from m27.store import EventStore
+
+log = logging.getLogger("m27.checkpoint")
+
+#: State key prefix of a captured file; the rest is its path relative to the workdir.
+FILE_KEY = "file:"
+
+#: (size, mtime_ns, inode): what "unchanged" means for a file between polls.
+Signature = tuple[int, int, int]
+
+#: Name prefix of a file being restored (it keeps its suffix, for the engine's check).
+RESTORE_PREFIX = ".m27-restore."
+
+Validator = Callable[[Path], str | None]
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A capture put back into the workdir."""
+
+    path: Path
+    files: tuple[str, ...]
+
+
+def _signature(path: Path) -> Signature | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def matched(workdir: Path, patterns: Sequence[str]) -> list[str]:
+    """Files under `workdir` that the globs match, relative and sorted."""
+    found: set[str] = set()
+    for pattern in patterns:
+        for path in workdir.glob(pattern):
+            if path.is_file() and not path.name.startswith(RESTORE_PREFIX):
+                found.add(path.relative_to(workdir).as_posix())
+    return sorted(found)
+
+
+class FileGuard:
+    """Watches one step's checkpoint files and captures each complete new version."""
+
+    def __init__(
+        self,
+        directory: Path,
+        workdir: Path,
+        patterns: Sequence[str],
+        *,
+        store: EventStore | None,
+        run_id: str,
+        step: str,
+        pipeline: str = "",
+        validate: Validator | None = None,
+        clock: Clock | None = None,
+        keep_last: int | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.patterns = tuple(patterns)
+        self._validate = validate
+        clock = clock or SystemClock()
+        self._ckpt = Checkpointer(
+            directory, interval=1.0, store=store, clock=clock, keep_last=keep_last, threads=1
+        )
+        reporter = Reporter(store, clock)
+        reporter.run_id, reporter.step, reporter.pipeline = run_id, step, pipeline
+        reporter.source = "files"
+        self._reporter = reporter
+        self._ckpt._reporter = reporter  # same package: events name the step, not the env
+        self._last_poll: dict[str, Signature] = {}
+        self._captured: dict[str, Signature] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.captures = 0
+        self._lock = threading.Lock()
+
+    def adopt(self, restored: Restored) -> None:
+        """Files just restored are not a new checkpoint: do not capture them again."""
+        for name in restored.files:
+            sig = _signature(self.workdir / name)
+            if sig is not None:
+                self._captured[name] = sig
+
+    def poll(self, final: bool = False) -> bool:
+        """One look; capture if the files changed and are complete. True if captured.
+
+        `final` (the program has exited): nothing writes any more, so one look is enough.
+        """
+        with self._lock:
+            names = matched(self.workdir, self.patterns)
+            sigs = {n: s for n in names if (s := _signature(self.workdir / n)) is not None}
+            stable = final or sigs == self._last_poll
+            self._last_poll = sigs
+            if not sigs or sigs == self._captured or not stable:
+                return False
+            return self._capture(sigs)
+
+    def _capture(self, sigs: dict[str, Signature]) -> bool:
+        state: dict[str, object] = {}
+        for name in sorted(sigs):
+            path = self.workdir / name
+            if self._validate is not None and (why := self._validate(path)) is not None:
+                log.info("not capturing %s yet: %s", path, why)
+                return False
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                log.info("not capturing %s yet: %s", path, exc)
+                return False
+            if _signature(path) != sigs[name]:
+                return False  # it changed while we read it: next poll
+            state[FILE_KEY + name] = np.frombuffer(data, dtype=np.uint8)
+        state["m27_files"] = sorted(sigs)
+        self._reporter.files = tuple(sorted(sigs))
+        try:
+            self._ckpt.save(state, self.captures + 1)
+            self._ckpt.flush()  # small files; the event names exactly these
+        except CheckpointError as exc:
+            log.warning("capturing %s failed: %s", ", ".join(sigs), exc)
+            return False
+        self._captured = sigs
+        self.captures += 1
+        return True
+
+    def start(self, every: float) -> None:
+        """Poll every `every` seconds on a thread until :meth:`stop`."""
+
+        def loop() -> None:
+            while not self._stop.wait(every):
+                try:
+                    self.poll()
+                except Exception as exc:  # a capture problem must never end the step
+                    log.warning("checkpoint file watcher: %r", exc)
+
+        self._thread = threading.Thread(target=loop, name="m27-capture", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop polling, capture what the program left (it has exited), close the store."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            self.poll(final=True)
+        finally:
+            self._ckpt.close()
+
+
+def restore_files(
+    directories: Sequence[Path],
+    workdir: Path,
+    *,
+    validate: Validator | None = None,
+    note: Callable[[str], None] = log.warning,
+    store: EventStore | None = None,
+    run_id: str = "",
+    step: str = "",
+    clock: Clock | None = None,
+) -> Restored | None:
+    """Write the newest good capture found in `directories` (tried in order) into `workdir`.
+
+    A capture whose manifest or chunks fail their hash check, or whose files fail
+    `validate`, is never restored: the next older one is tried. Each file is written to a
+    temporary name, fsynced and renamed over the old one.
+    """
+    for directory in directories:
+        for manifest in reversed(manifests(directory)):
+            try:
+                _, state = load(manifest)
+            except (CheckpointError, OSError, KeyError, TypeError, ValueError) as exc:
+                note(f"capture {manifest} is damaged, not restored: {exc}")
+                continue
+            files = {k[len(FILE_KEY) :]: v for k, v in state.items() if k.startswith(FILE_KEY)}
+            if not files:
+                continue
+            why = _write_all(workdir, files, validate)
+            if why is not None:
+                note(f"capture {manifest} is not usable, not restored: {why}")
+                continue
+            restored = Restored(manifest, tuple(sorted(files)))
+            if store is not None:
+                at = (clock or SystemClock()).now()
+                store.append(
+                    [
+                        CheckpointRestored(
+                            at=at, run_id=run_id, step=step, path=str(manifest), sim_step=0
+                        )
+                    ]
+                )
+            return restored
+    return None
+
+
+def _write_all(
+    workdir: Path, files: dict[str, np.ndarray], validate: Validator | None
+) -> str | None:
+    """Stage every file, validate it, then rename all into place; why not, or None."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for name, data in files.items():
+            target = workdir / name
+            if ".." in Path(name).parts or Path(name).is_absolute():
+                return f"{name!r} is outside the workdir"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f"{RESTORE_PREFIX}{target.name}")
+            with open(tmp, "wb") as f:
+                f.write(np.asarray(data, dtype=np.uint8).tobytes())
+                f.flush()
+                os.fsync(f.fileno())
+            staged.append((tmp, target))
+            if validate is not None and (why := validate(tmp)) is not None:
+                return f"{name}: {why}"
+        for tmp, target in staged:
+            os.replace(tmp, target)
+        staged = []
+        return None
+    except OSError as exc:
+        return str(exc)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)

@@ -1,0 +1,75 @@
+"""What a step's `checkpoint:` will do, in words, for `m27 validate`."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from m27.executors.engines import CheckpointPlan, plan_for_step, uses_checkpointer
+from m27.spec import Step
+from m27.units import format_duration
+
+
+@dataclass(frozen=True)
+class Explained:
+    """One step's checkpoint plan and the warnings about it."""
+
+    plan: CheckpointPlan | None
+    checkpointer: bool = False
+    warnings: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any] | None:
+        if self.plan is None:
+            return None
+        p = self.plan
+        return {
+            "every": p.every,
+            "recipe": p.recipe,
+            "argv": list(p.argv),
+            "files": list(p.files),
+            "resume": list(p.resume),
+            "signal": p.signal,
+            "notes": list(p.notes),
+            "checkpointer": self.checkpointer,
+            "warnings": list(self.warnings),
+        }
+
+    def lines(self, name: str) -> list[str]:
+        p = self.plan
+        if p is None:
+            return []
+        every = format_duration(p.every) if p.every is not None else "no interval"
+        how = f"{p.recipe} recipe" if p.recipe else "no recipe"
+        out = [f"{name}: checkpoint every {every} ({how})"]
+        if p.recipe:
+            out.append(f"  command: {shlex.join(p.argv)}")
+        out += [f"  {note}" for note in p.notes]
+        if p.files:
+            out.append(
+                f"  files: {', '.join(p.files)} (captured into the checkpoint store "
+                "when they change and are complete)"
+            )
+            out.append(f"  resume: {shlex.join(p.resume) or '(no extra arguments)'}")
+            out.append(f"  signal: SIG{p.signal} before a stop, then a bounded grace")
+        elif self.checkpointer:
+            out.append("  m27.Checkpointer: M27_CHECKPOINT_INTERVAL and M27_RESUME_FROM")
+        out += [f"warning: {name}: {w}" for w in self.warnings]
+        return out
+
+
+def explain_checkpoint(step: Step, workdir: Path) -> Explained:
+    plan = plan_for_step(step)
+    if plan is None:
+        return Explained(None)
+    base = Path(step.workdir) if step.workdir else workdir
+    checkpointer = not plan.files and uses_checkpointer(step.argv, base)
+    warnings: list[str] = []
+    if not plan.files and not checkpointer:
+        program = step.argv[0] if step.argv else "?"
+        warnings.append(
+            f"checkpoint: has no effect: no recipe knows {program!r}, there is no "
+            "checkpoint.files, and the command does not appear to use m27.Checkpointer"
+        )
+    return Explained(plan, checkpointer, tuple(warnings))

@@ -1,0 +1,150 @@
+"""The runner's side of a self-checkpointing program (GROMACS, LAMMPS, `files:`).
+
+Before the program starts, the newest good capture of its files is restored into the
+workdir and the resume arguments are added (the recipe may adjust them: GROMACS falls
+back to `-noappend` when the outputs do not match the checkpoint). While it runs, a
+:class:`~m27.checkpoint.files.FileGuard` thread captures each complete new version of its
+files. A stop (cancel, lost GPU, timeout) sends the program its checkpoint signal and waits
+the checkpoint grace before SIGKILL; what the program wrote is captured after it exits.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from m27.checkpoint.files import FileGuard, restore_files
+from m27.clock import Clock
+from m27.executors import _proc
+from m27.executors.engines import recipe_named
+from m27.store import EventStore
+
+
+@dataclass(frozen=True)
+class SelfCheckpoint:
+    """What the runner guards for a step whose program checkpoints itself."""
+
+    files: tuple[str, ...]
+    resume: tuple[str, ...] = ()
+    signal: str = "TERM"
+    recipe: str | None = None
+    #: capture folders of the runs this one resumes, newest first (its own comes first)
+    restore_from: tuple[Path, ...] = ()
+    poll: float = 1.0
+    pipeline: str = ""
+
+
+@dataclass
+class Guarded:
+    """One attempt's view: the command to start and what watches its files."""
+
+    argv: tuple[str, ...]
+    resume_path: str | None = None
+    guard: FileGuard | None = None
+    stop_signal: signal.Signals = signal.SIGTERM
+    poll: float = 1.0
+
+    def supervise(
+        self,
+        proc: subprocess.Popen[bytes],
+        *,
+        timeout: float | None,
+        grace: float,
+        cancel: threading.Event | None,
+        emit: Callable[[str, list[str]], None],
+    ) -> _proc.Outcome:
+        """:func:`_proc.supervise` with the file watcher running beside it."""
+        if self.guard is not None:
+            self.guard.start(self.poll)
+        try:
+            return _proc.supervise(
+                proc,
+                timeout=timeout,
+                grace=grace,
+                cancel=cancel,
+                emit=emit,
+                stop_signal=self.stop_signal,
+            )
+        finally:
+            if self.guard is not None:
+                self.guard.stop()
+
+
+def capture_dir(checkpoint_dir: Path) -> Path:
+    """Where a step's file captures live: beside its array checkpoints, never mixed."""
+    return checkpoint_dir / "files"
+
+
+class _Launch(Protocol):
+    """The parts of a StepLaunch this module reads."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def step(self) -> str: ...
+    @property
+    def workdir(self) -> Path | None: ...
+    @property
+    def checkpoint_dir(self) -> Path | None: ...
+    @property
+    def self_checkpoint(self) -> SelfCheckpoint | None: ...
+
+
+def open_guard(
+    launch: _Launch,
+    argv: tuple[str, ...],
+    store: EventStore,
+    clock: Clock,
+    note: Callable[[str], None],
+) -> Guarded:
+    """Restore the newest good capture (adding the resume arguments), set up the watcher."""
+    spec, checkpoint_dir, workdir = launch.self_checkpoint, launch.checkpoint_dir, launch.workdir
+    run_id, step = launch.run_id, launch.step
+    if spec is None or not spec.files or checkpoint_dir is None:
+        return Guarded(argv)
+    where = workdir or Path.cwd()
+    recipe = recipe_named(spec.recipe)
+    validate = recipe.valid_file if recipe is not None else None
+    own = capture_dir(checkpoint_dir)
+    restored = restore_files(
+        [own, *spec.restore_from],
+        where,
+        validate=validate,
+        note=note,
+        store=store,
+        run_id=run_id,
+        step=step,
+        clock=clock,
+    )
+    resume_path = None
+    if restored is not None:
+        resume = spec.resume
+        if recipe is not None:
+            resume = recipe.resume_args(argv, where, resume, note)
+        note(
+            f"restored {', '.join(restored.files)} from {restored.path}; "
+            f"resuming with: {shlex.join(resume) or '(no extra arguments)'}"
+        )
+        argv = (*argv, *resume)
+        resume_path = str(restored.path)
+    guard = FileGuard(
+        own,
+        where,
+        spec.files,
+        store=store,
+        run_id=run_id,
+        step=step,
+        pipeline=spec.pipeline,
+        validate=validate,
+        clock=clock,
+    )
+    if restored is not None:
+        guard.adopt(restored)
+    sig = signal.Signals[f"SIG{spec.signal}"]
+    return Guarded(argv, resume_path, guard, sig, spec.poll)

@@ -1,0 +1,169 @@
+"""Recipes for programs that checkpoint themselves (GROMACS, LAMMPS, ...).
+
+A step's `checkpoint:` says how often and, optionally, which files and resume arguments.
+A recipe knows one engine's command line: it turns the interval into the engine's own
+option (`gmx mdrun` gets `-cpt 5` for 300s), names the files the engine writes, the
+arguments that resume from them and the signal it checkpoints on. What the step says
+explicitly always wins over the recipe. :func:`plan_checkpoint` is what the flow and
+`m27 validate` call; the runner uses the resulting :class:`CheckpointPlan`.
+
+Python programs need no recipe: `m27.Checkpointer` reads `M27_CHECKPOINT_INTERVAL` and
+`M27_RESUME_FROM` itself (see docs/engines.md for OpenMM and PyTorch).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from m27.executors.engines._base import Recipe, RecipePlan, engine_index
+from m27.executors.engines.gromacs import Gromacs
+from m27.executors.engines.lammps import Lammps
+
+#: Signals a program may checkpoint on (the name without SIG).
+SIGNALS = ("TERM", "USR1", "INT")
+
+#: Recipes in the order they are tried; :func:`register` adds one.
+RECIPES: list[Recipe] = [Gromacs(), Lammps()]
+
+
+def register(recipe: Recipe) -> None:
+    """Add a recipe (tried before the built-in ones)."""
+    RECIPES.insert(0, recipe)
+
+
+def recipe_named(name: str | None) -> Recipe | None:
+    return next((r for r in RECIPES if r.name == name), None) if name else None
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """What `checkpoint:` does for one step, once the recipe (if any) has had its say."""
+
+    recipe: str | None
+    every: float | None
+    #: the command to start (the recipe's options added, e.g. `-cpt 5`)
+    argv: tuple[str, ...]
+    #: globs, relative to the workdir, that m27 captures when they change
+    files: tuple[str, ...]
+    #: arguments added when the step resumes from a restored capture
+    resume: tuple[str, ...]
+    #: what the program checkpoints on before a stop (cancel, preemption, time limit)
+    signal: str
+    #: lines for `m27 validate`: what the recipe did and why
+    notes: tuple[str, ...] = ()
+
+    @property
+    def guards_files(self) -> bool:
+        return bool(self.files)
+
+
+def plan_checkpoint(
+    argv: Sequence[str],
+    every: float | None,
+    *,
+    files: Sequence[str] = (),
+    resume: Sequence[str] | None = None,
+    signal: str | None = None,
+    shell: bool = False,
+) -> CheckpointPlan:
+    """The plan for a step whose command is `argv` (rendered, no shell unless `shell`)."""
+    argv = tuple(argv)
+    recipe: Recipe | None = None
+    found: RecipePlan | None = None
+    if not shell:
+        for candidate in RECIPES:
+            index = engine_index(argv, candidate.programs)
+            if index is not None and candidate.matches(argv, index):
+                recipe, found = candidate, candidate.plan(argv, index, every)
+                break
+    notes = list(found.notes) if found else []
+    if files and found and found.files:
+        notes.append(f"files: {', '.join(files)} (from checkpoint.files, not the recipe)")
+    return CheckpointPlan(
+        recipe=recipe.name if recipe else None,
+        every=every,
+        argv=found.argv if found else argv,
+        files=tuple(files) or (found.files if found else ()),
+        resume=tuple(resume) if resume is not None else (found.resume if found else ()),
+        signal=signal or (found.signal if found else "TERM"),
+        notes=tuple(notes),
+    )
+
+
+class StepLike(Protocol):
+    """The fields of a validated spec Step that decide its checkpoint plan."""
+
+    @property
+    def argv(self) -> tuple[str, ...]: ...
+    @property
+    def shell(self) -> bool: ...
+    @property
+    def checkpoint(self) -> float | None: ...
+    @property
+    def checkpoint_files(self) -> tuple[str, ...]: ...
+    @property
+    def checkpoint_resume(self) -> tuple[str, ...] | None: ...
+    @property
+    def checkpoint_signal(self) -> str | None: ...
+
+
+def plan_for_step(step: StepLike) -> CheckpointPlan | None:
+    """The plan of a step that has `checkpoint:`; None for one without (no recipe then)."""
+    has = step.checkpoint is not None or step.checkpoint_files or step.checkpoint_signal
+    if not has and step.checkpoint_resume is None:
+        return None
+    return plan_checkpoint(
+        step.argv,
+        step.checkpoint,
+        files=step.checkpoint_files,
+        resume=step.checkpoint_resume,
+        signal=step.checkpoint_signal,
+        shell=step.shell,
+    )
+
+
+_CHECKPOINTER = re.compile(r"\bCheckpointer\b")
+
+
+def uses_checkpointer(argv: Sequence[str], workdir: Path) -> bool:
+    """Heuristic for `m27 validate`: does the command run Python that uses m27.Checkpointer?
+
+    Looks at `python -c` code, `.py` files named in the command and the modules of
+    `python -m`; a program it cannot read counts as not using it.
+    """
+    for i, arg in enumerate(argv):
+        if _CHECKPOINTER.search(arg) and i > 0 and argv[i - 1] == "-c":
+            return True
+        candidates: list[Path] = []
+        if arg.endswith(".py"):
+            candidates.append(Path(arg))
+        if i > 0 and argv[i - 1] == "-m":
+            candidates.append(Path(*arg.split(".")).with_suffix(".py"))
+            candidates.append(Path(*arg.split("."), "__main__.py"))
+        for candidate in candidates:
+            path = candidate if candidate.is_absolute() else workdir / candidate
+            try:
+                if _CHECKPOINTER.search(path.read_text(encoding="utf-8", errors="replace")):
+                    return True
+            except OSError:
+                continue
+    return any(_CHECKPOINTER.search(a) for a in argv[2:3]) if argv[:1] == ("/bin/sh",) else False
+
+
+__all__ = [
+    "RECIPES",
+    "SIGNALS",
+    "CheckpointPlan",
+    "Recipe",
+    "RecipePlan",
+    "StepLike",
+    "plan_checkpoint",
+    "plan_for_step",
+    "recipe_named",
+    "register",
+    "uses_checkpointer",
+]

@@ -1,0 +1,73 @@
+"""The small interface every engine recipe implements."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class RecipePlan:
+    """What a recipe makes of one command line."""
+
+    argv: tuple[str, ...]
+    files: tuple[str, ...]
+    resume: tuple[str, ...]
+    signal: str
+    notes: tuple[str, ...] = ()
+
+
+class Recipe(Protocol):
+    """One engine: how it is named, how it checkpoints, how it resumes."""
+
+    #: short name shown by `m27 validate` ("gromacs")
+    name: str
+    #: program basenames that start the engine (`gmx`, `gmx_mpi`, `lmp`, ...)
+    programs: tuple[str, ...]
+
+    def matches(self, argv: tuple[str, ...], index: int) -> bool:
+        """Whether the command at `argv[index]` is the checkpointing mode of the engine."""
+        ...
+
+    def plan(self, argv: tuple[str, ...], index: int, every: float | None) -> RecipePlan:
+        """The command with the engine's checkpoint options, its files and resume args."""
+        ...
+
+    def valid_file(self, path: Path) -> str | None:
+        """Why `path` is not a complete checkpoint file (None: it looks complete)."""
+        ...
+
+    def resume_args(
+        self,
+        argv: tuple[str, ...],
+        workdir: Path,
+        resume: tuple[str, ...],
+        note: Callable[[str], None],
+    ) -> tuple[str, ...]:
+        """The resume arguments to use now that the capture is back in `workdir`."""
+        ...
+
+
+def engine_index(argv: Sequence[str], programs: Sequence[str]) -> int | None:
+    """Where the engine's program is in `argv` (after `mpirun -np 4`, `srun`, `env X=1`)."""
+    for index, arg in enumerate(argv):
+        if os.path.basename(arg) in programs:
+            return index
+    return None
+
+
+def option(argv: Sequence[str], name: str, start: int = 0) -> str | None:
+    """The value after the last `name` in argv[start:], or None."""
+    value = None
+    for i in range(start, len(argv) - 1):
+        if argv[i] == name:
+            value = argv[i + 1]
+    return value
+
+
+def minutes(seconds: float) -> str:
+    """300 -> '5', 3 -> '0.05', 10 -> '0.166667' (GROMACS reads -cpt as real minutes)."""
+    return f"{seconds / 60:.6g}"

@@ -1,0 +1,189 @@
+"""GROMACS `gmx mdrun`: `-cpt` minutes, `<deffnm>.cpt`, `-cpi` to resume, SIGTERM.
+
+mdrun checkpoints every `-cpt` minutes (and at the end) by writing a new file and renaming
+it into place, and on SIGTERM/SIGINT/SIGUSR1 at the next neighbour-search step, then exits.
+`-cpi x.cpt` resumes and, by default, appends to the outputs the checkpoint names
+(.log, .edr, .xtc, ...). GROMACS then truncates each output to the length the checkpoint
+recorded, after checking the MD5 of the (up to) 1 MiB before that point: outputs that
+only grew since (they are append-only) pass; outputs that are missing, shorter or
+different do not, and appending would fail. :meth:`Gromacs.resume_args` checks exactly
+that before the resume and falls back to `-noappend` (new `.part000N.` files, nothing
+lost, nothing duplicated) when the outputs do not match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from m27.executors.engines._base import RecipePlan, minutes, option
+
+#: XDR ints at the start and the end of every complete .cpt (GROMACS's CPT_MAGIC1/2).
+CPT_MAGIC1 = 171817
+CPT_MAGIC2 = 171819
+#: GROMACS checksums at most this many bytes before each recorded output offset.
+CHECKSUM_SPAN = 1 << 20
+
+
+@dataclass(frozen=True)
+class OutputRecord:
+    """One output file as a checkpoint records it."""
+
+    name: str
+    offset: int
+    checksum_size: int
+    checksum: str
+
+
+class Gromacs:
+    name = "gromacs"
+    programs: tuple[str, ...] = ("gmx", "gmx_mpi", "gmx_d", "gmx_mpi_d", "mdrun", "mdrun_mpi")
+
+    def matches(self, argv: tuple[str, ...], index: int) -> bool:
+        if os.path.basename(argv[index]).startswith("mdrun"):
+            return True
+        return len(argv) > index + 1 and argv[index + 1] == "mdrun"
+
+    def plan(self, argv: tuple[str, ...], index: int, every: float | None) -> RecipePlan:
+        at = index if os.path.basename(argv[index]).startswith("mdrun") else index + 1
+        notes: list[str] = []
+        cpo = option(argv, "-cpo", at)
+        deffnm = option(argv, "-deffnm", at)
+        cpt = cpo or (f"{deffnm}.cpt" if deffnm else "state.cpt")
+        given = option(argv, "-cpt", at)
+        out = argv
+        if given is not None:
+            notes.append(f"-cpt {given} is in the command: kept (minutes between checkpoints)")
+        elif every is not None:
+            out = (*argv[: at + 1], "-cpt", minutes(every), *argv[at + 1 :])
+            notes.append(f"-cpt {minutes(every)}: mdrun writes {cpt} every {minutes(every)} min")
+        else:
+            notes.append(f"no interval: mdrun writes {cpt} at its default -cpt 15 (minutes)")
+        cpi = option(argv, "-cpi", at)
+        if cpi is not None:
+            resume: tuple[str, ...] = ()
+            notes.append(f"-cpi {cpi} is in the command: mdrun resumes by itself")
+        else:
+            resume = ("-cpi", cpt)
+            how = "as new part files" if "-noappend" in argv else "appending to its outputs"
+            notes.append(f"on resume: -cpi {cpt} ({how})")
+        return RecipePlan(out, (cpt,), resume, "TERM", tuple(notes))
+
+    def valid_file(self, path: Path) -> str | None:
+        if not path.name.endswith(".cpt"):
+            return None
+        try:
+            with open(path, "rb") as f:
+                head = f.read(4)
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - 4))
+                tail = f.read(4)
+        except OSError as exc:
+            return f"cannot read: {exc}"
+        if size < 8 or int.from_bytes(head, "big") != CPT_MAGIC1:
+            return "not a GROMACS checkpoint (bad magic number)"
+        if int.from_bytes(tail, "big") != CPT_MAGIC2:
+            return "incomplete GROMACS checkpoint (no footer: torn or still being written)"
+        return None
+
+    def resume_args(
+        self,
+        argv: tuple[str, ...],
+        workdir: Path,
+        resume: tuple[str, ...],
+        note: Callable[[str], None],
+    ) -> tuple[str, ...]:
+        cpt = option(resume, "-cpi")
+        if cpt is None or "-noappend" in argv or "-noappend" in resume:
+            return resume
+        program = next((a for a in argv if os.path.basename(a).startswith("gmx")), "gmx")
+        records = read_outputs(program, workdir / cpt)
+        if records is None:
+            note(f"could not read the output list of {cpt}; letting mdrun check it")
+            return resume
+        bad = [f"{r.name}: {why}" for r in records if (why := mismatch(workdir, r)) is not None]
+        if bad:
+            note(
+                f"outputs do not match {cpt} ({'; '.join(bad)}): resuming with -noappend "
+                "(mdrun writes new .partNNNN files)"
+            )
+            return (*resume, "-noappend")
+        note(f"outputs match {cpt}: mdrun appends to {', '.join(r.name for r in records)}")
+        return resume
+
+
+_FIELD = re.compile(
+    r"^(output filename|file_offset_high|file_offset_low|file_checksum_size|"
+    r"file_checksum) = (.*)$"
+)
+
+
+def read_outputs(program: str, cpt: Path) -> list[OutputRecord] | None:
+    """The outputs a checkpoint names, via `gmx dump -cp` (None if it cannot be read)."""
+    try:
+        done = subprocess.run(
+            [program, "-quiet", "dump", "-cp", str(cpt)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return parse_outputs(done.stdout)
+
+
+def parse_outputs(dump: str) -> list[OutputRecord]:
+    records: list[OutputRecord] = []
+    current: dict[str, str] = {}
+    for line in dump.splitlines():
+        m = _FIELD.match(line.strip())
+        if not m:
+            continue
+        key, value = m.group(1), m.group(2).strip()
+        if key == "output filename" and current:
+            records.append(_record(current))
+            current = {}
+        current[key] = value
+        if key == "file_checksum":
+            records.append(_record(current))
+            current = {}
+    return records
+
+
+def _record(fields: dict[str, str]) -> OutputRecord:
+    high = int(fields.get("file_offset_high", "0"))
+    low = int(fields.get("file_offset_low", "0")) % (1 << 32)
+    return OutputRecord(
+        name=fields.get("output filename", ""),
+        offset=(high << 32) + low,
+        checksum_size=int(fields.get("file_checksum_size", "-1")),
+        checksum=fields.get("file_checksum", ""),
+    )
+
+
+def mismatch(workdir: Path, record: OutputRecord) -> str | None:
+    """Why mdrun could not append to this output (None: it can)."""
+    path = workdir / record.name
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return "missing"
+    if size < record.offset:
+        return f"{size} bytes, the checkpoint needs {record.offset}"
+    if record.checksum_size <= 0 or not record.checksum:
+        return None
+    start = record.offset - record.checksum_size
+    with open(path, "rb") as f:
+        f.seek(start)
+        digest = hashlib.md5(f.read(record.checksum_size), usedforsecurity=False).hexdigest()
+    return None if digest == record.checksum else "checksum differs"

@@ -1,0 +1,126 @@
+"""The `checkpoint:` field: an interval, or what a self-checkpointing program writes.
+
+`checkpoint: 300s` stays what it always was (the interval m27.Checkpointer and engine
+recipes read). The mapping form tells m27 about a program that checkpoints itself:
+
+    checkpoint:
+      every: 5m                      # optional; recipes turn it into program options
+      files: [simulation.cpt]        # globs relative to the step's workdir, captured
+      resume: [-cpi, simulation.cpt] # arguments added when the step resumes
+      signal: TERM                   # what the program checkpoints on (TERM, USR1, INT)
+
+What a recipe (``m27.executors.engines``) adds is decided later, from the rendered argv.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
+
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from m27.spec._nodes import describe, is_null, suggest
+
+if TYPE_CHECKING:
+    from m27.spec._check import Checker
+
+KEYS = ("every", "files", "resume", "signal")
+SIGNALS = ("TERM", "USR1", "INT")
+
+
+@dataclass(frozen=True)
+class CheckpointField:
+    """What `checkpoint:` said, read and checked."""
+
+    every: float | None = None
+    files: tuple[str, ...] = ()
+    resume: tuple[str, ...] | None = None
+    signal: str | None = None
+
+
+def read_checkpoint(checker: Checker, node: Node, where: str) -> CheckpointField | None:
+    """The field's value; problems go to `checker` (None when nothing usable was read)."""
+    if not isinstance(node, MappingNode):
+        interval = checker.duration(node, where)
+        return None if interval is None else CheckpointField(every=interval)
+    keys = checker.mapping(node, where, KEYS)
+    if keys is None:
+        return None
+    before = len(checker.problems)
+    every: float | None = None
+    files: list[str] = []
+    resume: tuple[str, ...] | None = None
+    signal: str | None = None
+    if (entry := keys.get("every")) is not None and not is_null(entry[1]):
+        every = checker.duration(entry[1], f"{where}.every")
+    if (entry := keys.get("files")) is not None and not is_null(entry[1]):
+        files = _files(checker, entry[1], f"{where}.files")
+    if (entry := keys.get("resume")) is not None and not is_null(entry[1]):
+        resume = _resume(checker, entry[1], f"{where}.resume")
+    if (entry := keys.get("signal")) is not None and not is_null(entry[1]):
+        signal = _signal(checker, entry[1], f"{where}.signal")
+    if len(checker.problems) > before:
+        return None
+    return CheckpointField(every, tuple(files), resume, signal)
+
+
+def _rendered(checker: Checker, node: Node, where: str) -> str | None:
+    text = checker.text(node, where)
+    if text is None:
+        return None
+    return checker._render_plain(checker.template(node, where, text))
+
+
+def _files(checker: Checker, node: Node, where: str) -> list[str]:
+    out: list[str] = []
+    items = node.value if isinstance(node, SequenceNode) else [node]
+    for i, item in enumerate(items):
+        path = f"{where}[{i}]" if isinstance(node, SequenceNode) else where
+        value = _rendered(checker, item, path)
+        if value is None:
+            continue
+        pure = PurePosixPath(value)
+        if not value.strip():
+            checker.add(item, path, "must not be empty")
+        elif pure.is_absolute() or value.startswith("~"):
+            checker.add(
+                item, path, f"{value!r} must be relative to the step's workdir (a glob like *.cpt)"
+            )
+        elif ".." in pure.parts:
+            checker.add(item, path, f"{value!r} must stay inside the step's workdir (no '..')")
+        else:
+            out.append(value)
+    return out
+
+
+def _resume(checker: Checker, node: Node, where: str) -> tuple[str, ...] | None:
+    if isinstance(node, SequenceNode):
+        args = []
+        for i, item in enumerate(node.value):
+            value = _rendered(checker, item, f"{where}[{i}]")
+            if value is not None:
+                args.append(value)
+        return tuple(args)
+    value = _rendered(checker, node, where)
+    if value is None:
+        return None
+    try:
+        return tuple(shlex.split(value))
+    except ValueError as exc:
+        checker.add(node, where, f"cannot split into arguments: {exc}")
+        return None
+
+
+def _signal(checker: Checker, node: Node, where: str) -> str | None:
+    if not isinstance(node, ScalarNode):
+        checker.add(node, where, f"must be one of {', '.join(SIGNALS)}, got {describe(node)}")
+        return None
+    raw = str(node.value).strip().upper()
+    name = raw[3:] if raw.startswith("SIG") else raw
+    if name not in SIGNALS:
+        hint = suggest(name, SIGNALS) or f" (use one of {', '.join(SIGNALS)})"
+        checker.add(node, where, f"unknown signal {node.value!r}{hint}")
+        return None
+    return name

@@ -1,0 +1,164 @@
+"""`checkpoint:` for programs that checkpoint themselves: the field, the recipes, validate."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from m27.cli.commands import validate
+from m27.executors.engines import plan_checkpoint, uses_checkpointer
+from m27.executors.engines.gromacs import Gromacs, parse_outputs
+from m27.spec import SpecError, parse_pipeline
+
+SEED = """\
+pipeline:
+  - name: preprocessing
+    type: cpu
+    command: python prepare_pdb.py --input {{INPUT_FILE}}
+    output: /tmp/preprocessed.pdb
+  - name: md_simulation
+    type: gpu
+    depends_on: [preprocessing]
+    checkpoint: 300s   # save incremental state every 5 minutes
+    command: gmx mdrun -deffnm simulation -v
+  - name: analysis
+    type: gpu_light
+    depends_on: [md_simulation]
+    command: python analyze_trajectory.py
+"""
+
+
+def _validate(path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    parser = argparse.ArgumentParser(prog="m27")
+    validate.register(parser.add_subparsers())
+    args = parser.parse_args(["validate", str(path), "--set", "INPUT_FILE=x.pdb"])
+    assert args.func(args) == 0
+    return capsys.readouterr().out
+
+
+def test_validate_explains_the_seed_checkpoint_as_cpt_and_cpi(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "seed.yaml"
+    path.write_text(SEED)
+    out = _validate(path, capsys)
+    assert "md_simulation: checkpoint every 5m00s (gromacs recipe)" in out
+    assert "command: gmx mdrun -cpt 5 -deffnm simulation -v" in out
+    assert "resume: -cpi simulation.cpt" in out
+    assert "files: simulation.cpt" in out
+    assert "signal: SIGTERM" in out
+    assert "warning" not in out
+
+
+def test_validate_warns_when_checkpoint_can_mean_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "uses.py").write_text("from m27 import Checkpointer\n")
+    (tmp_path / "plain.py").write_text("print('hi')\n")
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "pipeline:\n"
+        "  - {name: a, type: cpu, checkpoint: 10s, command: python plain.py}\n"
+        "  - {name: b, type: cpu, checkpoint: 10s, command: python uses.py}\n"
+        "  - {name: c, type: cpu, checkpoint: {every: 1m, files: [out/*.chk]}, command: prog}\n"
+    )
+    out = _validate(path, capsys)
+    assert "warning: a: checkpoint: has no effect" in out
+    assert "warning: b:" not in out and "warning: c:" not in out
+    assert "files: out/*.chk" in out
+
+
+def test_checkpoint_mapping_is_read_with_its_fields() -> None:
+    p = parse_pipeline(
+        "pipeline:\n"
+        "  - name: md\n"
+        "    type: cpu\n"
+        "    command: prog --go\n"
+        "    checkpoint:\n"
+        "      every: 5m\n"
+        "      files: [state.chk, 'restart/*.bin']\n"
+        "      resume: --restart state.chk\n"
+        "      signal: SIGUSR1\n",
+        "p.yaml",
+    )
+    step = p.steps[0]
+    assert step.checkpoint == 300.0
+    assert step.checkpoint_files == ("state.chk", "restart/*.bin")
+    assert step.checkpoint_resume == ("--restart", "state.chk")
+    assert step.checkpoint_signal == "USR1"
+
+
+def test_bad_checkpoint_fields_point_at_line_and_column() -> None:
+    with pytest.raises(SpecError) as err:
+        parse_pipeline(
+            "pipeline:\n"
+            "  - name: md\n"
+            "    type: cpu\n"
+            "    command: prog\n"
+            "    checkpoint:\n"
+            "      every: soon\n"
+            "      files: [/abs/x.cpt, ../up.cpt]\n"
+            "      signal: HUP\n"
+            "      resumes: [-x]\n",
+            "p.yaml",
+        )
+    text = str(err.value)
+    assert "p.yaml:6:14: pipeline[0].checkpoint.every:" in text
+    assert "p.yaml:7:15: pipeline[0].checkpoint.files[0]: '/abs/x.cpt' must be relative" in text
+    assert "pipeline[0].checkpoint.files[1]: '../up.cpt' must stay inside" in text
+    assert "p.yaml:8:15: pipeline[0].checkpoint.signal: unknown signal 'HUP'" in text
+    assert "p.yaml:9:7: pipeline[0].checkpoint.resumes: unknown key 'resumes'" in text
+
+
+def test_gromacs_recipe_minutes_deffnm_cpo_and_user_options() -> None:
+    p = plan_checkpoint(["gmx", "mdrun", "-deffnm", "sim"], 3.0)
+    assert p.argv == ("gmx", "mdrun", "-cpt", "0.05", "-deffnm", "sim")
+    assert (p.files, p.resume, p.signal) == (("sim.cpt",), ("-cpi", "sim.cpt"), "TERM")
+    assert plan_checkpoint(["gmx", "mdrun"], 90.0).files == ("state.cpt",)
+    cpo = plan_checkpoint(["mpirun", "-np", "2", "gmx_mpi", "mdrun", "-cpo", "a.cpt"], 60.0)
+    assert cpo.argv[:7] == ("mpirun", "-np", "2", "gmx_mpi", "mdrun", "-cpt", "1")
+    assert cpo.resume == ("-cpi", "a.cpt")
+    kept = plan_checkpoint(["gmx", "mdrun", "-cpt", "2", "-deffnm", "s"], 300.0)
+    assert kept.argv == ("gmx", "mdrun", "-cpt", "2", "-deffnm", "s")
+    explicit = plan_checkpoint(["gmx", "mdrun"], 60.0, files=["x.cpt"], resume=["-cpi", "x.cpt"])
+    assert (explicit.files, explicit.resume) == (("x.cpt",), ("-cpi", "x.cpt"))
+    assert plan_checkpoint(["gmx", "grompp"], 60.0).recipe is None
+    assert plan_checkpoint(["/bin/sh", "-c", "gmx mdrun"], 60.0, shell=True).recipe is None
+
+
+def test_lammps_recipe_uses_var_convention() -> None:
+    p = plan_checkpoint(["lmp_serial", "-in", "in.md"], 600.0)
+    assert p.recipe == "lammps"
+    assert p.argv == ("lmp_serial", "-var", "m27_restart", "m27.restart", "-var", "m27_every_s",
+                      "600", "-in", "in.md")  # fmt: skip
+    assert (p.files, p.resume) == (("m27.restart",), ("-var", "m27_resume", "1"))
+
+
+def test_gromacs_checkpoint_validity_needs_header_and_footer(tmp_path: Path) -> None:
+    good = tmp_path / "s.cpt"
+    body = (171817).to_bytes(4, "big") + b"x" * 100 + (171819).to_bytes(4, "big")
+    good.write_bytes(body)
+    assert Gromacs().valid_file(good) is None
+    torn = tmp_path / "t.cpt"
+    torn.write_bytes(body[:60])
+    assert "incomplete" in (Gromacs().valid_file(torn) or "")
+
+
+def test_gromacs_dump_output_list_is_parsed() -> None:
+    dump = (
+        "number of output files = 2\n"
+        "output filename = simulation.log\nfile_offset_high = 0\nfile_offset_low = 19187\n"
+        "file_checksum_size = 19187\nfile_checksum = ab3b\n"
+        "output filename = simulation.edr\nfile_offset_high = 1\nfile_offset_low = -2\n"
+        "file_checksum_size = 1048576\nfile_checksum = 1552\n"
+    )
+    log, edr = parse_outputs(dump)
+    assert (log.name, log.offset, log.checksum) == ("simulation.log", 19187, "ab3b")
+    assert edr.offset == (1 << 32) + (1 << 32) - 2
+
+
+def test_checkpointer_heuristic_reads_python_c_and_scripts(tmp_path: Path) -> None:
+    assert uses_checkpointer(["python", "-c", "import m27; m27.Checkpointer()"], tmp_path)
+    assert not uses_checkpointer(["python", "missing.py"], tmp_path)
