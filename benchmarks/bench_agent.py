@@ -1,24 +1,38 @@
 """The live agent on 2 simulated GPUs: three tiers vs strict FIFO-exclusive, real processes.
 
 Steps alternate compute and I/O phases, like MD writing trajectory frames (compute is a
-sleep: a simulated GPU counts a process as computing unless it is at its gate, inside
-``m27.io_wait()`` or stopped). All steps are submitted at once to one agent, first with
-the default three-tier policy, then with ``PolicyConfig(fifo=True)``. Reported:
+sleep in 2 ms chunks with a ``m27.gate()`` call before each: a simulated GPU counts a
+process as computing unless it is at its gate, inside ``m27.io_wait()`` or stopped). All
+steps are submitted at once to one agent, in four modes:
+
+- ``tiers``: the default three-tier policy, standby guests following their primary's
+  hint and the agent waking on I/O changes (m27.node.follow);
+- ``tiers_tick``: the same policy, tick-driven as before (the baseline for the reaction
+  times: the agent acts every ``io_timeout`` = 50 ms, guests wait for its word);
+- ``tiers_inferred``: the agent ignores the hints, so it infers every I/O wait from the
+  primary's utilization (the black-box path);
+- ``fifo``: ``PolicyConfig(fifo=True)``, strict FIFO-exclusive (the baseline for busy).
+
+Reported:
 
 - makespan and GPU busy fraction (union of the compute phases the steps recorded, per
   GPU, over GPUs x makespan);
 - dispatch latency: lease released -> the next step's process started (fifo), or
   -> the best guest promoted (tiers: the process is already there);
 - guest reaction time: primary enters an I/O wait -> a guest computes (from the steps'
-  own records) and -> the agent's GuestResumed.
+  own records) and -> the agent's GuestResumed;
+- guest pause time: primary leaves its I/O wait -> the guest's last compute chunk that
+  began in the wait ends (0 if it ended first).
 
     python benchmarks/bench_agent.py [--steps 8] [--cycles 4] [--compute 0.2] [--io 0.2] [--json]
+        [--modes tiers,tiers_tick,tiers_inferred,fifo]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import textwrap
@@ -34,7 +48,7 @@ from m27.executors.local import StepLaunch
 from m27.gpu.sim import SimBackend
 from m27.node.agent import Agent
 from m27.node.lease import AgentLease, run_leased
-from m27.policy import PolicyConfig
+from m27.policy import Decision, PolicyConfig, StepKey
 from m27.store.sqlite import SqliteEventStore
 
 GiB = 1024**3
@@ -46,12 +60,13 @@ STEP = textwrap.dedent("""\
     rec = open(out, "w", buffering=1)
     with io_wait():
         time.sleep(0.05)  # load the input
+    rec.write(f"ready {time.time()} {time.time()}\\n")
     for _ in range(cycles):
         left = compute
         while left > 1e-9:
             gate()
-            t = time.time(); time.sleep(min(0.01, left)); left -= 0.01
-            rec.write(f"compute {t} {time.time()}\\n")
+            t = time.time(); time.sleep(min(0.002, left)); e = time.time(); left -= e - t
+            rec.write(f"compute {t} {e}\\n")
         with io_wait():
             t = time.time(); time.sleep(io); rec.write(f"io {t} {time.time()}\\n")
 """)
@@ -79,12 +94,41 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def run_mode(fifo: bool, steps: int, cycles: int, compute: float, io: float) -> dict[str, Any]:
+class TickAgent(Agent):
+    """The agent as it was: guests wait for its word, given once per tick."""
+
+    def _follow(self, decision: Decision, now: float) -> None:
+        pass
+
+    def _wait(self, timeout: float) -> int:
+        return self.poll(timeout)
+
+
+class InferringAgent(Agent):
+    """An agent that does not read the hints: every I/O wait is inferred."""
+
+    def _io_waiting(self, key: StepKey) -> bool:
+        return False
+
+    def _hints(self, key: StepKey) -> bool:
+        return False
+
+
+AGENTS: dict[str, type[Agent]] = {
+    "tiers": Agent,
+    "tiers_tick": TickAgent,
+    "tiers_inferred": InferringAgent,
+    "fifo": Agent,
+}
+
+
+def run_mode(mode: str, steps: int, cycles: int, compute: float, io: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="m27-bench-agent-") as tmp:
         home = Path(tmp)
         store = SqliteEventStore(home / "events.db")
         backend = SimBackend(2, memory_total=16 * GiB)
-        agent = Agent(store, backend, home, config=PolicyConfig(fifo=fifo, cpu_slots=2))
+        config = PolicyConfig(fifo=mode == "fifo", cpu_slots=2)
+        agent = AGENTS[mode](store, backend, home, config=config)
         stop = threading.Event()
         loop = threading.Thread(target=agent.run, args=(stop,), daemon=True)
         loop.start()
@@ -141,16 +185,29 @@ def _measure(events: list[ev.Event], outs: dict[str, Path], makespan: float) -> 
                     dispatch.append(later.at - e.at)
                     break
     # guest reaction: a primary's I/O start -> the first guest compute chunk in that I/O
-    reaction, resumed = [], []
+    # (only I/O waits of a step while it is its GPU's primary, with a guest loaded)
+    reaction, resumed, pause = [], [], []
     primaries: dict[int, str] = {}
     guest_chunks = {n: _phases(p, "compute") for n, p in outs.items()}
     io_spans = {n: _phases(p, "io") for n, p in outs.items()}
     res = [e for e in events if isinstance(e, ev.GuestResumed)]
+    primary_from: dict[str, float] = {}  # when each step became its GPU's primary
     for e in events:
         if isinstance(e, ev.LeaseGranted) and e.tier == "immediate":
             primaries[e.gpus[0]] = e.step
+            primary_from[e.step] = e.at
+        elif isinstance(e, ev.Promoted):
+            primary_from[e.step] = e.at
+    ready = {n: min((a for a, _ in _phases(p, "ready")), default=math.inf) for n, p in outs.items()}
+    done = {n: max((b for _, b in guest_chunks[n] + io_spans[n]), default=0.0) for n in outs}
     for name, spans in io_spans.items():
         for a, b in spans:
+            # only I/O waits with a guest already loaded and at its gate count: the time a
+            # guest takes to start (import, load) is not a reaction time
+            if a < primary_from.get(name, math.inf) or not any(
+                ready[o] < a < done[o] for o in outs if o != name and gpu_of[o] == gpu_of[name]
+            ):
+                continue
             starts = [
                 c
                 for other, chunks in guest_chunks.items()
@@ -160,6 +217,14 @@ def _measure(events: list[ev.Event], outs: dict[str, Path], makespan: float) -> 
             ]
             if starts:
                 reaction.append(min(starts) - a)
+                ends = [
+                    d
+                    for other, chunks in guest_chunks.items()
+                    if other != name and gpu_of[other] == gpu_of[name]
+                    for c, d in chunks
+                    if a <= c <= b
+                ]
+                pause.append(max(0.0, max(ends) - b))
             marks = [r.at - a for r in res if r.gpu == gpu_of[name] and a <= r.at <= b]
             if marks:
                 resumed.append(min(marks))
@@ -173,6 +238,9 @@ def _measure(events: list[ev.Event], outs: dict[str, Path], makespan: float) -> 
         "guest_reaction_ms_p50": _r(_pct(reaction, 0.5), ms),
         "guest_reaction_ms_p99": _r(_pct(reaction, 0.99), ms),
         "guest_resumed_ms_p50": _r(_pct(resumed, 0.5), ms),
+        "guest_resumed_ms_p99": _r(_pct(resumed, 0.99), ms),
+        "guest_pause_ms_p50": _r(_pct(pause, 0.5), ms),
+        "guest_pause_ms_p99": _r(_pct(pause, 0.99), ms),
         "io_waits_used_by_guests": f"{len(reaction)}/{sum(len(s) for s in io_spans.values())}",
     }
 
@@ -187,20 +255,40 @@ def main() -> int:
     p.add_argument("--cycles", type=int, default=4)
     p.add_argument("--compute", type=float, default=0.2)
     p.add_argument("--io", type=float, default=0.2)
+    p.add_argument("--modes", default=",".join(AGENTS))
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    results = {
-        mode: run_mode(mode == "fifo", args.steps, args.cycles, args.compute, args.io)
-        for mode in ("tiers", "fifo")
+    modes = [m for m in args.modes.split(",") if m]
+    results: dict[str, Any] = {
+        mode: run_mode(mode, args.steps, args.cycles, args.compute, args.io) for mode in modes
     }
+    ratios = _ratios(results)
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps({**results, "ratios": ratios}, indent=2))
         return 0
-    keys = list(results["tiers"])
-    print(f"{'metric':<26} {'three tiers':>12} {'fifo':>12}")
+    keys = list(results[modes[0]])
+    print(f"{'metric':<26}" + "".join(f" {m:>15}" for m in modes))
     for k in keys:
-        print(f"{k:<26} {results['tiers'][k]!s:>12} {results['fifo'][k]!s:>12}")
+        print(f"{k:<26}" + "".join(f" {results[m][k]!s:>15}" for m in modes))
+    for k, v in ratios.items():
+        print(f"{k}: {v}")
     return 0
+
+
+def _ratios(results: dict[str, Any]) -> dict[str, float]:
+    """Each figure against its baseline in the same run."""
+    out: dict[str, float] = {}
+
+    def ratio(name: str, a: str, b: str, key: str) -> None:
+        x, y = results.get(a, {}).get(key), results.get(b, {}).get(key)
+        if x is not None and y:
+            out[name] = round(x / y, 3)
+
+    ratio("busy_tiers_over_fifo", "tiers", "fifo", "gpu_busy_fraction")
+    ratio("makespan_tiers_over_fifo", "tiers", "fifo", "makespan_s")
+    ratio("reaction_p99_tiers_over_tick", "tiers", "tiers_tick", "guest_reaction_ms_p99")
+    ratio("pause_p99_tiers_over_tick", "tiers", "tiers_tick", "guest_pause_ms_p99")
+    return out
 
 
 if __name__ == "__main__":

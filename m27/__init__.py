@@ -5,6 +5,9 @@ The public API is what ``__all__`` lists; everything else is internal and may ch
 
 from __future__ import annotations
 
+import importlib as _importlib
+import typing as _typing
+
 __version__ = "0.1.0"
 
 from m27._exceptions import (
@@ -20,13 +23,39 @@ from m27._exceptions import (
     StoreError,
     UnknownEventError,
 )
-from m27.checkpoint import Checkpointer
 from m27.clock import Clock, FakeClock, SystemClock
-from m27.config import Settings, load_settings
-from m27.spec import Pipeline, Problem, Step, load_pipeline
 from m27.step import gate, io_wait
 
 __all__ = [
+if _typing.TYPE_CHECKING:
+    from m27.checkpoint import Checkpointer
+    from m27.config import Settings, load_settings
+    from m27.spec import Pipeline, Problem, Step, load_pipeline
+
+#: Public names imported on first use: a step process that only calls ``m27.io_wait()``
+#: and ``m27.gate()`` starts without numpy, the checkpointer or the spec parser, so it
+#: reaches its gate in milliseconds (a guest still importing is computing, as far as a
+#: GPU's utilization can tell, and would be stopped by signal).
+_LAZY = {
+    "Checkpointer": "m27.checkpoint",
+    "Settings": "m27.config",
+    "load_settings": "m27.config",
+    "Pipeline": "m27.spec",
+    "Problem": "m27.spec",
+    "Step": "m27.spec",
+    "load_pipeline": "m27.spec",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'm27' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
     "CheckpointError",
     "Checkpointer",
     "Clock",

@@ -31,6 +31,7 @@ import math
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -55,6 +56,7 @@ from m27.events import (
 from m27.gpu import GpuBackend, GpuSample
 from m27.node import procs as proc
 from m27.node.book import Book, Held, policy_input
+from m27.node.follow import IoWatch, arm_standby
 from m27.node.report import Health, Sampler, remove_snapshot, snapshot, write_snapshot
 from m27.policy import (
     Decision,
@@ -145,6 +147,8 @@ class Agent:
         self._memory = {d.index: d.memory_total or 0 for d in backend.devices()}
         self._attach = getattr(backend, "attach", None)
         self._detach = getattr(backend, "detach", None)
+        self._watch = IoWatch(self.config)
+        self._paused_now: dict[StepKey, bool] = {}
 
     # -- life ---------------------------------------------------------------------------
 
@@ -175,7 +179,7 @@ class Agent:
         if not self.started:
             self.start()
         while not stop.is_set():
-            self.poll(self.tick_s)
+            self._wait(self.tick_s)
             if stop.is_set():
                 break
             self.tick()
@@ -191,6 +195,39 @@ class Agent:
     # -- one pass -----------------------------------------------------------------------
 
     def poll(self, timeout: float = 0.0) -> int:
+    def _follow(self, decision: Decision, now: float) -> None:
+        """Standby guests follow their primary's hint; remember the I/O states now."""
+        primaries, channels, hints = self.book.primaries(), self._channels, self._hints
+        held, stopped = self.book.held, self._stopped
+        arm_standby(decision.standby, held, primaries, channels, stopped, self._paused_now, hints)
+        hosted = self._hosted()
+        self._watch.seen = self._watch.state(primaries, hosted, channels, hints, self._low, now)
+
+    def _hosted(self) -> set[int]:
+        return {h.gpus[0] for h in self.book.held.values() if h.guest and h.gpus}
+
+    def _wait(self, timeout: float) -> int:
+        """Like :meth:`poll`, but while guests are hosted, return early (0) when a
+        primary's I/O state changed since the last tick (m27.node.follow)."""
+        hosted = self._hosted()
+        if not hosted:
+            return self.poll(timeout)
+        watch, primaries = self._watch, self.book.primaries()
+        deadline = time.monotonic() + timeout
+        sample_at = 0.0
+        while True:
+            left = deadline - time.monotonic()
+            n = self.poll(min(watch.slice_s, left)) if left > 0 else 0
+            if n or left <= 0:
+                return n
+            now = self.clock.now()
+            if time.monotonic() >= sample_at:  # utilization, for inferred I/O waits
+                self._views(self._sampler.sample(now), now)
+                sample_at = time.monotonic() + watch.slice_s
+            io = watch.state(primaries, hosted, self._channels, self._hints, self._low, now)
+            if io != watch.seen:
+                return 0
+
         """Apply the events appended since the last pass; waits up to `timeout` for one."""
         if timeout > 0:
             records = self.store.follow(self.book.last_seq, timeout)
@@ -230,6 +267,7 @@ class Agent:
         acted: set[StepKey] = set()
         out += self._act(decision, now, acted)
         out += self._escalate(now, acted, samples)
+        self._follow(decision, now)
         if out:
             self.store.append(out)
         if self.snapshot_every is not None and now - self._snapshot_at >= self.snapshot_every:
@@ -302,6 +340,11 @@ class Agent:
         return ch is not None and ch.io_waiting()
 
     def _views(self, samples: list[GpuSample], now: float) -> list[GpuView]:
+    def _hints(self, key: StepKey) -> bool:
+        """Whether the step says when it waits on I/O (it has used ``io_wait()``)."""
+        ch = self._channels.get(key)
+        return ch is not None and ch.io_count() > 0
+
         primaries = self.book.primaries()
         views = []
         for s in samples:
@@ -360,6 +403,7 @@ class Agent:
     def _act(self, d: Decision, now: float, acted: set[StepKey]) -> list[Event]:
         out: list[Event] = []
         primary_of: dict[int, StepKey] = {g: h.key for g, h in self.book.primaries().items()}
+        self._paused_now = paused_now = {}
         for a in d.actions:
             if isinstance(a, Grant):
                 as_guest = a.tier == "ready" or (
@@ -387,6 +431,7 @@ class Agent:
                     continue
                 how = self._pause(a.key, h, now)
                 if isinstance(a, Demote):
+                paused_now[a.key] = True
                     primary_of.pop(a.gpu, None)
                     out.append(GuestStarted(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu))
                 out.append(GuestPaused(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu, how=how))
@@ -396,6 +441,7 @@ class Agent:
                     continue
                 self._resume(a.key, h)
                 cls = Promoted if isinstance(a, Promote) else GuestResumed
+                paused_now[a.key] = False
                 out.append(cls(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu))
                 if isinstance(a, Promote):
                     primary_of[a.gpu] = a.key
@@ -440,8 +486,8 @@ class Agent:
             if not liveness.alive(h.pid, h.pid_started):
                 continue
             ch = self._channels.get(key)
-            if ch is not None and (ch.at_gate() or ch.io_waiting()):
-                continue
+            if ch is not None and (ch.at_gate() or ch.io_waiting() or ch.following()):
+                continue  # a following guest computes only in its primary's I/O wait
             since = max(h.paused_at or 0.0, h.started_at or 0.0)
             # A guest that never used its gate and shows compute is stopped at once; a gate
             # user gets gate_grace to reach its gate (it may be between two gate calls).

@@ -98,11 +98,14 @@ class Decision:
     ``next_check`` is the earliest time the answer can change with no new event (an
     inferred I/O wait reaching ``io_timeout``); the simulator wakes itself then.
     ``reasons`` maps every pending step that got no action (a Reserve does not start a
-    step) to one line a person can read; it is built on first access.
+    step) to one line a person can read; it is built on first access. ``standby`` names,
+    per GPU with guests, the guest that computes in its primary's next I/O wait (the agent
+    lets it follow the primary's ``io_wait()`` hint directly, within a millisecond).
     """
 
     actions: tuple[Action, ...]
     next_check: float | None = None
+    standby: Mapping[int, StepKey] = field(default_factory=dict, compare=False)
     _inp: PolicyInput | None = field(default=None, repr=False, compare=False)
     _ranked: Sequence[Ranked] = field(default=(), repr=False, compare=False)
     _gpus: Mapping[int, GpuState] = field(default_factory=dict, repr=False, compare=False)
@@ -155,8 +158,9 @@ def decide(inp: PolicyInput) -> Decision:
         outrank(ranked, gpus, usable, cfg, now, actions, granted)
     promote(gpus, usable, actions)
     _place(ranked, gpus, usable, cfg, now, cpu_busy, actions, notes, granted)
-    next_check = run_or_pause(gpus, usable, cfg, now, actions)
-    return Decision(tuple(actions), next_check, inp, ranked, gpus, notes)
+    standby: dict[int, StepKey] = {}
+    next_check = run_or_pause(gpus, usable, cfg, now, actions, standby)
+    return Decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes)
 
 
 def _gate_only(inp: PolicyInput) -> Decision:
@@ -172,7 +176,7 @@ def _gate_only(inp: PolicyInput) -> Decision:
             for g in r.gpus:
                 primary[g] = r
     if not hosted:
-        return Decision((), None, inp)
+        return Decision((), None, {}, inp)
     cfg, now = inp.config, inp.now
     views = {v.index: v for v in inp.gpus}
     gated: list[tuple[int, GpuView, bool, bool, list[Slot]]] = []
@@ -191,10 +195,13 @@ def _gate_only(inp: PolicyInput) -> Decision:
         else:
             gated.append((i, view, False, prim.io_waiting, guests))
     next_check: float | None = None
+    standby: dict[int, StepKey] = {}
     for i, view, fresh, io_waiting, guests in gated:
         if guests:
-            next_check = gate(i, view, fresh, io_waiting, guests, cfg, now, actions, next_check)
-    return Decision(tuple(actions), next_check, inp)
+            next_check = gate(
+                i, view, fresh, io_waiting, guests, cfg, now, actions, next_check, standby
+            )
+    return Decision(tuple(actions), next_check, standby, inp)
 
 
 def _place(

@@ -103,6 +103,7 @@ def run_or_pause(
     cfg: PolicyConfig,
     now: float,
     actions: list[Action],
+    standby: dict[int, StepKey],
 ) -> float | None:
     """Let the best guest compute while its primary waits on I/O; pause all others."""
     next_check: float | None = None
@@ -112,7 +113,16 @@ def run_or_pause(
         if prim is None or not st.guests:
             continue
         next_check = gate(
-            i, st.view, prim.fresh, prim.io_waiting, st.guests, cfg, now, actions, next_check
+            i,
+            st.view,
+            prim.fresh,
+            prim.io_waiting,
+            st.guests,
+            cfg,
+            now,
+            actions,
+            next_check,
+            standby,
         )
     return next_check
 
@@ -127,10 +137,13 @@ def gate(
     now: float,
     actions: list[Action],
     next_check: float | None,
+    standby: dict[int, StepKey],
 ) -> float | None:
     """One GPU's guests: the best computes while the primary waits on I/O (hinted, or
     inferred from low utilization for ``io_timeout``), the others are paused. A fresh
-    primary (just granted or promoted) is taken to compute."""
+    primary (just granted or promoted) is taken to compute. The best guest is also the
+    GPU's `standby`: the one that computes in the primary's next I/O wait, which the agent
+    lets follow the primary's own hint without waiting for the next decision."""
     low_since = view.util_low_since
     util_low = view.primary_util is None or view.primary_util < cfg.io_util_threshold
     inferred = low_since is not None and util_low and now - low_since >= cfg.io_timeout
@@ -140,6 +153,7 @@ def gate(
         next_check = due if next_check is None else min(next_check, due)
     if len(guests) == 1:
         g = guests[0]
+        standby[i] = g.key
         if io and g.paused:
             actions.append(ResumeGuest(g.key, i))
             g.paused = False
@@ -147,8 +161,10 @@ def gate(
             actions.append(PauseGuest(g.key, i))
             g.paused = True
         return next_check
-    best = min(guests, key=Slot.guest_rank) if io else None
-    for g in sorted(guests, key=Slot.guest_rank):
+    order = sorted(guests, key=Slot.guest_rank)
+    standby[i] = order[0].key
+    best = order[0] if io else None
+    for g in order:
         if g is best and g.paused:
             actions.append(ResumeGuest(g.key, i))
             g.paused = False

@@ -10,7 +10,7 @@ Layout (64 bytes, native byte order, version 1)::
 
     0  u32 magic "M27C"   4  u32 version
     8  i32 io_depth       step: nesting depth of io_wait blocks (> 0: doing I/O)
-    12 i32 gate_closed    agent: 1 = the step must wait at its gate
+    12 i32 gate_closed    agent: 0 open, 1 closed, >= 2 follow the primary (below)
     16 i32 at_gate        step: 1 while blocked in gate()
     20 i32 pid            step: pid of the last process that opened the channel
     24 f64 io_since       step: time.monotonic() when io_depth went 0 -> 1
@@ -18,6 +18,15 @@ Layout (64 bytes, native byte order, version 1)::
     40 u64 io_count       step: io_wait blocks entered (I/O shorter than a tick shows here)
     48 u64 gate_calls     step: gate() calls (> 0: the step pauses cooperatively)
     56 f64 gate_seconds   step: total seconds spent blocked at the gate
+
+*Follow* (``gate_closed`` >= 2): the gate is open exactly while the primary on the same
+GPU is inside ``io_wait()``. The agent writes the primary's channel path into the sidecar
+``<channel>.follow`` and then a new value (2, 3, ...) into ``gate_closed``; the guest maps
+the primary's page read-only when the value changes and reads its ``io_depth`` at every
+``gate()`` call. So a hinted I/O wait reaches the guest in about a millisecond, without a
+round trip through the agent, and the guest stops at its next ``gate()`` call when the
+primary computes again. Only the one guest that would compute next follows; the others
+stay closed.
 
 ``time.monotonic`` is CLOCK_MONOTONIC, shared by every process of a Linux machine, so the
 agent can compare ``io_since`` with its own monotonic clock.
@@ -54,6 +63,10 @@ _Q_IO_COUNT, _Q_GATE_CALLS = 5, 6
 # and a guest parked for hours wakes 200 times a second at most.
 _POLL_FIRST: Final = 0.0005
 _POLL_MAX: Final = 0.005
+# A following guest polls its primary's page at a fixed 1 ms: it is the one guest per GPU
+# that runs next, and a hinted I/O wait must reach it within milliseconds.
+_POLL_FOLLOW: Final = 0.001
+_FOLLOW_FIRST: Final = 2
 _monotonic = time.monotonic
 
 
@@ -76,6 +89,11 @@ class Channel:
         self._lock = threading.Lock()
         self._acquire = self._lock.acquire
         self._release = self._lock.release
+        # follow mode: the gate value the target was loaded for, and the primary's page
+        self._follow_value = 0
+        self._follow: Channel | None = None
+        self._follow_target = ""
+        self._follow_seq = 0
         if self._i[_I_MAGIC] != _MAGIC or self._i[_I_VERSION] != _VERSION:
             self.close()
             raise M27Error(f"{path} is not an m27 channel (version {_VERSION})", file=str(path))
@@ -130,6 +148,31 @@ class Channel:
     def gate_open(self) -> bool:
         return self._i[_I_GATE] == 0
 
+    @property
+    def follow_path(self) -> Path:
+        """The sidecar that names the channel a following step reads."""
+        return self.path.with_name(self.path.name + ".follow")
+
+    def set_follow(self, primary: str | os.PathLike[str]) -> None:
+        """Let the step compute exactly while the step whose channel is `primary` is in
+        ``io_wait()``; cheap to repeat (the sidecar is rewritten only for a new target)."""
+        target = os.fspath(primary)
+        current = self._i[_I_GATE]
+        if current >= _FOLLOW_FIRST and target == self._follow_target:
+            return
+        side = self.follow_path
+        tmp = side.with_name(f".{side.name}.{os.getpid()}.tmp")
+        tmp.write_text(target)
+        os.replace(tmp, side)
+        self._follow_target = target
+        # a value never used before by this page's writer, so the step reloads the target
+        self._follow_seq = max(self._follow_seq, current, _FOLLOW_FIRST - 1) + 1
+        self._i[_I_GATE] = self._follow_seq
+
+    def following(self) -> bool:
+        """True while the gate follows a primary's I/O (see the module docstring)."""
+        return self._i[_I_GATE] >= _FOLLOW_FIRST
+
     def at_gate(self) -> bool:
         """True while the step is blocked in ``gate()``."""
         return self._i[_I_AT_GATE] != 0
@@ -146,6 +189,9 @@ class Channel:
         return pid or None
 
     def close(self) -> None:
+        if self._follow is not None:
+            self._follow.close()
+            self._follow = None
         for view in (self._i, self._d, self._q, self._view):
             view.release()
         self._mm.close()
@@ -174,20 +220,46 @@ class Channel:
         ints[_I_DEPTH] = depth
         self._release()
 
+    def _passes(self) -> bool:
+        """Whether the gate lets the step through now (open, or following a primary that
+        is in I/O)."""
+        value = self._i[_I_GATE]
+        if value < _FOLLOW_FIRST:
+            self._follow_value = 0  # the next follow, whatever its value, is loaded afresh
+            return value == 0
+        if value != self._follow_value:
+            self._load_follow(value)
+        primary = self._follow
+        return primary is not None and primary._i[_I_DEPTH] > 0
+
+    def _load_follow(self, value: int) -> None:
+        if self._follow is not None:
+            self._follow.close()
+            self._follow = None
+        self._follow_value = value
+        try:
+            target = self.follow_path.read_text().strip()
+            self._follow = Channel.open(target, writable=False) if target else None
+        except (OSError, M27Error):
+            self._follow = None  # the primary is gone: wait for the agent's next word
+
     def wait_gate(self, timeout: float | None = None) -> bool:
         """Block while the gate is closed; False if ``timeout`` seconds passed first."""
         self._q[_Q_GATE_CALLS] += 1
-        if self._i[_I_GATE] == 0:
+        if self._i[_I_GATE] == 0 or self._passes():
             return True
         start = time.monotonic()
         self._i[_I_AT_GATE] = 1
         delay = _POLL_FIRST
         try:
-            while self._i[_I_GATE] != 0:
+            while not self._passes():
                 if timeout is not None and time.monotonic() - start >= timeout:
                     return False
-                time.sleep(delay)
-                delay = min(delay * 2, _POLL_MAX)
+                if self._i[_I_GATE] >= _FOLLOW_FIRST:
+                    time.sleep(_POLL_FOLLOW)
+                else:
+                    time.sleep(delay)
+                    delay = min(delay * 2, _POLL_MAX)
             return True
         finally:
             self._i[_I_AT_GATE] = 0

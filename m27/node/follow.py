@@ -1,0 +1,99 @@
+"""Guests that follow their primary's I/O hint directly, and the agent's fast wake-up.
+
+A tick of the agent (sample, decide, append events) comes every ``io_timeout`` at most; a
+primary's ``with m27.io_wait():`` is often shorter than that. Two things close the gap:
+
+- *standby guests follow the primary's channel.* The policy names per GPU the guest that
+  computes in the primary's next I/O wait (:attr:`m27.policy.Decision.standby`); when it
+  pauses at its gate (``m27.gate()``) and its primary gives hints, the agent sets its
+  gate to *follow* the primary's channel page (:meth:`m27.step.Channel.set_follow`). The
+  guest's own ``gate()`` then opens the moment the primary enters ``io_wait()`` and stops
+  it at its next call once the primary leaves it: no agent round trip either way. The
+  agent's events (``GuestResumed``/``GuestPaused``) follow at its next tick.
+- *the agent wakes when an I/O state changes* (:class:`IoWatch`): while some GPU hosts
+  guests, the wait between ticks is cut in slices of ``slice_s``, and a tick comes at once
+  when a primary's hint flips or its inferred I/O wait reaches ``io_timeout``. That is
+  what SIGSTOP-paused black-box guests, which cannot follow anything, rely on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from m27.node.book import Held
+from m27.policy import PolicyConfig, StepKey
+from m27.step import Channel
+
+__all__ = ["IoWatch", "arm_standby"]
+
+
+def arm_standby(
+    standby: Mapping[int, StepKey],
+    held: Mapping[StepKey, Held],
+    primaries: Mapping[int, Held],
+    channels: Mapping[StepKey, Channel],
+    stopped: set[StepKey],
+    paused_now: Mapping[StepKey, bool],
+    hints: Callable[[StepKey], bool],
+) -> None:
+    """Set each standby guest's gate to follow its primary; close it on the others.
+
+    Only a gate user that is not held by SIGSTOP follows, and only behind a primary that
+    gives hints. A guest resumed on an *inferred* I/O wait (its primary is not inside
+    ``io_wait()``) keeps its open gate: following would stop it at once.
+    """
+    chosen: set[StepKey] = set()
+    for gpu, key in standby.items():
+        h, prim = held.get(key), primaries.get(gpu)
+        ch = channels.get(key)
+        pch = channels.get(prim.key) if prim is not None else None
+        if h is None or prim is None or ch is None or pch is None or key in stopped:
+            continue
+        if not ch.uses_gate() or not hints(prim.key):
+            continue
+        paused = paused_now.get(key, h.paused)
+        if not paused and not pch.io_waiting():
+            continue
+        ch.set_follow(pch.path)
+        chosen.add(key)
+    for key, ch in channels.items():
+        if key not in chosen and ch.following():
+            ch.set_gate(False)
+
+
+class IoWatch:
+    """What the agent compares between ticks: per GPU hosting guests, whether its primary
+    waits on I/O (hinted, or inferred for ``io_timeout``)."""
+
+    def __init__(self, config: PolicyConfig, slice_s: float = 0.002) -> None:
+        self.config = config
+        self.slice_s = slice_s
+        self.seen: dict[int, bool] = {}
+
+    def state(
+        self,
+        primaries: Mapping[int, Held],
+        hosted: set[int],
+        channels: Mapping[StepKey, Channel],
+        hints: Callable[[StepKey], bool],
+        low_since: Mapping[int, tuple[StepKey, float]],
+        now: float,
+    ) -> dict[int, bool]:
+        out: dict[int, bool] = {}
+        for gpu in hosted:
+            prim = primaries.get(gpu)
+            if prim is None:
+                continue
+            ch = channels.get(prim.key)
+            hinted = ch is not None and hints(prim.key) and ch.io_waiting()
+            low = low_since.get(gpu)
+            inferred = (
+                low is not None and low[0] == prim.key and now - low[1] >= self.config.io_timeout
+            )
+            out[gpu] = hinted or inferred
+        return out
+
+    def next_due(self, low_since: Mapping[int, tuple[StepKey, float]], hosted: set[int]) -> float:
+        """The earliest time an inferred I/O wait on a hosting GPU reaches ``io_timeout``."""
+        due = [since + self.config.io_timeout for g, (_, since) in low_since.items() if g in hosted]
+        return min(due, default=float("inf"))

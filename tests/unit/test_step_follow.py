@@ -1,0 +1,110 @@
+"""A standby guest follows its primary's ``io_wait()`` hint through the channel pages, with
+no agent round trip (m27.step._channel follow mode, m27.node.follow)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from m27 import events as ev
+from m27.node.agent import Agent
+from m27.node.lease import AgentLease
+from m27.policy import Decision, PolicyConfig, decide
+from m27.policy._model import GpuView, PolicyInput, Running
+from m27.step import Channel
+from tests.unit.agent_helpers import Node, make_node, phases, run_step_leased, step_argv
+from tests.waiting import wait_until
+
+
+def test_a_following_gate_opens_exactly_while_the_primary_is_in_io(tmp_path: Path) -> None:
+    primary = Channel.create(tmp_path / "p.chan")
+    other = Channel.create(tmp_path / "q.chan")
+    agent_side = Channel.create(tmp_path / "g.chan", gate_open=False)
+    step_side = Channel.open(tmp_path / "g.chan")
+    assert not step_side.wait_gate(timeout=0)
+
+    agent_side.set_follow(primary.path)
+    assert agent_side.following()
+    assert not step_side.wait_gate(timeout=0)  # the primary computes
+    primary.enter_io()
+    assert step_side.wait_gate(timeout=0)
+    primary.exit_io()
+    assert not step_side.wait_gate(timeout=0)
+
+    agent_side.set_follow(other.path)  # a new primary (promotion): the step reloads
+    primary.enter_io()
+    assert not step_side.wait_gate(timeout=0)
+    other.enter_io()
+    assert step_side.wait_gate(timeout=0)
+
+    agent_side.set_gate(False)  # closed wins over the primary's I/O
+    assert not agent_side.following() and not step_side.wait_gate(timeout=0)
+    agent_side.set_follow(other.path)  # the same target again after a close
+    assert step_side.wait_gate(timeout=0)
+    agent_side.set_gate(True)
+    other.exit_io()
+    assert step_side.wait_gate(timeout=0)
+    for ch in (primary, other, agent_side, step_side):
+        ch.close()
+
+
+def test_the_policy_names_the_guest_that_computes_in_the_next_io_wait() -> None:
+    guests = (
+        Running(("r", "low"), role="guest", gpus=(0,), paused=True, priority=1),
+        Running(("r", "high"), role="guest", gpus=(0,), paused=True, priority=5),
+    )
+    prim = Running(("r", "md"), gpus=(0,), priority=9)
+    inp = PolicyInput((), (prim, *guests), (GpuView(0, 1 << 34, None, False, 100.0),), 10.0)
+    d: Decision = decide(inp)
+    assert d.standby == {0: ("r", "high")}
+    assert d.actions == ()
+
+
+class _SlowTickAgent(Agent):
+    """Ticks on events and once a second, never on I/O: what a guest does in between is
+    the guest's own doing."""
+
+    def _wait(self, timeout: float) -> int:
+        return self.poll(timeout)
+
+
+@pytest.fixture
+def slow_node(m27_home: Path) -> Iterator[Node]:
+    n = make_node(m27_home, gpus=1)
+    n.agent = _SlowTickAgent(
+        n.store, n.backend, m27_home, config=PolicyConfig(io_timeout=0.02), tick=1.0
+    )
+    n.start()
+    yield n
+    n.close()
+
+
+def test_a_standby_guest_computes_in_its_primarys_io_wait_before_the_agent_says_so(
+    slow_node: Node, m27_home: Path, tmp_path: Path
+) -> None:
+    lease = AgentLease(slow_node.store, m27_home, embed=False)
+    prim_out, guest_out = tmp_path / "p.txt", tmp_path / "g.txt"
+    prim = run_step_leased(
+        lease, "r1", "md", step_argv(prim_out, cycles=12, compute=0.05, io=0.25), priority=10
+    )
+    wait_until(lambda: slow_node.of(ev.StepStarted), what="the primary's start")
+    guest = run_step_leased(
+        lease, "r2", "next", step_argv(guest_out, cycles=1, compute=3.0, io=0.0, chunk=0.005)
+    )
+
+    def ahead_of_the_agent() -> bool:
+        """A guest compute chunk inside a primary I/O wait, begun before any GuestResumed
+        of that wait: the guest's gate opened on the primary's own hint."""
+        resumed = [e.at for e in slow_node.of(ev.GuestResumed)]
+        for a, b in phases(prim_out, "io"):
+            for c, _ in phases(guest_out, "compute"):
+                if a <= c <= b and not any(a <= r <= c for r in resumed):
+                    return True
+        return False
+
+    wait_until(ahead_of_the_agent, what="a guest chunk ahead of the agent's word")
+    p, g = prim.wait(60), guest.wait(60)
+    assert p is not None and p.ok and g is not None and g.ok
+    lease.close()
