@@ -48,6 +48,25 @@ class Event:
 
 
 @dataclass(frozen=True)
+class RunEvent(Event):
+    """Base of the events about one run: they all name it first (after ``at``)."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class StepEvent(RunEvent):
+    """Base of the events about one step of a run (``run_id``, then ``step``).
+
+    Field order is the serialized order and the positional order: ``at, run_id, step``
+    then the event's own fields, as before the bases existed, so stored payloads and
+    ``StepFailed(now, run_id, step, ...)`` calls are unchanged.
+    """
+
+    step: str
+
+
+@dataclass(frozen=True)
 class Recorded:
     """An event as stored: its gapless sequence number in the node's log, and the event."""
 
@@ -179,10 +198,9 @@ def _is_tuple(hint: Any) -> bool:
 
 @event
 @dataclass(frozen=True)
-class RunSubmitted(Event):
+class RunSubmitted(RunEvent):
     """A pipeline run was accepted: the spec validated and its steps are known."""
 
-    run_id: str
     pipeline: str
     spec_path: str
     steps: tuple[str, ...]
@@ -201,15 +219,13 @@ class RunSubmitted(Event):
 
 @event
 @dataclass(frozen=True)
-class RunSucceeded(Event):
-    run_id: str
+class RunSucceeded(RunEvent):
     duration_s: float
 
 
 @event
 @dataclass(frozen=True)
-class RunFailed(Event):
-    run_id: str
+class RunFailed(RunEvent):
     duration_s: float
     failed_steps: tuple[str, ...] = ()
     reason: str = ""
@@ -217,17 +233,15 @@ class RunFailed(Event):
 
 @event
 @dataclass(frozen=True)
-class RunCancelled(Event):
-    run_id: str
+class RunCancelled(RunEvent):
     reason: str = ""
 
 
 @event
 @dataclass(frozen=True)
-class CancelRequested(Event):
+class CancelRequested(RunEvent):
     """Someone (`m27 cancel`, Ctrl-C, the bot, Prefect) asked a run to stop."""
 
-    run_id: str
     by: str = ""
 
 
@@ -236,11 +250,9 @@ class CancelRequested(Event):
 
 @event
 @dataclass(frozen=True)
-class StepQueued(Event):
+class StepQueued(StepEvent):
     """A step is waiting for its dependencies and a slot (CPU or GPUs)."""
 
-    run_id: str
-    step: str
     type: str
     priority: int = 0
     gpus: int = 0
@@ -250,11 +262,9 @@ class StepQueued(Event):
 
 @event
 @dataclass(frozen=True)
-class StepStarted(Event):
+class StepStarted(StepEvent):
     """The step's process was started in its own process group."""
 
-    run_id: str
-    step: str
     attempt: int
     pid: int
     pgid: int
@@ -269,9 +279,7 @@ class StepStarted(Event):
 
 @event
 @dataclass(frozen=True)
-class StepSucceeded(Event):
-    run_id: str
-    step: str
+class StepSucceeded(StepEvent):
     attempt: int
     duration_s: float
     outputs: tuple[str, ...] = ()
@@ -279,11 +287,9 @@ class StepSucceeded(Event):
 
 @event
 @dataclass(frozen=True)
-class StepFailed(Event):
+class StepFailed(StepEvent):
     """An attempt failed; ``will_retry`` says whether another attempt follows."""
 
-    run_id: str
-    step: str
     attempt: int
     duration_s: float
     reason: str
@@ -295,19 +301,15 @@ class StepFailed(Event):
 
 @event
 @dataclass(frozen=True)
-class StepSkipped(Event):
+class StepSkipped(StepEvent):
     """A step did not run: an upstream step failed, or it already succeeded (resume)."""
 
-    run_id: str
-    step: str
     reason: str
 
 
 @event
 @dataclass(frozen=True)
-class StepCancelled(Event):
-    run_id: str
-    step: str
+class StepCancelled(StepEvent):
     reason: str = ""
 
 
@@ -316,11 +318,9 @@ class StepCancelled(Event):
 
 @event
 @dataclass(frozen=True)
-class StepRequested(Event):
+class StepRequested(StepEvent):
     """A step task asks the node for a lease (the agent answers with LeaseGranted)."""
 
-    run_id: str
-    step: str
     type: str
     priority: int = 0
     gpus: int = 0
@@ -335,12 +335,10 @@ class StepRequested(Event):
 
 @event
 @dataclass(frozen=True)
-class LeaseGranted(Event):
+class LeaseGranted(StepEvent):
     """The agent's answer to a StepRequested; ``channel`` is the step's channel file (its
     ``M27_CHANNEL``), empty for steps that get none (cpu)."""
 
-    run_id: str
-    step: str
     gpus: tuple[int, ...]
     tier: str = "immediate"
     channel: str = ""
@@ -348,50 +346,38 @@ class LeaseGranted(Event):
 
 @event
 @dataclass(frozen=True)
-class LeaseReleased(Event):
-    run_id: str
-    step: str
+class LeaseReleased(StepEvent):
     gpus: tuple[int, ...] = ()
 
 
 @event
 @dataclass(frozen=True)
-class GuestStarted(Event):
-    run_id: str
-    step: str
+class GuestStarted(StepEvent):
     gpu: int
 
 
 @event
 @dataclass(frozen=True)
-class GuestPaused(Event):
-    run_id: str
-    step: str
+class GuestPaused(StepEvent):
     gpu: int
     how: str = "gate"
 
 
 @event
 @dataclass(frozen=True)
-class GuestResumed(Event):
-    run_id: str
-    step: str
+class GuestResumed(StepEvent):
     gpu: int
 
 
 @event
 @dataclass(frozen=True)
-class Promoted(Event):
-    run_id: str
-    step: str
+class Promoted(StepEvent):
     gpu: int
 
 
 @event
 @dataclass(frozen=True)
-class PriorityBumped(Event):
-    run_id: str
-    step: str
+class PriorityBumped(StepEvent):
     delta: int
 
 
@@ -414,9 +400,7 @@ class AgentStarted(Event):
 
 @event
 @dataclass(frozen=True)
-class StepEnergyMeasured(Event):
-    run_id: str
-    step: str
+class StepEnergyMeasured(StepEvent):
     gpu: int
     joules: float
 
@@ -426,11 +410,9 @@ class StepEnergyMeasured(Event):
 
 @event
 @dataclass(frozen=True)
-class CheckpointWritten(Event):
+class CheckpointWritten(StepEvent):
     """A checkpoint was committed durably (manifest renamed into place)."""
 
-    run_id: str
-    step: str
     path: str
     sim_step: int
     bytes_written: int
@@ -445,9 +427,7 @@ class CheckpointWritten(Event):
 
 @event
 @dataclass(frozen=True)
-class CheckpointRestored(Event):
-    run_id: str
-    step: str
+class CheckpointRestored(StepEvent):
     path: str
     sim_step: int
 
@@ -482,12 +462,10 @@ class GpuThrottled(Event):
 
 @event
 @dataclass(frozen=True)
-class StepFlopsReported(Event):
+class StepFlopsReported(StepEvent):
     """A step counted `flops` floating-point operations (``report_flops``); reports
     add up, and the Energy board divides them by the step's joules into TFLOPS/W."""
 
-    run_id: str
-    step: str
     flops: float
 
 
@@ -496,11 +474,10 @@ class StepFlopsReported(Event):
 
 @event
 @dataclass(frozen=True)
-class RunAdmitted(Event):
+class RunAdmitted(RunEvent):
     """An m27 worker took a Prefect flow run for this node, on a seat of `tier`; the run
     holds that seat until it ends (RunSubmitted follows from the flow's own process)."""
 
-    run_id: str
     flow_run_id: str
     tier: str
     node: str = ""
@@ -512,11 +489,10 @@ class RunAdmitted(Event):
 
 @event
 @dataclass(frozen=True)
-class RunCrashed(Event):
+class RunCrashed(RunEvent):
     """The run's process died without recording an end (kill -9, OOM, power cut); the
     watchdog stopped its orphaned steps and set the Prefect flow run to Crashed."""
 
-    run_id: str
     reason: str
 
 
@@ -525,22 +501,18 @@ class RunCrashed(Event):
 
 @event
 @dataclass(frozen=True)
-class SlurmJobSubmitted(Event):
+class SlurmJobSubmitted(StepEvent):
     """sbatch accepted a step's attempt as Slurm job `job_id` (kept across requeues)."""
 
-    run_id: str
-    step: str
     job_id: str
     attempt: int
 
 
 @event
 @dataclass(frozen=True)
-class SlurmJobStateChanged(Event):
+class SlurmJobStateChanged(StepEvent):
     """The job's Slurm state changed (PENDING, RUNNING, TIMEOUT, ...); `reason` is Slurm's."""
 
-    run_id: str
-    step: str
     job_id: str
     state: str
     reason: str = ""
