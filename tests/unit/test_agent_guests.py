@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,6 +12,8 @@ import pytest
 
 from m27 import events as ev
 from m27.node.lease import AgentLease
+from m27.policy import Decision
+from m27.step._channel import Channel
 from tests.unit.agent_helpers import (
     GiB,
     Node,
@@ -17,97 +21,153 @@ from tests.unit.agent_helpers import (
     phases,
     run_step_leased,
     step_argv,
-    windows,
 )
+from tests.waiting import wait_until
 
-#: Slack for comparing event times with the steps' own records: a few agent ticks plus the
-#: guest's compute chunk, which it finishes before stopping at its gate.
-TOL = 0.15
+#: A primary whose phases the test drives with files in its directory: it computes until
+#: ``io`` exists, waits on I/O until ``compute`` exists, then computes until ``end`` exists.
+#: Every claim below is then ordered by events the test made, not by a stopwatch.
+PRIMARY = textwrap.dedent("""\
+    import os, sys, time
+    from m27.step._channel import io_wait
+    def wait(name):
+        while not os.path.exists(os.path.join(sys.argv[1], name)):
+            time.sleep(0.002)
+    wait("io")
+    with io_wait():
+        wait("compute")
+    wait("end")
+""")
+
+
+class Ticks:
+    """Counts the agent's finished passes, so a test can wait for whole decisions."""
+
+    def __init__(self, node: Node) -> None:
+        self.count = 0
+        inner = node.agent.tick
+
+        def tick() -> Decision:
+            decision = inner()
+            self.count += 1
+            return decision
+
+        node.agent.tick = tick  # type: ignore[method-assign]
+
+    def wait(self, passes: int = 3) -> None:
+        """Return after `passes` more complete ticks (each: sample, decide, act)."""
+        target = self.count + passes
+        wait_until(lambda: self.count >= target, what=f"{passes} agent passes")
 
 
 @pytest.fixture
 def node(m27_home: Path) -> Iterator[Node]:
-    n = make_node(m27_home, gpus=1).start()
+    n = make_node(m27_home, gpus=1)
     yield n
     n.close()
-
-
-def _until(pred: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 def _granted(node: Node, step: str) -> Callable[[], bool]:
     return lambda: any(getattr(e, "step", "") == step for e in node.of(ev.LeaseGranted))
 
 
-def _inside(t: float, spans: list[tuple[float, float]], tol: float = TOL) -> bool:
-    return any(a - tol <= t <= b + tol for a, b in spans)
+def _proc_state(pid: int) -> str:
+    """The kernel's one-letter state of `pid` ("T" when stopped by a signal)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2]
+
+
+def _of_step(node: Node, cls: type[ev.Event], step: str) -> list[ev.Event]:
+    return [e for e in node.of(cls) if getattr(e, "step", "") == step]
 
 
 def test_guest_computes_only_while_the_primary_waits_on_io_and_is_promoted_without_reload(
     node: Node, m27_home: Path, tmp_path: Path
 ) -> None:
+    ticks = Ticks(node)
+    node.start()
     lease = AgentLease(node.store, m27_home, embed=False)
-    prim_out, guest_out = tmp_path / "p.txt", tmp_path / "g.txt"
+    ctl, guest_out = tmp_path / "ctl", tmp_path / "g.txt"
+    ctl.mkdir()
     prim = run_step_leased(
-        lease, "r1", "md", step_argv(prim_out, cycles=3, compute=0.1, io=0.12), priority=10
+        lease, "r1", "md", (sys.executable, "-c", PRIMARY, str(ctl)), priority=10
     )
-    _until(_granted(node, "md"))
+    wait_until(_granted(node, "md"))
+    wait_until(lambda: _of_step(node, ev.StepStarted, "md"))
     guest = run_step_leased(
         lease,
         "r2",
         "next",
-        step_argv(guest_out, cycles=1, compute=0.5, io=0.0, load=0.05),
+        step_argv(guest_out, compute=0.05, io=0.0, load=0.05, until=ctl / "guest-end"),
         gpu_memory=2 * GiB,
     )
-    p, g = prim.wait(), guest.wait()
-    assert p is not None and p.ok and g is not None and g.ok
-    events = node.events()
-    grants = {e.step: e for e in events if isinstance(e, ev.LeaseGranted)}
+    wait_until(_granted(node, "next"))
+    grants = {e.step: e for e in node.of(ev.LeaseGranted)}  # type: ignore[attr-defined]
     assert grants["md"].tier == "immediate" and grants["next"].tier == "ready"
     assert grants["next"].gpus == grants["md"].gpus == (0,)
+    channel = Channel.open(grants["next"].channel, writable=False)
+    try:
+        # 1. The primary computes: the guest is held, at its closed gate or (if the agent
+        #    saw it busy before it reached the gate: interpreter start-up counts as compute
+        #    on a simulated GPU) by SIGSTOP; whole agent passes later it is still held.
+        (started,) = wait_until(lambda: _of_step(node, ev.StepStarted, "next"))
+        pid = started.pid  # type: ignore[attr-defined]
 
-    # the primary's I/O waits, and its exit after its last phase (no compute either)
-    io = phases(prim_out, "io")
-    io.append((max(b for _, b in io), float("inf")))
-    opened = list(windows(events, ("r2", "next")))
-    assert opened, "the guest never ran beside the primary"
-    prim_compute = phases(prim_out, "compute")
-    for start, end in opened:  # the agent let the guest compute only during the primary's I/O
-        assert _inside(start, io), (start, io)
-        # ... and paused it as soon as the primary computed again
-        assert not any(start + TOL < c < end - TOL for c, _ in prim_compute), (start, end)
+        def held() -> bool:
+            return channel.at_gate() or _proc_state(pid) == "T"
 
-    (promoted,) = [e for e in events if isinstance(e, ev.Promoted)]
-    assert promoted.step == "next"
-    assert promoted.at >= max(b for _, b in phases(prim_out, "compute"))
-    for a, _ in phases(guest_out, "compute"):  # each chunk began with its gate open
-        assert a >= promoted.at - TOL or any(s - TOL <= a <= e + TOL for s, e in opened)
-    # the guest's computation never overlapped the primary's
-    for a, b in phases(guest_out, "compute"):
-        for c, d in phases(prim_out, "compute"):
-            assert min(b, d) - max(a, c) <= TOL
+        wait_until(held, what="the guest held at its gate or stopped")
+        ticks.wait()
+        assert not _of_step(node, ev.GuestResumed, "next")
+        assert not phases(guest_out, "compute") and held()
+
+        # 2. The primary waits on I/O: the agent opens the guest's gate and it computes.
+        (ctl / "io").touch()
+        wait_until(lambda: _of_step(node, ev.GuestResumed, "next"), what="GuestResumed")
+        wait_until(lambda: len(phases(guest_out, "compute")) >= 2, what="guest compute")
+
+        # 3. The primary computes again: the agent closes the gate, the guest stops there,
+        #    and it stays there through whole agent passes.
+        (ctl / "compute").touch()
+        wait_until(lambda: len(_of_step(node, ev.GuestPaused, "next")) >= 2, what="GuestPaused")
+        wait_until(channel.at_gate, what="the guest back at its gate")
+        done = len(phases(guest_out, "compute"))
+        ticks.wait()
+        assert len(_of_step(node, ev.GuestResumed, "next")) == 1
+        assert len(phases(guest_out, "compute")) == done and channel.at_gate()
+        assert not _of_step(node, ev.Promoted, "next")
+
+        # 4. The primary ends: the guest is promoted in place and computes on.
+        (ctl / "end").touch()
+        wait_until(lambda: _of_step(node, ev.Promoted, "next"), what="Promoted")
+        wait_until(lambda: len(phases(guest_out, "compute")) > done, what="promoted compute")
+        (ctl / "guest-end").touch()
+        p, g = prim.wait(), guest.wait()
+        assert p is not None and p.ok and g is not None and g.ok
+    finally:
+        channel.close()
+    events = node.events()
     # promotion kept the process and its loaded data: one start, one load
     started = [e for e in events if isinstance(e, ev.StepStarted) and e.step == "next"]
     assert len(started) == 1 and len(phases(guest_out, "load")) == 1
     released = [e.step for e in events if isinstance(e, ev.LeaseReleased)]
     assert sorted(released) == ["md", "next"]
-    assert not list((m27_home / "channels").rglob("*.chan"))
+    # the agent removes a step's channel file when it applies its LeaseReleased
+    channels = m27_home / "channels"
+    wait_until(lambda: not list(channels.rglob("*.chan")), what="channel files removed")
     lease.close()
 
 
 def test_a_guest_without_a_gate_is_stopped_by_signal_and_continued_when_promoted(
     node: Node, m27_home: Path, tmp_path: Path
 ) -> None:
+    node.start()
     lease = AgentLease(node.store, m27_home, embed=False)
     flag = tmp_path / "finish"
     prim = run_step_leased(
         lease, "r1", "md", step_argv(tmp_path / "p.txt", compute=0.05, io=0.0, until=flag)
     )
-    _until(_granted(node, "md"))
+    wait_until(_granted(node, "md"))
     guest = run_step_leased(
         lease,
         "r2",
@@ -115,23 +175,20 @@ def test_a_guest_without_a_gate_is_stopped_by_signal_and_continued_when_promoted
         step_argv(tmp_path / "g.txt", cycles=1, compute=0.1, io=0.0, gated=False),
         gpu_memory=GiB,
     )
-    _until(lambda: any(e.how == "signal" for e in node.of(ev.GuestPaused)))  # type: ignore[attr-defined]
+    wait_until(lambda: any(e.how == "signal" for e in node.of(ev.GuestPaused)))  # type: ignore[attr-defined]
     (started,) = [e for e in node.of(ev.StepStarted) if e.step == "blackbox"]  # type: ignore[attr-defined]
     pid = started.pid  # type: ignore[attr-defined]
 
-    def state() -> str:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rfind(")") + 2]
-
     # stopped while the primary computes (SIGSTOP lands when the kernel next runs it)
-    _until(lambda: state() == "T", timeout=10.0)
+    wait_until(lambda: _proc_state(pid) == "T", timeout=30.0)
+    seen_stopped = time.time()
     flag.write_text("done")
     p, g = prim.wait(), guest.wait()
     assert p is not None and p.ok and g is not None and g.ok
     promoted = [e for e in node.of(ev.Promoted)]
     assert [e.step for e in promoted] == ["blackbox"]  # type: ignore[attr-defined]
-    # once stopped, it computed no more until its promotion
-    stopped = min(e.at for e in node.of(ev.GuestPaused) if e.how == "signal")  # type: ignore[attr-defined]
+    # once seen stopped, it began no compute chunk until its promotion (the agent takes
+    # Promoted's time before it sends SIGCONT, and a stopped process records nothing)
     for a, _ in phases(tmp_path / "g.txt", "compute"):
-        assert not stopped + TOL < a < promoted[0].at - TOL
+        assert not seen_stopped < a < promoted[0].at, (seen_stopped, a, promoted[0].at)
     lease.close()
