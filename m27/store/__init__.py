@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from m27.events import Event, Recorded
+from m27._exceptions import StoreError
+from m27.events import Event, Recorded, encode
 
 
 class EventStore(Protocol):
@@ -41,3 +42,13 @@ class EventStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def _encode(ev: Event) -> tuple[str, int, str]:
+    """:func:`m27.events.encode`, or a StoreError naming the kind: every backend refuses
+    an event it could not give back (a live object in a field) before storing anything."""
+    try:
+        return encode(ev)
+    except (TypeError, ValueError) as exc:
+        kind = type(ev).__name__
+        raise StoreError(f"cannot encode event {kind}: {exc}", kind=kind) from exc

@@ -11,7 +11,8 @@ import threading
 from collections.abc import Sequence
 
 from m27._exceptions import StoreError
-from m27.events import Event, Recorded, decode, encode
+from m27.events import Event, Recorded, decode
+from m27.store import _encode
 
 
 class MemoryEventStore:
@@ -84,10 +85,4 @@ class MemoryEventStore:
 
 
 def _round_trip(ev: Event) -> Event:
-    try:
-        kind, version, payload = encode(ev)
-    except (TypeError, ValueError) as exc:
-        raise StoreError(
-            f"cannot encode event {type(ev).__name__}: {exc}", kind=type(ev).__name__
-        ) from exc
-    return decode(kind, version, payload)
+    return decode(*_encode(ev))

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from m27._exceptions import StoreError, UnknownEventError
-from m27.events import Event, Recorded, decode, encode
+from m27.events import Event, Recorded, decode
+from m27.store import _encode
 
 #: The layout of the file; bump it (and migrate) when tables change.
 SCHEMA_VERSION = 1
@@ -88,24 +89,18 @@ class SqliteEventStore:
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:
-            raise StoreError(
-                f"cannot open event log {self.path}: {exc}", file=str(self.path)
-            ) from exc
+            raise self._error(f"open event log {self.path}", exc) from exc
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
-            mode = self._set_wal(conn)
-            if mode.lower() != "wal":
-                raise StoreError(
-                    f"event log {self.path} cannot use WAL mode (got {mode!r}); "
-                    "put $M27_HOME on a local filesystem",
-                    file=str(self.path),
-                )
-            conn.execute("PRAGMA synchronous = NORMAL")
-        except sqlite3.Error as exc:
-            conn.close()
-            raise StoreError(
-                f"cannot open event log {self.path}: {exc}", file=str(self.path)
-            ) from exc
+            with self._failing("open event log"):
+                conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+                mode = self._set_wal(conn)
+                if mode.lower() != "wal":
+                    raise StoreError(
+                        f"event log {self.path} cannot use WAL mode (got {mode!r}); "
+                        "put $M27_HOME on a local filesystem",
+                        file=str(self.path),
+                    )
+                conn.execute("PRAGMA synchronous = NORMAL")
         except BaseException:
             conn.close()
             raise
@@ -125,38 +120,26 @@ class SqliteEventStore:
                 time.sleep(0.005)
 
     def _init_schema(self, conn: sqlite3.Connection) -> None:
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                has_meta = conn.execute(
-                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
-                ).fetchone()
-                if has_meta:
-                    row = conn.execute(
-                        "SELECT value FROM meta WHERE key = 'schema_version'"
-                    ).fetchone()
-                    found = int(row[0]) if row else SCHEMA_VERSION
-                    if found > SCHEMA_VERSION:
-                        raise StoreError(
-                            f"event log {self.path} has schema version {found}, this m27 "
-                            f"knows up to {SCHEMA_VERSION}: upgrade m27 to read it",
-                            file=str(self.path),
-                            version=found,
-                        )
-                for statement in _SCHEMA:
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
-                )
-                conn.execute("COMMIT")
-            except BaseException:
-                _rollback(conn)
-                raise
-        except sqlite3.Error as exc:
-            raise StoreError(
-                f"cannot open event log {self.path}: {exc}", file=str(self.path)
-            ) from exc
+        with self._failing("open event log"), _transaction(conn):
+            has_meta = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+            ).fetchone()
+            if has_meta:
+                row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                found = int(row[0]) if row else SCHEMA_VERSION
+                if found > SCHEMA_VERSION:
+                    raise StoreError(
+                        f"event log {self.path} has schema version {found}, this m27 "
+                        f"knows up to {SCHEMA_VERSION}: upgrade m27 to read it",
+                        file=str(self.path),
+                        version=found,
+                    )
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
 
     @contextlib.contextmanager
     def _conn(self) -> Iterator[sqlite3.Connection]:
@@ -186,24 +169,12 @@ class SqliteEventStore:
     def append(self, events: Sequence[Event]) -> int:
         if not events:
             return self.last_seq()
-        with self._conn() as conn:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
-                    conn.executemany(
-                        "INSERT INTO events (seq, kind, version, at, payload)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        _rows(events, int(last)),
-                    )
-                    conn.execute("COMMIT")
-                except BaseException:
-                    _rollback(conn)
-                    raise
-            except sqlite3.Error as exc:
-                raise StoreError(
-                    f"cannot append to event log {self.path}: {exc}", file=str(self.path)
-                ) from exc
+        with self._conn() as conn, self._failing("append to event log"), _transaction(conn):
+            (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+            conn.executemany(
+                "INSERT INTO events (seq, kind, version, at, payload) VALUES (?, ?, ?, ?, ?)",
+                _rows(events, int(last)),
+            )
         with self._appended:
             self._generation += 1
             self._appended.notify_all()
@@ -214,13 +185,8 @@ class SqliteEventStore:
             return self._read(conn, after, limit)
 
     def last_seq(self) -> int:
-        with self._conn() as conn:
-            try:
-                (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
-            except sqlite3.Error as exc:
-                raise StoreError(
-                    f"cannot read event log {self.path}: {exc}", file=str(self.path)
-                ) from exc
+        with self._conn() as conn, self._failing("read event log"):
+            (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
             return int(last)
 
     def follow(self, after: int, timeout: float, limit: int | None = None) -> list[Recorded]:
@@ -248,29 +214,19 @@ class SqliteEventStore:
             return records
 
     def get_cursor(self, name: str) -> int:
-        with self._conn() as conn:
-            try:
-                row = conn.execute("SELECT seq FROM cursors WHERE name = ?", (name,)).fetchone()
-            except sqlite3.Error as exc:
-                raise StoreError(
-                    f"cannot read cursor {name!r} in {self.path}: {exc}", file=str(self.path)
-                ) from exc
+        with self._conn() as conn, self._failing(f"read cursor {name!r} in"):
+            row = conn.execute("SELECT seq FROM cursors WHERE name = ?", (name,)).fetchone()
             return int(row[0]) if row else 0
 
     def set_cursor(self, name: str, seq: int) -> None:
         if seq < 0:
             raise StoreError(f"cursor {name!r} cannot move to {seq} (< 0)", cursor=name)
-        with self._conn() as conn:
-            try:
-                conn.execute(
-                    "INSERT INTO cursors (name, seq) VALUES (?, ?)"
-                    " ON CONFLICT (name) DO UPDATE SET seq = excluded.seq",
-                    (name, seq),
-                )
-            except sqlite3.Error as exc:
-                raise StoreError(
-                    f"cannot move cursor {name!r} in {self.path}: {exc}", file=str(self.path)
-                ) from exc
+        with self._conn() as conn, self._failing(f"move cursor {name!r} in"):
+            conn.execute(
+                "INSERT INTO cursors (name, seq) VALUES (?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET seq = excluded.seq",
+                (name, seq),
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -292,16 +248,23 @@ class SqliteEventStore:
 
     # --- helpers ----------------------------------------------------------------------
 
-    def _read(self, conn: sqlite3.Connection, after: int, limit: int | None) -> list[Recorded]:
+    def _error(self, what: str, exc: sqlite3.Error) -> StoreError:
+        return StoreError(f"cannot {what}: {exc}", file=str(self.path))
+
+    @contextlib.contextmanager
+    def _failing(self, what: str) -> Iterator[None]:
+        """An sqlite3 error inside becomes a StoreError: ``cannot <what> <file>: <error>``."""
         try:
+            yield
+        except sqlite3.Error as exc:
+            raise self._error(f"{what} {self.path}", exc) from exc
+
+    def _read(self, conn: sqlite3.Connection, after: int, limit: int | None) -> list[Recorded]:
+        with self._failing("read event log"):
             rows = conn.execute(
                 "SELECT seq, kind, version, payload FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
                 (after, -1 if limit is None else limit),
             ).fetchall()
-        except sqlite3.Error as exc:
-            raise StoreError(
-                f"cannot read event log {self.path}: {exc}", file=str(self.path)
-            ) from exc
         out: list[Recorded] = []
         for seq, kind, version, payload in rows:
             try:
@@ -318,13 +281,21 @@ class SqliteEventStore:
 def _rows(events: Sequence[Event], last: int) -> Iterator[tuple[Any, ...]]:
     """Rows to insert, encoded lazily: an event that fails to encode aborts the batch."""
     for i, ev in enumerate(events, start=1):
-        try:
-            kind, version, payload = encode(ev)
-        except (TypeError, ValueError) as exc:
-            raise StoreError(
-                f"cannot encode event {type(ev).__name__}: {exc}", kind=type(ev).__name__
-            ) from exc
+        kind, version, payload = _encode(ev)
         yield last + i, kind, version, ev.at, payload
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """A write transaction that takes the file's write lock at once (no deadlock on upgrade);
+    rolled back on any error, KeyboardInterrupt included."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
