@@ -30,8 +30,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
 
-from m27 import liveness, runids
-from m27._exceptions import RunnerError
+from m27 import RunnerError, liveness, runids
 from m27.checkpoint import artifact_for, latest_checkpoint
 from m27.config import load_settings, m27_home
 from m27.events import (

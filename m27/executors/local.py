@@ -101,7 +101,7 @@ class StepResult:
 
 
 @dataclass(frozen=True)
-class _End:
+class AttemptEnd:
     """How one attempt ended."""
 
     ok: bool
@@ -154,7 +154,7 @@ def child_env(launch: StepLaunch, attempt: int, resume_from: str | None) -> dict
     return env
 
 
-class _Sink:
+class Sink:
     """Where one attempt's lines go: the log file, the tail and the caller's callback.
 
     A failing callback or a full disk is logged once and then ignored: losing log lines is
@@ -222,15 +222,15 @@ def run_step(
     clock = clock or SystemClock()
     started = clock.monotonic()
     log_path = launch.log_path or default_log_path(launch.run_id, launch.step)
-    sink = _Sink(None, on_line)
+    sink = Sink(None, on_line)
     try:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if launch.checkpoint_dir is not None:
             launch.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         log_file = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
     except OSError as exc:
-        end = _End(False, f"cannot prepare the step: {exc}", retryable=False)
-        return _finish(launch, store, clock, sink, end, 1, started, 0.0, will_retry=False)
+        end = AttemptEnd(False, f"cannot prepare the step: {exc}", retryable=False)
+        return finish_attempt(launch, store, clock, sink, end, 1, started, 0.0, will_retry=False)
     with log_file:
         sink.file = log_file
         return run_attempts(
@@ -248,10 +248,10 @@ def run_attempts(
     launch: StepLaunch,
     store: EventStore,
     clock: Clock,
-    sink: _Sink,
+    sink: Sink,
     started: float,
     cancel: threading.Event | None,
-    one_attempt: Callable[[int], _End],
+    one_attempt: Callable[[int], AttemptEnd],
 ) -> StepResult:
     """The retry loop every executor shares (local processes, Slurm jobs): run attempt
     1, 2, ... through `one_attempt` and record each, until one succeeds, the retries are
@@ -272,7 +272,7 @@ def run_attempts(
                 launch, store, clock, sink, attempt, started, end.exit_code, end.signal
             )
         will_retry = not end.ok and end.retryable and attempt <= launch.retries
-        result = _finish(launch, store, clock, sink, end, attempt, started, took, will_retry)
+        result = finish_attempt(launch, store, clock, sink, end, attempt, started, took, will_retry)
         if not will_retry:
             return result
         if _wait_retry(clock, launch.retry_delay, cancel):
@@ -281,10 +281,10 @@ def run_attempts(
 
 def begin_attempt(
     launch: StepLaunch,
-    sink: _Sink,
+    sink: Sink,
     attempt: int,
     resume_from: Callable[[], str | None] | None,
-) -> tuple[tuple[str, ...], str | None] | _End:
+) -> tuple[tuple[str, ...], str | None] | AttemptEnd:
     """What every executor does first: frame the attempt in the log and find the checkpoint
     to resume from. Returns (argv, resume path), or the attempt's end if that failed."""
     argv = resolve_argv(launch.argv)
@@ -296,7 +296,7 @@ def begin_attempt(
         resume = resume_from() if resume_from is not None else None
     except Exception as exc:
         sink.note(f"resume_from failed: {exc!r}")
-        return _End(False, f"resume_from failed: {exc!r}", retryable=False)
+        return AttemptEnd(False, f"resume_from failed: {exc!r}", retryable=False)
     return argv, resume
 
 
@@ -304,14 +304,14 @@ def _attempt(
     launch: StepLaunch,
     store: EventStore,
     clock: Clock,
-    sink: _Sink,
+    sink: Sink,
     attempt: int,
     log_path: Path,
     cancel: threading.Event | None,
     resume_from: Callable[[], str | None] | None,
-) -> _End:
+) -> AttemptEnd:
     opened = begin_attempt(launch, sink, attempt, resume_from)
-    if isinstance(opened, _End):
+    if isinstance(opened, AttemptEnd):
         return opened
     g = open_guard(launch, opened[0], store, clock, sink.note)
     argv, resume = g.argv, opened[1] or g.resume_path
@@ -319,13 +319,13 @@ def _attempt(
     cwd = launch.workdir
     if cwd is not None and not cwd.is_dir():
         sink.note(f"workdir not found: {cwd}")
-        return _End(False, f"workdir not found: {cwd}", exit_code=126, retryable=False)
+        return AttemptEnd(False, f"workdir not found: {cwd}", exit_code=126, retryable=False)
     try:
         proc = _proc.spawn(argv, env, cwd)
     except OSError as exc:
         code, reason = _spawn_error(argv[0], cwd, exc)
         sink.note(reason)
-        return _End(False, reason, exit_code=code, retryable=False)
+        return AttemptEnd(False, reason, exit_code=code, retryable=False)
     try:
         store.append(
             [
@@ -366,22 +366,22 @@ def _spawn_error(program: str, cwd: Path | None, exc: OSError) -> tuple[int, str
     return 126, f"cannot execute {program}: {exc.strerror or exc}"
 
 
-def _judge(launch: StepLaunch, outcome: _proc.Outcome) -> _End:
+def _judge(launch: StepLaunch, outcome: _proc.Outcome) -> AttemptEnd:
     rc = outcome.returncode
     code, sig = (rc, None) if rc >= 0 else (None, -rc)
     if outcome.cancelled:
-        return _End(False, "cancelled", code, sig, cancelled=True)
+        return AttemptEnd(False, "cancelled", code, sig, cancelled=True)
     if outcome.timed_out:
-        return _End(False, f"timed out after {float(launch.timeout or 0)}s", code, sig)
+        return AttemptEnd(False, f"timed out after {float(launch.timeout or 0)}s", code, sig)
     if sig is not None:
-        return _End(False, f"killed by {_signame(sig)}", code, sig)
+        return AttemptEnd(False, f"killed by {_signame(sig)}", code, sig)
     if code != 0:
-        return _End(False, f"exited with code {code}", code, sig)
+        return AttemptEnd(False, f"exited with code {code}", code, sig)
     base = launch.workdir or Path.cwd()
     missing = [out for out in launch.outputs if not (base / out).exists()]
     if missing:
-        return _End(False, f"declared output missing: {', '.join(missing)}", code, sig)
-    return _End(True, "succeeded", code, sig)
+        return AttemptEnd(False, f"declared output missing: {', '.join(missing)}", code, sig)
+    return AttemptEnd(True, "succeeded", code, sig)
 
 
 def _signame(sig: int) -> str:
@@ -391,17 +391,21 @@ def _signame(sig: int) -> str:
         return f"signal {sig}"
 
 
-def _finish(
+def finish_attempt(
     launch: StepLaunch,
     store: EventStore,
     clock: Clock,
-    sink: _Sink,
-    end: _End,
+    sink: Sink,
+    end: AttemptEnd,
     attempt: int,
     started: float,
     took: float,
     will_retry: bool,
 ) -> StepResult:
+    """Record how an attempt ended (``StepSucceeded``/``StepFailed``) in its log and the store.
+
+    Public because the Slurm executor ends its attempts the same way.
+    """
     ev: Event
     if end.ok:
         sink.write(f"=== attempt {attempt} succeeded ===\n")
@@ -444,7 +448,7 @@ def _cancelled(
     launch: StepLaunch,
     store: EventStore,
     clock: Clock,
-    sink: _Sink,
+    sink: Sink,
     attempts: int,
     started: float,
     exit_code: int | None,

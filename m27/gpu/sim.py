@@ -28,7 +28,7 @@ from pathlib import Path
 from m27 import liveness
 from m27._exceptions import GpuError
 from m27.gpu import DEFAULT_SIM_MEMORY, THROTTLE_REASONS, GpuInfo, GpuSample, ProcessSample
-from m27.step._channel import Channel
+from m27.step import Channel
 
 __all__ = ["BUSY_W", "IDLE_W", "SimBackend"]
 

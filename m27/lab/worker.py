@@ -5,9 +5,9 @@ One worker stands for one node (a GPU server, or a simulated one: ``M27_HOME`` a
 
 1. closes the node's crashed runs (:mod:`m27.node.crash`): a flow run whose process died is
    Crashed in Prefect within one poll, and ``RunCrashed`` is in the log;
-2. asks its node how many seats each tier has free (:func:`m27.lab.deploy.node_capacity`,
+2. asks its node how many seats each tier has free (:func:`m27.lab.capacity.node_capacity`,
    from the node's event log and GPU count) and takes the waiting flow runs that fit,
-   highest tier first (:func:`m27.lab.deploy.plan_admissions`); the rest stay in Prefect's
+   highest tier first (:func:`m27.lab.capacity.plan_admissions`); the rest stay in Prefect's
    queues for another node;
 3. publishes the node's free seats as the Prefect variable ``m27-capacity-<node>`` and in
    ``$M27_HOME/capacity.json``.
@@ -21,43 +21,36 @@ so the flow stops its step processes and records ``RunCancelled``; only then doe
 ProcessWorker's own cancellation kill what is left. When the flow-run process exits without
 an end event (kill -9, OOM), the worker stops the orphaned steps and records the crash.
 
+What Prefect offers no public hook for (which runs to take, the Pending answer, the cancel
+hook) comes from :class:`m27.lab._prefect.HookedProcessWorker`, the one place m27 touches
+Prefect internals.
+
 Registered for ``prefect worker start --type m27`` through the ``prefect.collections``
 entry point (``m27 = "m27.lab.worker"``); ``m27 worker`` starts the same class.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import re
 import socket
-import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import anyio.to_thread
-from prefect.flows import load_flow_from_flow_run
-from prefect.runner._flow_run_executor import FlowRunExecutionResult, FlowRunExecutorContext
-from prefect.runner._process_manager import ProcessHandle
-from prefect.runner._starter_engine import EngineCommandStarter
-from prefect.runner._workspace_starter import WorkspaceResolvingEngineCommandStarter
-from prefect.workers.process import (
-    ProcessJobConfiguration,
-    ProcessWorker,
-    ProcessWorkerResult,
-)
+from prefect.workers.process import ProcessJobConfiguration, ProcessWorkerResult
 
 from m27 import liveness, runids
 from m27.config import load_settings, m27_home
 from m27.events import CancelRequested, RunAdmitted
 from m27.events.state import NodeState, fold
-from m27.lab.deploy import Candidate, flow_root, node_capacity, plan_admissions, queue_tier
+from m27.lab._prefect import HookedProcessWorker
+from m27.lab.capacity import Candidate, node_capacity, plan_admissions, queue_tier
 from m27.node import crash
 from m27.store.sqlite import SqliteEventStore, open_store
 
@@ -77,6 +70,13 @@ def node_name() -> str:
     return os.environ.get("M27_NODE") or socket.gethostname()
 
 
+def flow_root() -> Path:
+    """The folder that holds ``flows/pipeline.py`` (the repository, or site-packages)."""
+    import flows
+
+    return Path(next(iter(flows.__path__))).resolve().parent
+
+
 def capacity_variable(node: str) -> str:
     """The Prefect variable a node's free seats are published under."""
     return "m27-capacity-" + (re.sub(r"[^a-z0-9_-]+", "-", node.lower()).strip("-") or "node")
@@ -92,7 +92,7 @@ def gpu_count() -> int:
         backend.close()
 
 
-class M27Worker(ProcessWorker):
+class M27Worker(HookedProcessWorker):
     """ProcessWorker + node seats + M27 variables + crash truth (see the module docstring)."""
 
     type = "m27"
@@ -117,7 +117,6 @@ class M27Worker(ProcessWorker):
         #: run ids whose flow-run process this worker is running (their end is ours to check).
         self._busy: set[str] = set()
         self._published: dict[str, Any] | None = None
-        self._start_lock: anyio.Lock | None = None
 
     # --- the node -----------------------------------------------------------------------
 
@@ -161,20 +160,20 @@ class M27Worker(ProcessWorker):
 
     # --- taking flow runs -----------------------------------------------------------------
 
-    async def _get_scheduled_flow_runs(self) -> list[WorkerFlowRunResponse]:
-        responses = await super()._get_scheduled_flow_runs()
+    async def take(self, offered: list[WorkerFlowRunResponse]) -> list[WorkerFlowRunResponse]:
+        """Close crashed runs, then plan which offered runs fit the node's free seats."""
         await crash.sweep(
             self.store,
             self.client,
             host=self.host,
             is_busy=lambda run_id: run_id in self._busy or run_id in self._starting,
-            log=self._logger.warning,
+            log=self.logger.warning,
         )
         await anyio.to_thread.run_sync(self._refresh)
         now = time.time()
         by_run: dict[str, WorkerFlowRunResponse] = {}
         candidates: list[Candidate] = []
-        for resp in responses:
+        for resp in offered:
             fr = resp.flow_run
             start = fr.expected_start_time or fr.next_scheduled_start_time
             when = start.timestamp() if start is not None else now
@@ -191,20 +190,12 @@ class M27Worker(ProcessWorker):
         await self._publish()
         return [by_run[c.run_id] for c in plan]
 
-    async def _submit_run(self, flow_run: FlowRun) -> None:
-        # The base submits each taken run in its own task; one at a time, in the order they
-        # were planned (tasks start FIFO, the lock is fair), the runs start in tier order.
-        if self._start_lock is None:
-            self._start_lock = anyio.Lock()
-        async with self._start_lock:
-            await super()._submit_run(flow_run)
+    async def refused(self, flow_run: FlowRun) -> None:
+        self._starting.pop(runids.from_flow_run(str(flow_run.id)), None)
 
-    async def _propose_pending_state(self, flow_run: FlowRun) -> bool:
-        ok = await super()._propose_pending_state(flow_run)
+    async def admitted(self, flow_run: FlowRun) -> None:
+        """Prefect let this node have the run: record ``RunAdmitted`` (it now holds a seat)."""
         run_id = runids.from_flow_run(str(flow_run.id))
-        if not ok:
-            self._starting.pop(run_id, None)
-            return ok
         tier = queue_tier(flow_run.work_queue_name, flow_run.tags)
         admitted = RunAdmitted(
             at=time.time(),
@@ -220,7 +211,6 @@ class M27Worker(ProcessWorker):
         self.get_flow_run_logger(flow_run).info(
             "m27: node %s admitted run %s on a %s seat", self.node, run_id, tier
         )
-        return ok
 
     async def _publish(self) -> None:
         """Publish the node's free seats (only when they changed: one API call, not one a poll)."""
@@ -242,7 +232,7 @@ class M27Worker(ProcessWorker):
 
             await Variable.aset(capacity_variable(self.node), value, overwrite=True)
         except Exception as exc:  # publishing is advisory; taking runs must go on
-            self._logger.warning("could not publish capacity: %s", exc)
+            self.logger.warning("could not publish capacity: %s", exc)
 
     # --- running one flow run -------------------------------------------------------------
 
@@ -256,7 +246,7 @@ class M27Worker(ProcessWorker):
         self._busy.add(run_id)
         configuration.env.update(self.m27_env(flow_run))
         try:
-            return await self._run_process(flow_run, configuration, task_status)
+            return await super().run(flow_run, configuration, task_status)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._after_exit(flow_run, run_id)
@@ -284,7 +274,7 @@ class M27Worker(ProcessWorker):
         if not cancelled:
             await crash.mark_prefect_crashed(self.client, str(flow_run.id), reason)
 
-    async def _cancel_in_log(self, flow_run_id: UUID) -> None:
+    async def before_cancel(self, flow_run_id: UUID) -> None:
         """Ask the run to stop through the node's log and wait for it to record its end."""
         run_id = runids.from_flow_run(str(flow_run_id))
         store = self.store
@@ -300,87 +290,6 @@ class M27Worker(ProcessWorker):
                 return
             await anyio.to_thread.run_sync(functools.partial(store.follow, after, timeout=0.25))
             after = state.last_seq
-
-    async def _run_process(
-        self,
-        flow_run: FlowRun,
-        configuration: ProcessJobConfiguration,
-        task_status: anyio.abc.TaskStatus[int] | None,
-    ) -> ProcessWorkerResult:
-        """ProcessWorker.run (Prefect 3.9.1), with the cancel hook of :meth:`_cancel_in_log`."""
-        if task_status is None:
-            task_status = anyio.TASK_STATUS_IGNORED
-        working_dir_ctx = (
-            tempfile.TemporaryDirectory(suffix="prefect")
-            if not configuration.working_dir
-            else contextlib.nullcontext(configuration.working_dir)
-        )
-        with working_dir_ctx as working_dir, warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            async with FlowRunExecutorContext() as ctx:
-                self._hook_cancel(ctx)
-                root = Path(working_dir).resolve()
-                if configuration._command_configured:
-                    starter: Any = EngineCommandStarter(
-                        command=configuration.command,
-                        cwd=root,
-                        env=configuration.env,
-                        stream_output=configuration.stream_output,
-                        control_channel=ctx.control_channel,
-                    )
-                    executor = ctx.create_executor(
-                        flow_run,
-                        starter,
-                        resolve_flow=load_flow_from_flow_run,
-                        propose_submitting=False,
-                    )
-                else:
-                    starter = WorkspaceResolvingEngineCommandStarter(
-                        workspace_root=root,
-                        command=None,
-                        stream_output=configuration.stream_output,
-                        control_channel=ctx.control_channel,
-                        source_cwd=root,
-                        environment=configuration.env,
-                    )
-                    ctx.call_after_exit(starter.close)
-                    executor = ctx.create_executor(
-                        flow_run,
-                        starter,
-                        propose_submitting=False,
-                        hook_runner=starter.hook_runner,
-                    )
-                execution: FlowRunExecutionResult | None = None
-
-                async def execute(
-                    *, task_status: anyio.abc.TaskStatus[ProcessHandle] = anyio.TASK_STATUS_IGNORED
-                ) -> None:
-                    nonlocal execution
-                    execution = await executor.submit(task_status=task_status)
-
-                async with anyio.create_task_group() as group:
-                    handle = await group.start(execute)
-                    if handle.pid is None:
-                        raise RuntimeError("Flow run process has no PID")
-                    task_status.started(handle.pid)
-        if execution is None or execution.status_code is None:
-            raise RuntimeError("Failed to start flow run process.")
-        return ProcessWorkerResult(
-            status_code=execution.status_code, identifier=str(execution.handle.pid)
-        )
-
-    def _hook_cancel(self, ctx: FlowRunExecutorContext) -> None:
-        manager = ctx._cancellation_manager
-        prefect_cancel = manager.cancel_by_id
-
-        async def cancel_by_id(flow_run_id: UUID) -> None:
-            try:
-                await self._cancel_in_log(flow_run_id)
-            except Exception as exc:  # never block Prefect's own cancellation
-                self._logger.warning("m27 cancel of %s failed: %s", flow_run_id, exc)
-            await prefect_cancel(flow_run_id)
-
-        manager.cancel_by_id = cancel_by_id  # type: ignore[method-assign]
 
     async def teardown(self, *exc_info: Any) -> None:
         await super().teardown(*exc_info)

@@ -8,6 +8,7 @@ docs/monitoring.md lists every series.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -16,9 +17,11 @@ from prometheus_client.core import (
     Metric,
 )
 
-from m27.events.readmodel import TIERS, Histogram
 from m27.gpu import THROTTLE_REASONS, GpuSample
-from m27.monitoring.exporter import Sampler, Snapshot
+from m27.monitoring.readmodel import TIERS, Histogram
+
+if TYPE_CHECKING:  # the exporter imports this module: its types only, never at run time
+    from m27.monitoring.exporter import Sampler, Snapshot
 
 GPU_LABELS = ["gpu", "uuid", "model", "node"]
 PROCESS_LABELS = ["gpu", "uuid", "node", "pid", "run", "step"]

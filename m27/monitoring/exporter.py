@@ -36,9 +36,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from m27.clock import Clock, SystemClock
 from m27.events import Event, StepEnergyMeasured
-from m27.events.readmodel import ReadModel
 from m27.gpu import GpuBackend, GpuSample
+from m27.monitoring._metrics import families
 from m27.monitoring.energy import EnergyMeter, StepKey
+from m27.monitoring.readmodel import ReadModel
 from m27.store import EventStore
 
 __all__ = [
@@ -282,8 +283,6 @@ class M27Collector(Collector):
         self.sampler = sampler
 
     def collect(self) -> Iterator[Metric]:
-        from m27.monitoring._metrics import families
-
         with self.sampler.lock:
             snapshot = self.sampler.tick()
             metrics = list(families(self.sampler, snapshot))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from m27.policy._model import PolicyConfig
+from m27.policy import PolicyConfig
 from m27.sim.engine import SimResult, SimulationError, simulate
 from m27.sim.metrics import Metrics, compute_metrics
 from m27.sim.schedulers import POLICIES, make_scheduler

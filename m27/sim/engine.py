@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from m27._exceptions import M27Error
-from m27.policy._model import (
+from m27.policy import (
     Action,
     Demote,
     Grant,

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from m27 import events as ev
-from m27.policy._model import StepType
+from m27.policy import StepType
 from m27.sim.trace import GIB, Job, Trace, klass_of
 
 

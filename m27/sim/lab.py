@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from m27.policy._model import StepType
+from m27.policy import StepType
 from m27.sim.trace import GIB, Job, PhaseKind, Trace
 
 OWNERS = ("alice", "bob", "chen", "dana")

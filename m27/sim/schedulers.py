@@ -12,8 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from m27.policy import decide
-from m27.policy._model import (
+from m27.policy import (
     Action,
     GpuView,
     Grant,
@@ -22,6 +21,7 @@ from m27.policy._model import (
     PolicyInput,
     Running,
     StartCpu,
+    decide,
 )
 from m27.sim.engine import Live, SimState
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from m27._exceptions import SpecError
-from m27.policy._model import StepKey, StepType
+from m27.policy import StepKey, StepType
 
 PhaseKind = Literal["compute", "io"]
 GIB = 2**30

@@ -10,11 +10,11 @@ from prometheus_client import CollectorRegistry
 
 from m27 import events as ev
 from m27.clock import FakeClock
-from m27.events.readmodel import ReadModel
 from m27.events.state import RunState
 from m27.gpu import GpuBackend, GpuInfo, GpuSample
 from m27.gpu.sim import SimBackend
 from m27.monitoring.exporter import Sampler, build_registry
+from m27.monitoring.readmodel import ReadModel
 from m27.store.memory import MemoryEventStore
 
 NODE = "node-a"

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from m27 import events as ev
-from m27.events.readmodel import Histogram, ReadModel, StepBucket, waiting_tier
 from m27.events.state import NodeState, fold
+from m27.monitoring.readmodel import Histogram, ReadModel, StepBucket, waiting_tier
 from m27.store.memory import MemoryEventStore
 
 RUNS = ("r1", "r2")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from m27 import events as ev
 from m27.events.state import NodeState, fold
-from m27.lab.deploy import Candidate, node_capacity, plan_admissions, queue_tier, tier_rank
+from m27.lab.capacity import Candidate, node_capacity, plan_admissions, queue_tier, tier_rank
 
 
 def admitted(run_id: str, tier: str) -> ev.RunAdmitted:

@@ -17,8 +17,7 @@ from typing import Any
 
 from m27 import runids, tables
 from m27._exceptions import CorruptCheckpointError, RunError
-from m27.checkpoint import Listed, prune, scan, verify
-from m27.checkpoint._settings import checkpoints_home, load_settings
+from m27.checkpoint import Listed, checkpoints_home, load_settings, prune, scan, verify
 from m27.cli.commands._common import print_json
 from m27.tables import Col
 from m27.units import format_size

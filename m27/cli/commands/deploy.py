@@ -9,7 +9,8 @@ from typing import Any
 
 from m27.cli.commands import _common
 from m27.cli.commands.pool import require_api
-from m27.lab.deploy import POOL_NAME, TIERS, DeploymentSpec, check_tier
+from m27.lab.capacity import TIERS, check_tier
+from m27.lab.deploy import POOL_NAME, DeploymentSpec
 from m27.spec import load_pipeline, parse_set_args
 
 

@@ -42,7 +42,8 @@ def require_api() -> str:
     return url
 
 
-async def _init(pool: str) -> dict[str, Any]:
+async def init_pool(pool: str) -> dict[str, Any]:
+    """Create the pool and its tier queues (safe to repeat); `m27 worker` calls it too."""
     from prefect.client.orchestration import get_client
 
     from m27.lab.deploy import pool_init
@@ -53,7 +54,7 @@ async def _init(pool: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     require_api()
-    result = asyncio.run(_init(args.pool))
+    result = asyncio.run(init_pool(args.pool))
     if args.json:
         _common.print_json(result)
     else:

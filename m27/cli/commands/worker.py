@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from types import FrameType
 
 from m27.cli.commands.pool import require_api
-from m27.lab.deploy import POOL_NAME, TIERS
+from m27.lab.capacity import TIERS
+from m27.lab.deploy import POOL_NAME
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,10 +49,10 @@ def run(args: argparse.Namespace) -> int:
         os.environ["M27_NODE"] = args.node
     import anyio
 
-    from m27.cli.commands.pool import _init
+    from m27.cli.commands.pool import init_pool
     from m27.lab.worker import M27Worker, node_name
 
-    anyio.run(_init, args.pool)
+    anyio.run(init_pool, args.pool)
     worker = M27Worker(
         work_pool_name=args.pool,
         work_queues=args.queues,

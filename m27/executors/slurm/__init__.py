@@ -39,14 +39,14 @@ from m27._exceptions import ConfigError, SpecError
 from m27.clock import Clock, SystemClock
 from m27.events import SlurmJobSubmitted
 from m27.executors.local import (
+    AttemptEnd,
+    Sink,
     StepLaunch,
     StepResult,
-    _End,
-    _finish,
-    _Sink,
     begin_attempt,
     child_env,
     default_log_path,
+    finish_attempt,
     run_attempts,
 )
 from m27.executors.slurm._follow import Follower, FollowResult
@@ -126,7 +126,7 @@ def run_slurm_step(
     clock = clock or SystemClock()
     started = clock.monotonic()
     log_path = launch.log_path or default_log_path(launch.run_id, launch.step)
-    sink = _Sink(None, on_line)
+    sink = Sink(None, on_line)
     try:
         site_options = load_site_options() if site is None else site
         opts = parse_options(options, site=site_options, timeout=launch.timeout, step=launch.step)
@@ -135,8 +135,8 @@ def run_slurm_step(
             launch.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         log_file = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
     except (SpecError, ConfigError, OSError) as exc:
-        end = _End(False, f"cannot prepare the step: {exc}", retryable=False)
-        return _finish(launch, store, clock, sink, end, 1, started, 0.0, will_retry=False)
+        end = AttemptEnd(False, f"cannot prepare the step: {exc}", retryable=False)
+        return finish_attempt(launch, store, clock, sink, end, 1, started, 0.0, will_retry=False)
     job = _Job(launch, store, clock, sink, opts, cli or SubprocessSlurm(), python, log_path)
     with log_file:
         sink.file = log_file
@@ -159,7 +159,7 @@ class _Job:
         launch: StepLaunch,
         store: EventStore,
         clock: Clock,
-        sink: _Sink,
+        sink: Sink,
         opts: SlurmOptions,
         cli: SlurmCli,
         python: str | None,
@@ -175,15 +175,15 @@ class _Job:
         attempt: int,
         cancel: threading.Event | None,
         resume_from: Callable[[], str | None] | None,
-    ) -> _End:
+    ) -> AttemptEnd:
         launch, sink = self.launch, self.sink
         opened = begin_attempt(launch, sink, attempt, resume_from)
-        if isinstance(opened, _End):
+        if isinstance(opened, AttemptEnd):
             return opened
         argv, resume = opened
         if launch.workdir is not None and not launch.workdir.is_dir():
             sink.note(f"workdir not found: {launch.workdir}")
-            return _End(
+            return AttemptEnd(
                 False, f"workdir not found: {launch.workdir}", exit_code=126, retryable=False
             )
         job_dir = self.log_path.parent / f"{launch.step}.slurm" / f"attempt-{attempt}"
@@ -191,13 +191,13 @@ class _Job:
             script = self._write_script(job_dir, attempt, argv)
         except OSError as exc:
             sink.note(f"cannot write the batch script: {exc}")
-            return _End(False, f"cannot write the batch script: {exc}", retryable=False)
+            return AttemptEnd(False, f"cannot write the batch script: {exc}", retryable=False)
         env = scrub_env(child_env(launch, attempt, resume), self.opts.wants_gpus)
         try:
             job_id = self.cli.submit(script, env)
         except SlurmError as exc:
             sink.note(str(exc))
-            return _End(False, f"sbatch failed: {exc}", retryable=exc.transient)
+            return AttemptEnd(False, f"sbatch failed: {exc}", retryable=exc.transient)
         self.store.append(
             [
                 SlurmJobSubmitted(
@@ -247,12 +247,12 @@ class _Job:
         path.chmod(0o755)
         return path.absolute()
 
-    def _judge(self, r: FollowResult) -> _End:
+    def _judge(self, r: FollowResult) -> AttemptEnd:
         if r.cancelled:
             code, sig = _code_signal(r.info)
-            return _End(False, "cancelled", code, sig, cancelled=True)
+            return AttemptEnd(False, "cancelled", code, sig, cancelled=True)
         if r.lost is not None:
-            return _End(False, r.lost)
+            return AttemptEnd(False, r.lost)
         info = r.info
         assert info is not None
         code, sig = _code_signal(info)
@@ -261,8 +261,10 @@ class _Job:
             base = self.launch.workdir or Path.cwd()
             missing = [out for out in self.launch.outputs if not (base / out).exists()]
             if missing:
-                return _End(False, f"declared output missing: {', '.join(missing)}", code, sig)
-            return _End(True, "succeeded", code, sig)
+                return AttemptEnd(
+                    False, f"declared output missing: {', '.join(missing)}", code, sig
+                )
+            return AttemptEnd(True, "succeeded", code, sig)
         how = (
             f"killed by {_signame(sig)}"
             if sig is not None
@@ -285,7 +287,7 @@ class _Job:
         if detail != how and state not in ("TIMEOUT", "CANCELLED"):
             reason += f", {how}"
         # Someone cancelled the job by hand: they meant it, do not submit it again.
-        return _End(False, reason, code, sig, retryable=state != "CANCELLED")
+        return AttemptEnd(False, reason, code, sig, retryable=state != "CANCELLED")
 
 
 def _code_signal(info: JobInfo | None) -> tuple[int | None, int | None]:

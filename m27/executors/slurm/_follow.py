@@ -15,7 +15,7 @@ from pathlib import Path
 from m27.clock import Clock
 from m27.events import SlurmJobStateChanged, StepStarted
 from m27.executors._proc import LineSplitter
-from m27.executors.local import StepLaunch, _Sink
+from m27.executors.local import Sink, StepLaunch
 from m27.executors.slurm._jobs import REQUEUEABLE_STATES, JobInfo, SlurmCli, SlurmError
 from m27.executors.slurm._script import SlurmOptions
 from m27.store import EventStore
@@ -73,7 +73,7 @@ class Follower:
         launch: StepLaunch,
         store: EventStore,
         clock: Clock,
-        sink: _Sink,
+        sink: Sink,
         cli: SlurmCli,
         opts: SlurmOptions,
         job_id: str,
