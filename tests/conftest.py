@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -22,13 +23,27 @@ os.environ.setdefault("M27_GPUS", "sim:2")
 
 
 @pytest.fixture(autouse=True)
-def m27_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def m27_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Every test gets its own node home: nothing touches ~/.m27."""
     home = tmp_path / "m27home"
     home.mkdir()
     monkeypatch.setenv("M27_HOME", str(home))
     monkeypatch.setenv("M27_CONFIG", str(tmp_path / "no-m2config"))
-    return home
+    yield home
+    _stop_node_service(home)
+
+
+def _stop_node_service(home: Path) -> None:
+    """The node service an `m27` command of the test started (detached) ends with the test."""
+    from m27.node.service import find_service, stop_service
+
+    info = find_service(home)
+    if info is None:
+        return
+    try:
+        stop_service(home, timeout=30)
+    except Exception:
+        os.kill(info.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,24 @@ COMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: command names whose module is named otherwise (see each module's `register`).
+_MODULE_OF = {"config": "config_cmd", "notifier": "notify", "bot": "notify"}
+
+
+def _only(argv: Sequence[str]) -> tuple[str, ...] | None:
+    """The one command module `argv` needs, so `m27 run` does not import the modules of
+    every other command (Telegram, checkpoints, Prefect deployments: about a second on a
+    loaded machine); None when the whole parser is needed (help, a typo)."""
+    if list(argv) == ["--version"]:
+        return ()
+    name = next((a for a in argv if not a.startswith("-")), None)
+    if name is None:
+        return None
+    module = _MODULE_OF.get(name, name)
+    return (module,) if module in COMMANDS else None
+
+
+def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="m27",
         description="Run YAML pipelines of cpu/gpu steps on Prefect, keep GPUs busy, "
@@ -46,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"m27 {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    for name in COMMANDS if modules is None else modules:
         try:
             module = importlib.import_module(f"m27.cli.commands.{name}")
         except ModuleNotFoundError as exc:
@@ -58,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_only(argv))
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)

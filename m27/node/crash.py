@@ -175,7 +175,58 @@ async def mark_prefect_crashed(client: PrefectClient, flow_run_id: str, message:
     if flow_run.state is not None and flow_run.state.is_final():
         return False
     await client.set_flow_run_state(UUID(flow_run_id), Crashed(message=message), force=True)
+    await close_task_runs(client, flow_run_id, "crashed", message)
     return True
+
+
+async def mark_prefect_cancelled(client: PrefectClient, flow_run_id: str, message: str) -> bool:
+    """Set a crashed (or still running) flow run and its unfinished task runs to Cancelled:
+    `m27 cancel` of a run that had crashed. A Completed or Failed run is left alone."""
+    from uuid import UUID
+
+    from prefect.exceptions import ObjectNotFound
+    from prefect.states import Cancelled
+
+    try:
+        flow_run = await client.read_flow_run(UUID(flow_run_id))
+    except (ObjectNotFound, ValueError):
+        return False
+    st = flow_run.state
+    if st is not None and st.is_final() and not st.is_crashed():
+        return False
+    await client.set_flow_run_state(UUID(flow_run_id), Cancelled(message=message), force=True)
+    await close_task_runs(client, flow_run_id, "cancelled", message)
+    return True
+
+
+async def close_task_runs(
+    client: PrefectClient, flow_run_id: str, to: Literal["crashed", "cancelled"], message: str
+) -> int:
+    """The flow run's task runs that never finished (Running, Pending, or Crashed when
+    cancelling) get the run's final state too, so the UI shows no step still running.
+
+    Prefect 3 records task-run states from events a few seconds late, so a caller that
+    just closed a run calls this again for a while (the node service does). Returns how
+    many task runs it changed."""
+    from uuid import UUID
+
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.states import Cancelled, Crashed
+
+    task_runs = await client.read_task_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
+    )
+    changed = 0
+    for tr in task_runs:
+        st = tr.state
+        if st is not None and st.is_final() and not (to == "cancelled" and st.is_crashed()):
+            continue
+        if to == "crashed":
+            await client.set_task_run_state(tr.id, Crashed(message=message), force=True)
+        else:
+            await client.set_task_run_state(tr.id, Cancelled(message=message), force=True)
+        changed += 1
+    return changed
 
 
 async def sweep(
@@ -188,6 +239,7 @@ async def sweep(
     clock: Clock | None = None,
     log: Callable[[str], None] = lambda _line: None,
     stop: Callable[[int, int, float, Clock], int | None] = _stop_group,
+    grace_s: float = 3.0,
 ) -> list[Finding]:
     """Find this host's dead runs, close them in the log and mark them Crashed in Prefect.
 
@@ -200,7 +252,9 @@ async def sweep(
     closed: list[Finding] = []
     for finding in dead_runs(state, host, is_alive, is_busy):
         events = await anyio.to_thread.run_sync(
-            lambda f=finding: finalize(store, f.run_id, f.reason, clock=clock, stop=stop)  # type: ignore[misc]
+            lambda f=finding: finalize(  # type: ignore[misc]
+                store, f.run_id, f.reason, clock=clock, stop=stop, grace_s=grace_s
+            )
         )
         if not events:
             continue

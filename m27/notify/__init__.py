@@ -6,9 +6,31 @@ answers commands from allow-listed chats. See docs/notify.md.
 
 from __future__ import annotations
 
-from m27.notify.bot import CommandBot, start_embedded_bot
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from m27.notify.config import NotifyConfig, QuietHours, Secret, load_config
-from m27.notify.notifier import Notifier, NotifierHandle, start_embedded_notifier
+
+if TYPE_CHECKING:
+    from m27.notify.bot import CommandBot, start_embedded_bot
+    from m27.notify.notifier import Notifier, NotifierHandle, start_embedded_notifier
+
+#: Imported on first use: they pull in python-telegram-bot (~0.5 s), which `m27 run`
+#: without Telegram configured never needs.
+_LAZY = {
+    "CommandBot": "m27.notify.bot",
+    "start_embedded_bot": "m27.notify.bot",
+    "Notifier": "m27.notify.notifier",
+    "NotifierHandle": "m27.notify.notifier",
+    "start_embedded_notifier": "m27.notify.notifier",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 __all__ = [
     "CommandBot",

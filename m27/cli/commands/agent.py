@@ -1,35 +1,61 @@
-"""`m27 agent`: run the node agent as a service, until SIGTERM or SIGINT.
+"""`m27 agent`: the node service (agent, crash watcher, the node's Prefect server).
 
-One agent serves a node. If another process holds the node (an `m27 run` that embeds
-its agent), this one waits for it to end and then takes over; the service then re-adopts
-the steps the embedded agent left running (see docs/agent.md).
+`m27 agent` runs it in the foreground until SIGTERM or SIGINT (systemd, compose);
+`m27 agent status` and `m27 agent stop` talk to the running one through
+``$M27_HOME/service.json``. One agent serves a node: if another process holds the node,
+this one waits for it to end and then takes over, re-adopting the steps it left running
+(see docs/agent.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
-from m27.config import m27_home
-from m27.events import Event
-from m27.node.embed import NodeLock, build_agent
+from m27._exceptions import ConfigError
+from m27.config import load_settings, m27_home
+from m27.events import Event, RunSubmitted
+from m27.node.serve import serve
+from m27.node.service import ServiceInfo, find_service, stop_service
 from m27.policy import Decision, Reserve, key_text
+from m27.units import format_duration, parse_duration
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "agent",
-        help="run the node agent (the GPU queue) as a service",
-        description="Run the node agent until SIGTERM/SIGINT: it grants GPUs and CPU slots "
-        "to waiting steps with the three-tier policy, pauses and resumes guests, promotes "
-        "them, and re-adopts live steps after a restart. `m27 run` embeds one when none runs.",
+        help="the node service: the GPU queue and the node's Prefect server",
+        description="Run the node service until SIGTERM/SIGINT: the agent (it grants GPUs "
+        "and CPU slots to waiting steps with the three-tier policy, pauses, resumes and "
+        "promotes guests), the crash watcher (a run whose process died becomes Crashed in "
+        "Prefect and its steps are stopped) and, unless PREFECT_API_URL names a lab server, "
+        "one Prefect server on 127.0.0.1. `m27 run` starts it detached when none runs. "
+        "`m27 agent status` shows it, `m27 agent stop` stops it.",
+    )
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("serve", "status", "stop"),
+        default="serve",
+        help="serve (default, in the foreground), status, or stop the running service",
     )
     p.add_argument("--verbose", action="store_true", help="print one line per decision")
+    p.add_argument("--json", action="store_true", help="status as JSON")
+    p.add_argument("--port", type=int, help="the Prefect server's port (default: a free one)")
+    p.add_argument(
+        "--idle",
+        metavar="DURATION",
+        help="stop after this long with no runs and no steps (default: never in the "
+        "foreground; `service_idle` for a service an m27 command started)",
+    )
+    p.add_argument("--on-demand", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -58,6 +84,18 @@ def _how(e: Event) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     home = m27_home()
+    if args.action == "status":
+        return _status(home, args.json)
+    if args.action == "stop":
+        return _stop(home)
+    idle_s: float | None = None
+    if args.idle:
+        try:
+            idle_s = parse_duration(args.idle)
+        except ValueError as exc:
+            raise ConfigError(f"--idle {args.idle!r}: {exc}", value=args.idle) from None
+    elif args.on_demand:
+        idle_s = load_settings().service_idle
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -65,34 +103,72 @@ def run(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    lock = NodeLock(home)
-    told = False
-    while not lock.acquire():
-        if not told:
-            print(
-                f"m27 agent: pid {lock.holder()} runs this node's agent; waiting for it to end",
-                file=sys.stderr,
-                flush=True,
-            )
-            told = True
-        if stop.wait(0.2):
-            return 0
+    return serve(
+        home,
+        stop,
+        port=args.port,
+        idle_s=idle_s,
+        on_decision=_printer if args.verbose else None,
+        warn=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+
+
+def _runs_served(home: Path, info: ServiceInfo) -> int:
+    from m27.store.sqlite import open_store
+
+    store = open_store(home)
     try:
-        agent = build_agent(home, on_decision=_printer if args.verbose else None)
-        try:
-            agent.start()
-            print(
-                f"m27 agent: serving {home} with {len(agent.backend.devices())} "
-                f"{agent.backend.kind} GPU(s), tick {agent.tick_s * 1000:.0f} ms",
-                flush=True,
-            )
-            agent.run(stop)
-        finally:
-            agent.close()
-            agent.store.close()
+        return sum(
+            1
+            for rec in store.read()
+            if isinstance(rec.event, RunSubmitted)
+            and rec.event.at >= info.started_at
+            and rec.event.host == info.host
+        )
     finally:
-        lock.release()
-    print("m27 agent: stopped", flush=True)
+        store.close()
+
+
+def _status(home: Path, as_json: bool) -> int:
+    info = find_service(home)
+    if info is None:
+        if as_json:
+            print(json.dumps({"running": False, "home": str(home)}))
+        else:
+            print(f"no node service runs for {home} (the next `m27 run` starts one)")
+        return 1
+    uptime = max(0.0, time.time() - info.started_at)
+    data = {
+        "running": True,
+        "pid": info.pid,
+        "prefect_url": info.url,
+        "ui_url": info.ui_url,
+        "own_server": info.own_server,
+        "prefect_pid": info.prefect_pid,
+        "state": info.state,
+        "uptime_s": round(uptime, 1),
+        "runs_served": _runs_served(home, info),
+        "restarts": info.restarts,
+        "home": str(home),
+    }
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return 0
+    server = "own" if info.own_server else "lab"
+    print(f"node service  pid {info.pid}  {info.state}  up {format_duration(uptime)}")
+    print(f"prefect       {info.url} ({server} server; UI {info.ui_url})")
+    print(f"runs served   {data['runs_served']}")
+    if info.restarts:
+        print(f"restarts      Prefect server restarted {info.restarts} time(s)")
+    return 0
+
+
+def _stop(home: Path) -> int:
+    info = stop_service(home)
+    if info is None:
+        print(f"no node service runs for {home}")
+        return 0
+    print(f"node service (pid {info.pid}) stopped")
     return 0
 
 

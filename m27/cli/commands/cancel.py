@@ -33,13 +33,21 @@ def run(args: argparse.Namespace) -> int:
     st = _common.store()
     state = _common.load_state(st)
     r = _common.find_run(state, args.run_id)
+    if r.status == "failed" and r.reason.startswith("crashed"):
+        # Crashed earlier (closed by the node service): the user's word now is "cancelled".
+        st.append([RunCancelled(at=time.time(), run_id=r.run_id, reason="cancelled after a crash")])
+        _prefect_cancelled(r.flow_run_id)
+        print(f"run {r.run_id}: cancelled (it had crashed)")
+        return 0
     if r.status != "running":
         print(f"run {r.run_id} already {r.status}")
         return 0
     now = time.time()
     st.append([CancelRequested(at=now, run_id=r.run_id, by=f"cli:{os.getpid()}")])
     if _common.shown_status(r) == "crashed":
-        return _cancel_orphans(st, r.run_id)
+        code = _cancel_orphans(st, r.run_id)
+        _prefect_cancelled(r.flow_run_id)
+        return code
     deadline = time.monotonic() + args.wait
     after = st.last_seq()
     while time.monotonic() < deadline:
@@ -51,6 +59,35 @@ def run(args: argparse.Namespace) -> int:
                 return 0
     print(f"m27 cancel: run {r.run_id} did not stop within {args.wait:.0f}s", file=sys.stderr)
     return 1
+
+
+def _prefect_cancelled(flow_run_id: str | None) -> None:
+    """Show the crashed run as Cancelled in Prefect too (through the node service's server,
+    or the lab's); the log already says so, Prefect is told at best effort."""
+    if not flow_run_id:
+        return
+    import asyncio
+
+    from m27.config import m27_home
+    from m27.node.crash import mark_prefect_cancelled
+    from m27.node.service import ensure_service
+
+    try:
+        info, _ = ensure_service(m27_home())
+    except M27Error as exc:
+        print(f"m27 cancel: Prefect not updated: {exc}", file=sys.stderr)
+        return
+    os.environ["PREFECT_API_URL"] = info.url
+    from prefect.client.orchestration import get_client
+
+    async def mark() -> None:
+        async with get_client() as client:
+            await mark_prefect_cancelled(client, flow_run_id, "cancelled after its run crashed")
+
+    try:
+        asyncio.run(mark())
+    except Exception as exc:  # Prefect unreachable: the log is the truth
+        print(f"m27 cancel: Prefect not updated: {exc}", file=sys.stderr)
 
 
 def _cancel_orphans(st: SqliteEventStore, run_id: str) -> int:

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "run",
         help="run a pipeline file",
         description="Validate FILE, record the run in the node's event log and run it as a "
-        "Prefect flow (Prefect's temporary local server unless PREFECT_API_URL is set). "
+        "Prefect flow on the node service's Prefect server (started when none runs; "
+        "PREFECT_API_URL: the lab's server instead). "
         "Exit code 0 when every step succeeded, 1 when a step failed or the run was "
         "cancelled, 2 for bad input.",
     )
@@ -60,6 +61,20 @@ def _prefect_defaults(verbose: bool) -> None:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
         os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
+
+
+def _node_service() -> float:
+    """Make sure the node service runs (start it detached when none does) and point this
+    process's Prefect client at its server (or the lab's); the seconds spent waiting.
+
+    Called before `prefect` is imported, so every Prefect setting read later sees the URL.
+    """
+    from m27.config import m27_home
+    from m27.node.service import ensure_service
+
+    info, waited = ensure_service(m27_home())
+    os.environ["PREFECT_API_URL"] = info.url
+    return waited
 
 
 def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | None]:
@@ -101,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"m27: {problem}", file=sys.stderr)
         return 2
     _prefect_defaults(args.verbose)
+    waited = _node_service()
     store = _common.store()
     run_id = runids.new_run_id()
     live = sys.stdout.isatty() and not args.plain
@@ -158,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     result = state.runs[run_id]
     progress.summary(result)
+    if waited >= 0.05:
+        print(f"(before the run: {waited:.1f}s starting the node service)")
     return 0 if result.status == "succeeded" else 1
 
 
@@ -167,11 +185,14 @@ def _start_notifier(store: Any) -> Any:
 
     It works from the durable outbox, so what it has not sent when the run ends is sent by
     the next notifier; the run never waits on Telegram for more than a moment."""
-    from m27.notify import load_config
+    from m27.notify.config import load_config
+
+    config = load_config()
+    if not config.enabled:
+        return None  # not configured: no Telegram library to import (~0.5 s)
     from m27.notify.bot import start_embedded_bot
     from m27.notify.notifier import start_embedded_notifier
 
-    config = load_config()
     # The bot answers the lab's chat while the run goes on (short polls, so it stops quickly).
     return [
         start_embedded_notifier(store, config),
@@ -180,6 +201,8 @@ def _start_notifier(store: Any) -> Any:
 
 
 def _stop_notifier(handles: Any) -> None:
+    if handles is None:
+        return
     notifier, bot = handles
     bot.stop(timeout=3.0)
     if notifier.running:

@@ -8,6 +8,7 @@ from typing import Any
 
 from m27 import tables
 from m27.cli.commands import _common
+from m27.cli.commands.status import crash_truth
 from m27.tables import Col
 from m27.units import format_duration
 
@@ -25,6 +26,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     state = _common.load_state()
+    crash_truth(state)
     runs = list(state.runs.values())[-args.limit :] if args.limit > 0 else list(state.runs.values())
     rows: list[dict[str, Any]] = []
     for r in runs:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from m27 import tables
+from m27._exceptions import M27Error
 from m27.cli.commands import _common
-from m27.events.state import NodeState, RunState
+from m27.events.state import NodeState, RunState, StepState
 from m27.monitoring.energy import energy_by_run, energy_by_step, format_energy
 from m27.tables import Col
 from m27.units import format_duration
@@ -33,6 +35,32 @@ class _Energy:
         self.by_run = energy_by_run(state)
 
 
+def step_status(r: RunState, s: StepState) -> str:
+    """A step's status as users need it: `crashed` (not `running` or `failed`) for a step
+    whose run's process died under it."""
+    if s.status == "running" and _common.shown_status(r) == "crashed":
+        return "crashed"
+    if s.status == "failed" and s.reason.startswith("run crashed"):
+        return "crashed"
+    return s.status
+
+
+def crash_truth(state: NodeState) -> None:
+    """A run whose process died and that no one has closed yet: start the node service,
+    whose crash watcher closes it in the log and marks it Crashed in Prefect."""
+    if not any(
+        r.status == "running" and _common.shown_status(r) == "crashed" for r in state.runs.values()
+    ):
+        return
+    from m27.config import m27_home
+    from m27.node.service import ensure_service
+
+    try:
+        ensure_service(m27_home())
+    except M27Error as exc:  # what the log says is shown all the same
+        print(f"m27: {exc}", file=sys.stderr)
+
+
 def _run_dict(r: RunState, energy: _Energy) -> dict[str, Any]:
     return {
         "run_id": r.run_id,
@@ -50,7 +78,7 @@ def _run_dict(r: RunState, energy: _Energy) -> dict[str, Any]:
         "steps": {
             name: {
                 "type": s.type,
-                "status": s.status,
+                "status": step_status(r, s),
                 "attempts": s.attempts,
                 "started_at": s.started_at,
                 "ended_at": s.ended_at,
@@ -71,6 +99,7 @@ def _run_dict(r: RunState, energy: _Energy) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     state = _common.load_state()
+    crash_truth(state)
     energy = _Energy(state)
     if args.run_id is None:
         live = [r for r in state.runs.values() if _common.shown_status(r) == "running"]

@@ -1,0 +1,100 @@
+"""How long `m27 run` of a one-step `true` pipeline takes once the node service runs,
+as a ratio to `m27 --version` (the interpreter and m27's own imports) in the same run.
+
+A fresh ``M27_HOME`` is used: the first run starts the node service (its Prefect server on
+SQLite) and is reported apart as the cold start; then `--runs` warm runs and as many
+`m27 --version` calls alternate, and the medians are compared. The service is stopped at
+the end. ``PREFECT_API_URL`` is ignored (unset for the children): this measures the node's
+own server.
+
+    python benchmarks/bench_startup.py [--runs 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PIPELINE = "name: bench-startup\npipeline:\n  - name: t\n    type: cpu\n    command: 'true'\n"
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PREFECT_API_URL", None)
+    env["M27_HOME"] = str(home)
+    env["M27_CONFIG"] = str(home / "no-m2config")
+    env.setdefault("M27_GPUS", "sim:1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _timed(argv: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    took = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return took
+
+
+def measure(runs: int) -> dict[str, object]:
+    m27 = [sys.executable, "-m", "m27.cli"]
+    with tempfile.TemporaryDirectory(prefix="m27-bench-startup-") as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        spec = Path(tmp) / "one.yaml"
+        spec.write_text(PIPELINE)
+        env = _env(home)
+        run = [*m27, "run", str(spec), "--plain", "--quiet"]
+        try:
+            cold = _timed(run, env)
+            warm: list[float] = []
+            version: list[float] = []
+            for _ in range(runs):
+                version.append(_timed([*m27, "--version"], env))
+                warm.append(_timed(run, env))
+        finally:
+            subprocess.run([*m27, "agent", "stop"], env=env, capture_output=True, timeout=120)
+    w, v = statistics.median(warm), statistics.median(version)
+    return {
+        "runs": runs,
+        "cold_run_s": round(cold, 3),
+        "warm_run_s": round(w, 3),
+        "warm_run_range_s": [round(min(warm), 3), round(max(warm), 3)],
+        "version_s": round(v, 3),
+        "version_range_s": [round(min(version), 3), round(max(version), 3)],
+        "ratio": round(w / v, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="warm runs (default 5)")
+    parser.add_argument("--quick", action="store_true", help="3 warm runs")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    result = measure(3 if args.quick else args.runs)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print("| what | median | range |")
+    print("|---|---|---|")
+    print(f"| `m27 --version` | {result['version_s']} s | {result['version_range_s']} |")
+    print(f"| warm `m27 run` (1 step `true`) | {result['warm_run_s']} s | "
+          f"{result['warm_run_range_s']} |")
+    print(f"| cold `m27 run` (starts the node service) | {result['cold_run_s']} s | one run |")
+    print(f"\nwarm run / --version: {result['ratio']}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""The node service process: the agent, the crash watcher and the node's Prefect server.
+
+One per node (it holds the node lock, ``$M27_HOME/agent.lock``). `m27 agent` runs it in the
+foreground (systemd, compose); the first `m27 run` with none running starts it detached
+with ``--on-demand`` (:func:`m27.node.service.ensure_service`), and then it stops itself
+after ``service_idle`` with no runs and no steps.
+
+Threads, all stopped by one event (SIGTERM, SIGINT, idle):
+
+- the agent (:class:`m27.node.agent.Agent`) ticks as it always did;
+- the crash watcher follows the log and, when a run's flow process is gone, closes the
+  run (:func:`m27.node.crash.sweep`: its steps get SIGTERM, SIGKILL after a grace, their
+  leases are released) and marks the flow run and its task runs Crashed in Prefect;
+- the main thread supervises the Prefect server (restarted on the same port when it
+  dies) and decides the idle stop.
+
+Without ``PREFECT_API_URL`` the service starts its own Prefect server first and points
+its own Prefect client at it; with it (a lab server) it starts none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from m27 import liveness
+from m27.events.state import NodeState, fold
+from m27.locks import NodeLock
+from m27.node import service
+from m27.node.crash import close_task_runs, dead_runs, sweep
+from m27.node.embed import build_agent
+from m27.node.prefect_server import PrefectServer
+from m27.store.sqlite import open_store
+
+__all__ = ["busy", "serve"]
+
+#: SIGTERM first so a step can write a checkpoint; SIGKILL after this many seconds.
+STOP_GRACE_S = 10.0
+#: A crashed run's task runs are closed again every few seconds for this long.
+RECHECK_FOR_S = 60.0
+RECHECK_EVERY_S = 3.0
+#: How long the service waits for its Prefect server to answer (start or restart).
+HEALTH_TIMEOUT_S = 180.0
+
+
+def busy(state: NodeState) -> bool:
+    """True while the node has work: a running run, a held lease or a waiting request."""
+    if state.leases or state.requests:
+        return True
+    return any(r.status == "running" for r in state.runs.values())
+
+
+class _Watcher:
+    """Follows the log; closes dead runs (crash truth) and tracks activity for idle stop."""
+
+    def __init__(self, home: Path, log: Callable[[str], None], stop: threading.Event) -> None:
+        self.home = home
+        self.log = log
+        self.stop = stop
+        self.store = open_store(home)
+        self.state = NodeState()
+        self.last_busy = time.time()
+        self.host = socket.gethostname()
+        #: flow run id -> (until when, why): crashed runs whose task runs are checked again
+        self.recheck: dict[str, tuple[float, str]] = {}
+        self.recheck_at = 0.0
+        self.thread = threading.Thread(target=self._main, name="m27-crash-watch", daemon=True)
+
+    def _main(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.step()
+            except Exception as exc:  # keep watching: the next pass retries
+                self.log(f"m27 agent: crash watch: {type(exc).__name__}: {exc}")
+            self.stop.wait(0.5)
+
+    def step(self) -> None:
+        self.state = fold(self.store.read(self.state.last_seq), self.state)
+        now = time.time()
+        if busy(self.state):
+            self.last_busy = now
+        if dead_runs(self.state, self.host):
+            asyncio.run(self._sweep())
+            self.state = fold(self.store.read(self.state.last_seq), self.state)
+        elif self.recheck and now >= self.recheck_at:
+            self.recheck_at = now + RECHECK_EVERY_S
+            asyncio.run(self._recheck(now))
+
+    async def _sweep(self) -> None:
+        from prefect.client.orchestration import get_client
+
+        async with get_client() as client:
+            closed = await sweep(
+                self.store, client, host=self.host, log=self.log, grace_s=STOP_GRACE_S
+            )
+        for finding in closed:
+            if finding.flow_run_id:
+                self.recheck[finding.flow_run_id] = (time.time() + RECHECK_FOR_S, finding.reason)
+
+    async def _recheck(self, now: float) -> None:
+        """Task runs of a crashed flow run that Prefect recorded only after it was closed
+        (their states arrive as events, seconds late) are closed too."""
+        from prefect.client.orchestration import get_client
+
+        async with get_client() as client:
+            for flow_run_id, (until, reason) in list(self.recheck.items()):
+                if now > until:
+                    del self.recheck[flow_run_id]
+                    continue
+                await close_task_runs(client, flow_run_id, "crashed", reason)
+
+
+def _used_at(home: Path) -> float:
+    try:
+        return (home / service.USED_NAME).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def serve(
+    home: Path,
+    stop: threading.Event,
+    *,
+    port: int | None = None,
+    idle_s: float | None = None,
+    on_decision: Callable[..., None] | None = None,
+    log: Callable[[str], None] = lambda line: print(line, flush=True),
+    warn: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> int:
+    """Run the node service until `stop` is set (or, with `idle_s`, until idle that long)."""
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    lock = NodeLock(home)
+    told = False
+    while not lock.acquire():
+        if not told:
+            warn(f"m27 agent: pid {lock.holder()} runs this node's agent; waiting for it to end")
+            told = True
+        if stop.wait(0.2):
+            return 0
+    lab = service.lab_url()
+    server: PrefectServer | None = None
+    started = time.time()
+    info = service.ServiceInfo(
+        pid=os.getpid(),
+        pid_started=liveness.own_start_time(),
+        started_at=started,
+        url=lab or "",
+        own_server=lab is None,
+        host=socket.gethostname(),
+    )
+    agent_stop = threading.Event()
+    agent_thread: threading.Thread | None = None
+    watcher: _Watcher | None = None
+    try:
+        agent = build_agent(home, on_decision=on_decision)
+        agent.start()
+        agent_thread = threading.Thread(
+            target=agent.run, args=(agent_stop,), name="m27-agent", daemon=True
+        )
+        agent_thread.start()
+        log(
+            f"m27 agent: serving {home} with {len(agent.backend.devices())} "
+            f"{agent.backend.kind} GPU(s), tick {agent.tick_s * 1000:.0f} ms"
+        )
+        if lab is None:
+            server = PrefectServer(home / "prefect", port or service.free_port(), log)
+            info = _replace(info, url=server.url, port=server.port)
+            service.write_info(home, info)
+            server.start()
+            info = _replace(info, prefect_pid=server.pid)
+            service.write_info(home, info)
+            if not server.wait_healthy(HEALTH_TIMEOUT_S, stop.is_set):
+                if stop.is_set():
+                    return 0
+                warn(f"m27 agent: the Prefect server did not start; see {server.home}/server.log")
+                return 1
+            os.environ["PREFECT_API_URL"] = server.url
+            log(f"m27 agent: Prefect server ready at {server.url} (UI {info.ui_url})")
+        else:
+            log(f"m27 agent: using the lab's Prefect server at {lab}")
+        info = _replace(info, state="ready")
+        service.write_info(home, info)
+        watcher = _Watcher(home, log, stop)
+        watcher.thread.start()
+        return _supervise(home, stop, server, info, watcher, agent_thread, idle_s, log)
+    finally:
+        stop.set()
+        agent_stop.set()
+        if agent_thread is not None:
+            agent_thread.join(10)
+        if watcher is not None:
+            watcher.thread.join(STOP_GRACE_S + 5)
+            watcher.store.close()
+        if server is not None:
+            server.stop()
+        service.remove_info(home, os.getpid())
+        if agent_thread is not None:
+            agent.close()
+            agent.store.close()
+        lock.release()
+        log("m27 agent: stopped")
+
+
+def _supervise(
+    home: Path,
+    stop: threading.Event,
+    server: PrefectServer | None,
+    info: service.ServiceInfo,
+    watcher: _Watcher,
+    agent_thread: threading.Thread,
+    idle_s: float | None,
+    log: Callable[[str], None],
+) -> int:
+    while not stop.wait(0.25):
+        if not agent_thread.is_alive():
+            log("m27 agent: the agent loop ended unexpectedly; stopping the service")
+            return 1
+        if server is not None and server.dead():
+            service.write_info(home, info := _replace(info, state="starting"))
+            ok = server.restart(HEALTH_TIMEOUT_S, stop.is_set)
+            info = _replace(info, prefect_pid=server.pid, restarts=server.restarts)
+            info = _replace(info, state="ready" if ok else "starting")
+            service.write_info(home, info)
+        if idle_s is not None:
+            quiet_since = max(watcher.last_busy, _used_at(home))
+            if time.time() - quiet_since >= idle_s and not busy(watcher.state):
+                log(f"m27 agent: idle for {idle_s:.0f}s (no runs, no steps); stopping")
+                return 0
+    return 0
+
+
+def _replace(info: service.ServiceInfo, **changes: object) -> service.ServiceInfo:
+    from dataclasses import replace
+
+    return replace(info, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,349 @@
+"""Finding, starting and stopping the node service: what every `m27` command calls.
+
+The node service (:mod:`m27.node.serve`) is one long-lived process per node: the agent,
+the crash watcher and, unless ``PREFECT_API_URL`` names a lab server, one supervised
+``prefect server start``. It describes itself in ``$M27_HOME/service.json`` (written
+atomically): its pid and that pid's start time, the Prefect API URL, the port, when it
+started. A command finds it there and trusts it only while that pid is still the same
+process (:func:`m27.liveness.alive` with the start time), so a stale file left by a killed
+service is never mistaken for a live one.
+
+With none running, :func:`ensure_service` starts one detached (its own session, output to
+``$M27_HOME/service.log``) so it outlives the command, and waits (bounded) until it is
+ready, printing what it waits for. Concurrent first starts take turns on the flock of
+``$M27_HOME/service.lock``: the first starts the service, the others find it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from m27 import liveness
+from m27._exceptions import M27Error
+
+__all__ = [
+    "INFO_NAME",
+    "ServiceInfo",
+    "ensure_service",
+    "find_service",
+    "free_port",
+    "healthy",
+    "lab_url",
+    "read_info",
+    "remove_info",
+    "stop_service",
+    "touch",
+    "write_info",
+]
+
+INFO_NAME = "service.json"
+LOCK_NAME = "service.lock"
+LOG_NAME = "service.log"
+USED_NAME = "service.used"
+
+#: How long a command waits for a service it started (a loaded 2-core machine with 16
+#: runs importing Prefect at once needs far more than the usual 8-15 s).
+START_TIMEOUT_S = 240.0
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    """What ``service.json`` says about the running node service."""
+
+    pid: int
+    pid_started: float | None
+    started_at: float
+    #: the Prefect API URL runs use (the service's own server or the lab's)
+    url: str
+    #: True when the service runs its own Prefect server (False: a lab server)
+    own_server: bool
+    port: int | None = None
+    prefect_pid: int | None = None
+    #: "starting" until its Prefect server answered, then "ready"
+    state: str = "starting"
+    restarts: int = 0
+    host: str = ""
+
+    @property
+    def ui_url(self) -> str:
+        return self.url.removesuffix("/api")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def lab_url(env: Mapping[str, str] | None = None) -> str | None:
+    """The lab's Prefect server (``PREFECT_API_URL``), or None: the node runs its own."""
+    env = os.environ if env is None else env
+    return env.get("PREFECT_API_URL") or None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    """True when the Prefect API at `url` answers its health check."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+def write_info(home: Path, info: ServiceInfo) -> None:
+    """Replace ``service.json`` atomically: a reader sees the old file or the new one."""
+    path = Path(home) / INFO_NAME
+    tmp = path.with_name(f".{INFO_NAME}.{os.getpid()}.tmp")
+    with tmp.open("w") as fh:
+        json.dump(info.to_json(), fh, indent=2)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_info(home: Path) -> ServiceInfo | None:
+    """``service.json`` as written, live or not; None when absent or unreadable."""
+    try:
+        data = json.loads((Path(home) / INFO_NAME).read_text())
+        fields = ServiceInfo.__dataclass_fields__
+        return ServiceInfo(**{k: v for k, v in data.items() if k in fields})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def remove_info(home: Path, pid: int) -> None:
+    """Remove ``service.json`` if it still describes service `pid`."""
+    info = read_info(home)
+    if info is not None and info.pid == pid:
+        with contextlib.suppress(FileNotFoundError):
+            (Path(home) / INFO_NAME).unlink()
+
+
+def find_service(home: Path) -> ServiceInfo | None:
+    """The node service described by ``service.json``, if that process still runs."""
+    info = read_info(home)
+    if info is None or not liveness.alive(info.pid, info.pid_started):
+        return None
+    return info
+
+
+def touch(home: Path) -> None:
+    """Tell the service a command is about to use it (it counts as activity for idle stop)."""
+    path = Path(home) / USED_NAME
+    with contextlib.suppress(OSError):
+        path.touch()
+        os.utime(path)
+
+
+def _ready(info: ServiceInfo | None) -> bool:
+    if info is None or info.state != "ready":
+        return False
+    return healthy(info.url) if info.own_server else True
+
+
+@contextlib.contextmanager
+def _start_lock(home: Path, wait: Callable[[], None]) -> Iterator[bool]:
+    """Hold ``service.lock``; yields False (without it) once someone else made it ready."""
+    path = Path(home) / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if _ready(find_service(home)):
+                    yield False
+                    return
+                wait()
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+class _Progress:
+    """`starting the node service (...)... Ns` on stderr: redrawn on a terminal, a line
+    every few seconds otherwise."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self.stream = stream
+        self.t0 = time.monotonic()
+        self._shown = -1.0
+        self.tty = bool(stream is not None and stream.isatty())
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def show(self, what: str) -> None:
+        if self.stream is None:
+            return
+        now = self.elapsed()
+        every = 0.5 if self.tty else 5.0
+        if self._shown >= 0 and now - self._shown < every:
+            return
+        self._shown = now
+        text = f"starting the node service ({what})... {now:.0f}s"
+        if self.tty:
+            self.stream.write(f"\r{text}")
+        else:
+            self.stream.write(f"{text}\n")
+        self.stream.flush()
+
+    def done(self, info: ServiceInfo) -> None:
+        if self.stream is None or self._shown < 0:
+            return
+        end = "\n" if self.tty else ""
+        self.stream.write(f"{end}node service ready after {self.elapsed():.1f}s: {info.url}\n")
+        self.stream.flush()
+
+
+def _what(info: ServiceInfo | None, port: int | None, lab: str | None) -> str:
+    if lab:
+        return f"agent for the Prefect server at {lab}"
+    port = info.port if info is not None and info.port else port
+    return f"Prefect server on 127.0.0.1:{port}" if port else "Prefect server on 127.0.0.1"
+
+
+def ensure_service(
+    home: Path,
+    *,
+    stream: IO[str] | None = sys.stderr,
+    timeout: float = START_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+) -> tuple[ServiceInfo, float]:
+    """The running node service, started (detached) first when none runs.
+
+    Returns it with the seconds this call waited for it (0 when it was already running).
+    Raises M27Error naming ``service.log`` when it does not come up within `timeout`.
+    """
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ if env is None else env)
+    lab = lab_url(env)
+    touch(home)
+    info = find_service(home)
+    if _ready(info):
+        assert info is not None
+        return info, 0.0
+    progress = _Progress(stream)
+
+    def wait() -> None:
+        progress.show(_what(find_service(home), None, lab))
+        time.sleep(0.2)
+
+    with _start_lock(home, wait) as mine:
+        if mine:
+            info = find_service(home)
+            if info is None:
+                port = None if lab else free_port()
+                child = _spawn(home, port, env)
+                info = _wait_ready(home, child, port, lab, progress, timeout)
+            else:  # a service is coming up (or restarting its Prefect server): wait for it
+                info = _wait_ready(home, None, info.port, lab, progress, timeout)
+    info = find_service(home)
+    if info is None or not _ready(info):
+        info = _wait_ready(home, None, None, lab, progress, timeout)
+    progress.done(info)
+    touch(home)
+    return info, progress.elapsed()
+
+
+def _spawn(home: Path, port: int | None, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "m27.cli", "agent", "--on-demand"]
+    if port is not None:
+        argv += ["--port", str(port)]
+    with (home / LOG_NAME).open("ab") as log:
+        return subprocess.Popen(
+            argv,
+            env={**env, "M27_HOME": str(home)},
+            cwd=home,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def _wait_ready(
+    home: Path,
+    child: subprocess.Popen[bytes] | None,
+    port: int | None,
+    lab: str | None,
+    progress: _Progress,
+    timeout: float,
+) -> ServiceInfo:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = find_service(home)
+        if _ready(info) and (child is None or info is None or info.pid == child.pid):
+            assert info is not None
+            return info
+        if child is not None and child.poll() is not None:
+            raise M27Error(
+                f"the node service exited with code {child.returncode} before it was ready; "
+                f"see {home / LOG_NAME}:\n{_tail(home / LOG_NAME)}",
+                log=str(home / LOG_NAME),
+            )
+        if child is None and info is None and find_service(home) is None and progress.elapsed() > 5:
+            # the service we waited for died: the caller's next try starts a new one
+            raise M27Error(
+                f"the node service stopped while starting; see {home / LOG_NAME}:\n"
+                f"{_tail(home / LOG_NAME)}",
+                log=str(home / LOG_NAME),
+            )
+        if time.monotonic() > deadline:
+            raise M27Error(
+                f"the node service was not ready after {timeout:.0f}s; see {home / LOG_NAME}",
+                log=str(home / LOG_NAME),
+            )
+        progress.show(_what(info, port, lab))
+        time.sleep(0.1)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def stop_service(home: Path, timeout: float = 60.0) -> ServiceInfo | None:
+    """SIGTERM the running service and wait (bounded) until it is gone; what was stopped."""
+    import signal
+
+    info = find_service(home)
+    if info is None:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(info.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while liveness.alive(info.pid, info.pid_started):
+        if time.monotonic() > deadline:
+            raise M27Error(
+                f"the node service (pid {info.pid}) did not stop within {timeout:.0f}s",
+                pid=info.pid,
+            )
+        time.sleep(0.1)
+    return info

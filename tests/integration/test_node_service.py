@@ -1,0 +1,237 @@
+"""The node service with its own Prefect server: started on demand by the first `m27 run`,
+shared by the next command, its Prefect server restarted after kill -9, a killed run
+Crashed in Prefect with nothing of it left running, and `m27 agent stop`.
+
+One service start costs 8-45 s on a loaded 2-core machine, so the first test walks the
+whole life of one service; the others use lab mode (PREFECT_API_URL: no Prefect server)
+where a start costs about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from m27 import liveness
+from m27.events import AgentStarted
+from m27.node.service import find_service, healthy, read_info
+from m27.store.sqlite import SqliteEventStore
+from tests.e2e._helpers import call_m27, m27_env, node_state
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+
+def _api(url: str, path: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(
+        f"{url}/{path}",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.load(resp)
+
+
+def _flow_run_state(url: str, flow_run_id: str) -> str:
+    with urllib.request.urlopen(f"{url}/flow_runs/{flow_run_id}", timeout=10) as resp:
+        return str(json.load(resp)["state"]["type"])
+
+
+def _task_run_states(url: str, flow_run_id: str) -> dict[str, str]:
+    runs = _api(url, "task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    return {r["name"]: r["state"]["type"] for r in runs}
+
+
+def _pipeline(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.timeout(900)
+def test_one_service_from_first_run_to_stop(
+    m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    quick = _pipeline(
+        tmp_path,
+        "quick",
+        "name: quick\npipeline:\n  - name: t\n    type: cpu\n    command: 'true'\n",
+    )
+    # 1. the first run starts the service, says what it waits for, and succeeds
+    first = call_m27("run", str(quick), "--plain", timeout=400)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "starting the node service (Prefect server on 127.0.0.1:" in first.stderr
+    assert "starting the node service" in first.stdout + first.stderr
+    assert "Traceback" not in first.stdout + first.stderr
+    assert "s starting the node service)" in first.stdout  # the wait, reported apart
+    info = find_service(m27_home)
+    assert info is not None and info.own_server and info.state == "ready"
+    assert info.url == f"http://127.0.0.1:{info.port}/api" and healthy(info.url)
+    assert (m27_home / "prefect" / "prefect.db").exists()
+
+    # 2. the next command shares it: no second start, same service
+    second = call_m27("run", str(quick), "--plain", timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "starting the node service" not in second.stderr
+    assert find_service(m27_home) == info
+    status = call_m27("agent", "status", "--json")
+    data = json.loads(status.stdout)
+    assert data["pid"] == info.pid and data["prefect_url"] == info.url
+    assert data["runs_served"] == 2
+
+    # 3. kill -9 of its Prefect server: restarted on the same URL
+    assert info.prefect_pid is not None
+    os.kill(info.prefect_pid, signal.SIGKILL)
+
+    def restarted() -> bool:
+        now = read_info(m27_home)
+        return bool(now and now.restarts == 1 and now.state == "ready" and healthy(now.url))
+
+    wait_until(restarted, timeout=240, interval=0.5, what="the Prefect server restarted")
+    after = read_info(m27_home)
+    assert after is not None and after.url == info.url and after.prefect_pid != info.prefect_pid
+
+    # 4. kill -9 of `m27 run` mid-step: Crashed in Prefect, the step's process gone
+    slow = _pipeline(
+        tmp_path,
+        "slow",
+        """\
+        name: slow
+        pipeline:
+          - name: sim
+            type: gpu
+            command: sleep 600
+        """,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(slow), "--plain"],
+        env=m27_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def running_step() -> Any:
+        runs = [r for r in node_state(m27_home).runs.values() if r.pipeline == "slow"]
+        step = runs[0].steps.get("sim") if runs else None
+        return (runs[0], step) if step is not None and step.status == "running" else None
+
+    run, step = wait_until(running_step, timeout=240, interval=0.2, what="the step running")
+    assert run.flow_run_id and step.pgid
+    wait_until(
+        lambda: _task_run_states(info.url, run.flow_run_id).get("sim") == "RUNNING",
+        timeout=60,
+        interval=0.2,
+        what="Prefect to show the step's task run Running",
+    )
+    proc.kill()
+    proc.wait(30)
+    crashed = wait_until(
+        lambda: _flow_run_state(info.url, run.flow_run_id) == "CRASHED",
+        timeout=30,
+        interval=0.2,
+        what="the flow run Crashed in Prefect",
+    )
+    assert crashed
+    wait_until(
+        lambda: _task_run_states(info.url, run.flow_run_id) == {"sim": "CRASHED"},
+        timeout=30,
+        interval=0.2,
+        what="the step's task run Crashed in Prefect",
+    )
+    wait_until(lambda: _group_gone(step.pgid), timeout=30, what="the step's processes gone")
+    shown = call_m27("status", run.run_id)
+    assert "crashed" in shown.stdout and " running " not in shown.stdout, shown.stdout
+    assert not node_state(m27_home).leases  # its GPU is free again
+
+    # 5. cancelled after the crash: Cancelled in Prefect too
+    cancel = call_m27("cancel", run.run_id)
+    assert cancel.returncode == 0, cancel.stderr
+    assert _flow_run_state(info.url, run.flow_run_id) == "CANCELLED"
+
+    # 6. `m27 agent stop`: the service and its Prefect server are gone
+    stop = call_m27("agent", "stop", timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    assert find_service(m27_home) is None and not (m27_home / "service.json").exists()
+    current = after.prefect_pid
+    assert current is not None
+    wait_until(lambda: not liveness.alive(current), timeout=30, what="the Prefect server gone")
+
+
+def _lab_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lab mode with a server nobody asks (no run is started): no Prefect server to wait
+    for, so a service start costs about a second."""
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+
+
+def test_concurrent_first_starts_start_one_service(
+    m27_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _lab_env(monkeypatch)
+    code = (
+        "import sys; from m27.node.service import ensure_service; "
+        "print(ensure_service(sys.argv[1])[0].pid)"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(m27_home)],
+            env=m27_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    pids = {out.strip() for out, _ in outs}
+    assert len(pids) == 1, outs
+    store = SqliteEventStore(m27_home / "events.db")
+    try:
+        started = [r.event for r in store.read() if isinstance(r.event, AgentStarted)]
+    finally:
+        store.close()
+    assert [e.pid for e in started] == [int(p) for p in pids]  # one agent, one service
+    info = find_service(m27_home)
+    assert info is not None and str(info.pid) in pids and not info.own_server
+
+
+def test_an_on_demand_service_stops_itself_when_idle(
+    m27_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _lab_env(monkeypatch)
+    monkeypatch.setenv("M27_SERVICE_IDLE", "2s")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "agent", "--on-demand"],
+        env=m27_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "idle for 2s (no runs, no steps); stopping" in out
+    assert out.rstrip().endswith("m27 agent: stopped")
+    assert not (m27_home / "service.json").exists()
