@@ -89,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| what | median | range |")
     print("|---|---|---|")
     print(f"| `m27 --version` | {result['version_s']} s | {result['version_range_s']} |")
-    print(f"| warm `m27 run` (1 step `true`) | {result['warm_run_s']} s | "
-          f"{result['warm_run_range_s']} |")
+    print(
+        f"| warm `m27 run` (1 step `true`) | {result['warm_run_s']} s | "
+        f"{result['warm_run_range_s']} |"
+    )
     print(f"| cold `m27 run` (starts the node service) | {result['cold_run_s']} s | one run |")
     print(f"\nwarm run / --version: {result['ratio']}x")
     return 0

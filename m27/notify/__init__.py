@@ -32,6 +32,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
 
+
 __all__ = [
     "CommandBot",
     "Notifier",
