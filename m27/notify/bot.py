@@ -27,11 +27,11 @@ from telegram import InlineKeyboardButton, InlineKeyboardMarkup, Update
 
 from m27 import events as ev
 from m27.clock import Clock, SystemClock
-from m27.locks import BOT_LOCK, NodeLock
+from m27.locks import BOT_LOCK
 from m27.notify.config import NotifyConfig
 from m27.notify.facts import NodeFacts, RunFacts
 from m27.notify.messages import resume_command
-from m27.notify.notifier import NotifierHandle, m27_home
+from m27.notify.notifier import NotifierHandle, start_embedded
 from m27.notify.outbox import Outbox, outbox_path
 from m27.notify.telegram import DeliveryError, TelegramClient, scrub
 from m27.store import EventStore
@@ -345,6 +345,34 @@ class CommandBot:
             self.client.edit_text(chat_id, message_id, text)
 
 
+def serve_bot(
+    store: EventStore,
+    config: NotifyConfig,
+    home: Path,
+    stop: threading.Event,
+    *,
+    resume_handler: Callable[[str], str] | None = None,
+    poll_timeout: int = 30,
+) -> None:
+    """Answer bot commands until `stop` is set, on a Telegram client and the node's outbox
+    that it closes at the end (the caller holds the bot lock)."""
+    client = TelegramClient.from_config(config)
+    box = Outbox(outbox_path(home))
+    try:
+        bot = CommandBot(
+            store,
+            config,
+            client,
+            outbox=box,
+            resume_handler=resume_handler,
+            poll_timeout=poll_timeout,
+        )
+        bot.run(stop)
+    finally:
+        client.close()
+        box.close()
+
+
 def start_embedded_bot(
     store: EventStore,
     config: NotifyConfig,
@@ -353,42 +381,15 @@ def start_embedded_bot(
     resume_handler: Callable[[str], str] | None = None,
     poll_timeout: int = 30,
 ) -> NotifierHandle:
-    """Answer bot commands from a daemon thread of this process; never raises into the caller.
-
-    Idle when Telegram is not configured or when another bot (``m27 bot``) holds the node:
-    Telegram allows one long poll per token. Stopping waits for the current long poll.
+    """Answer bot commands from a daemon thread of this process (see
+    :func:`m27.notify.notifier.start_embedded`): Telegram allows one long poll per token,
+    so it stays idle while ``m27 bot`` holds the node. Stopping waits for the current
+    long poll.
     """
-    stop = threading.Event()
-    if not config.enabled:
-        return NotifierHandle(None, stop)
-    where = home or m27_home()
 
-    def main() -> None:
-        lock = NodeLock(where, BOT_LOCK)
-        try:
-            if not lock.acquire():
-                log.info("another bot holds %s; the embedded one stays idle", lock.path)
-                return
-            client = TelegramClient.from_config(config)
-            box = Outbox(outbox_path(where))
-            try:
-                bot = CommandBot(
-                    store,
-                    config,
-                    client,
-                    outbox=box,
-                    resume_handler=resume_handler,
-                    poll_timeout=poll_timeout,
-                )
-                bot.run(stop)
-            finally:
-                client.close()
-                box.close()
-        except Exception as exc:  # the run goes on without its bot
-            log.error("embedded bot stopped: %s", scrub(f"{type(exc).__name__}: {exc}"))
-        finally:
-            lock.release()
+    def serve(where: Path, stop: threading.Event) -> None:
+        serve_bot(
+            store, config, where, stop, resume_handler=resume_handler, poll_timeout=poll_timeout
+        )
 
-    thread = threading.Thread(target=main, name="m27-bot", daemon=True)
-    thread.start()
-    return NotifierHandle(thread, stop)
+    return start_embedded("bot", config, home, BOT_LOCK, serve, log)

@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +101,13 @@ class Notifier:
             pass
         return self.deliverer.deliver_due()
 
+    def close(self) -> None:
+        """Close the outbox and the Telegram client (a test sender may have no close)."""
+        self.outbox.close()
+        close = getattr(self.sender, "close", None)
+        if close is not None:
+            close()
+
     def run(self, stop: threading.Event) -> None:
         """Loop until `stop` is set; errors are logged and retried, never raised."""
         real = isinstance(self.clock, SystemClock)
@@ -157,18 +165,19 @@ class NotifierHandle:
             self.thread.join(timeout)
 
 
-def start_embedded_notifier(
-    store: EventStore,
+def start_embedded(
+    what: str,
     config: NotifyConfig,
-    *,
-    home: Path | None = None,
-    clock: Clock | None = None,
+    home: Path | None,
+    lock_name: str,
+    serve: Callable[[Path, threading.Event], None],
+    logger: logging.Logger = log,
 ) -> NotifierHandle:
-    """Run the notifier in a daemon thread of this process; never raises into the caller.
+    """Run `serve(home, stop)` in a daemon thread holding the node's `lock_name`; never
+    raises into the caller (the run goes on whatever happens to Telegram).
 
-    Does nothing when no token or chat is configured, or when another notifier (the
-    ``m27 notifier`` service) already holds the node. `store` is used from the notifier's
-    thread (the SQLite and memory stores are thread-safe).
+    Idle when Telegram is not configured, or when another process (the ``m27 notifier``
+    or ``m27 bot`` service) holds the lock: one of `what` per node.
     """
     stop = threading.Event()
     if not config.enabled:
@@ -176,24 +185,40 @@ def start_embedded_notifier(
     where = home or m27_home()
 
     def main() -> None:
-        lock = NodeLock(where, NOTIFY_LOCK)
+        lock = NodeLock(where, lock_name)
         try:
             if not lock.acquire():
-                log.info("another notifier holds %s; the embedded one stays idle", lock.path)
+                logger.info("another %s holds %s; the embedded one stays idle", what, lock.path)
                 return
-            notifier = open_notifier(store, config, home=where, clock=clock)
-            try:
-                notifier.run(stop)
-            finally:
-                notifier.outbox.close()
-                close = getattr(notifier.sender, "close", None)
-                if close is not None:
-                    close()
-        except Exception as exc:  # the run must go on whatever happens to Telegram
-            log.error("embedded notifier stopped: %s", scrub(f"{type(exc).__name__}: {exc}"))
+            serve(where, stop)
+        except Exception as exc:
+            logger.error("embedded %s stopped: %s", what, scrub(f"{type(exc).__name__}: {exc}"))
         finally:
             lock.release()
 
-    thread = threading.Thread(target=main, name="m27-notifier", daemon=True)
+    thread = threading.Thread(target=main, name=f"m27-{what}", daemon=True)
     thread.start()
     return NotifierHandle(thread, stop)
+
+
+def start_embedded_notifier(
+    store: EventStore,
+    config: NotifyConfig,
+    *,
+    home: Path | None = None,
+    clock: Clock | None = None,
+) -> NotifierHandle:
+    """Run the notifier in a daemon thread of this process (see :func:`start_embedded`).
+
+    `store` is used from the notifier's thread (the SQLite and memory stores are
+    thread-safe).
+    """
+
+    def serve(where: Path, stop: threading.Event) -> None:
+        notifier = open_notifier(store, config, home=where, clock=clock)
+        try:
+            notifier.run(stop)
+        finally:
+            notifier.close()
+
+    return start_embedded("notifier", config, home, NOTIFY_LOCK, serve)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
@@ -10,11 +11,12 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 
 from m27._exceptions import ConfigError, NotifyError
 from m27.locks import BOT_LOCK, NOTIFY_LOCK, NodeLock
-from m27.notify.bot import CommandBot
+from m27.notify.bot import serve_bot
 from m27.notify.config import NotifyConfig, load_config
 from m27.notify.messages import hello_message
 from m27.notify.notifier import CURSOR, m27_home, open_notifier
@@ -158,44 +160,37 @@ def _open_store() -> SqliteEventStore:
     return open_store(m27_home())
 
 
+@contextlib.contextmanager
+def _service(what: str, lock_name: str) -> Iterator[SqliteEventStore]:
+    """The node's log for the `what` service, which holds the node's `lock_name` while it
+    runs (one per node: a second one is refused)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    lock = NodeLock(m27_home(), lock_name)
+    if not lock.acquire():
+        raise NotifyError(f"another {what} is running on this node ({lock.path} is locked)")
+    try:
+        with _open_store() as store:
+            yield store
+    finally:
+        lock.release()
+
+
 def run_notifier(args: argparse.Namespace) -> int:
     config = _config()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    lock = NodeLock(m27_home(), NOTIFY_LOCK)
-    if not lock.acquire():
-        raise NotifyError(f"another notifier is running on this node ({lock.path} is locked)")
-    store = _open_store()
-    notifier = open_notifier(store, config, home=m27_home())
-    stop = _stop_on_signals()
-    log.info("notifier: following %s from event %d", m27_home(), notifier.outbox.cursor(CURSOR))
-    try:
-        notifier.run(stop)
-    finally:
-        notifier.outbox.close()
-        close = getattr(notifier.sender, "close", None)
-        if close is not None:
-            close()
-        store.close()
-        lock.release()
+    with _service("notifier", NOTIFY_LOCK) as store:
+        notifier = open_notifier(store, config, home=m27_home())
+        stop = _stop_on_signals()
+        cursor = notifier.outbox.cursor(CURSOR)
+        log.info("notifier: following %s from event %d", m27_home(), cursor)
+        try:
+            notifier.run(stop)
+        finally:
+            notifier.close()
     return 0
 
 
 def run_bot(args: argparse.Namespace) -> int:
     config = _config()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    lock = NodeLock(m27_home(), BOT_LOCK)
-    if not lock.acquire():
-        raise NotifyError(f"another bot is running on this node ({lock.path} is locked)")
-    store = _open_store()
-    box = Outbox(outbox_path(m27_home()))
-    client = TelegramClient.from_config(config)
-    bot = CommandBot(store, config, client, outbox=box, poll_timeout=args.poll_timeout)
-    stop = _stop_on_signals()
-    try:
-        bot.run(stop)
-    finally:
-        client.close()
-        box.close()
-        store.close()
-        lock.release()
+    with _service("bot", BOT_LOCK) as store:
+        serve_bot(store, config, m27_home(), _stop_on_signals(), poll_timeout=args.poll_timeout)
     return 0
