@@ -12,8 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,18 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 START_PG = ROOT / "infra" / "scripts" / "start-postgres.sh"
 
 T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 0.3) -> T:
-    """Poll `probe` until it returns something truthy; fail with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass

@@ -26,6 +26,7 @@ from m27._exceptions import SpecError
 from m27.cli.commands import deploy as deploy_cmd
 from m27.cli.commands import pool as pool_cmd
 from m27.events import (
+    CancelRequested,
     Event,
     LeaseGranted,
     LeaseReleased,
@@ -45,8 +46,8 @@ from tests.integration.conftest_scale import (
     stop_worker,
     sync_client,
     tail,
-    wait_for,
 )
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
@@ -294,10 +295,11 @@ def test_busy_nodes_take_nothing_then_start_waiting_runs_in_tier_order(
         a, b = lab["nodes"]["a"], lab["nodes"]["b"]
         a.release()
         for tier, fr in runs.items():
-            wait_for(
-                f"{tier} run to complete\n{_debug(lab)}",
+            wait_until(
                 lambda fr=fr: _state(client, fr) == "COMPLETED",
                 timeout=120,
+                interval=0.3,
+                what=f"{tier} run to complete\n{_debug(lab)}",
             )
     ids = {runids.from_flow_run(str(fr)): tier for tier, fr in runs.items()}
     order = [ids[r] for r in a.admitted() if r in ids]
@@ -310,7 +312,9 @@ def test_busy_nodes_take_nothing_then_start_waiting_runs_in_tier_order(
 def test_worker_publishes_its_node_capacity(lab: dict[str, Any]) -> None:
     from prefect.variables import Variable
 
-    value = wait_for("capacity of node a", lambda: Variable.get("m27-capacity-a"), timeout=30)
+    value = wait_until(
+        lambda: Variable.get("m27-capacity-a"), timeout=30, interval=0.3, what="capacity of node a"
+    )
     assert value["node"] == "a" and value["gpus"] == 1 and value["cpu_slots"] == 1
     assert set(value["free"]) == {"immediate", "ready", "background"}
     local = (lab["nodes"]["a"].home / "capacity.json").read_text()
@@ -329,7 +333,9 @@ def _started_step(lab: dict[str, Any], fr: UUID) -> tuple[Node, int, int]:
             return None
         return node, run.pid, int(run.steps["work"].pid or 0)
 
-    return wait_for(f"step of {run_id} to start\n{_debug(lab)}", probe, timeout=90)
+    return wait_until(
+        probe, timeout=90, interval=0.3, what=f"step of {run_id} to start\n{_debug(lab)}"
+    )
 
 
 def test_kill_9_of_a_flow_run_process_ends_crashed_in_prefect_and_the_log(
@@ -340,14 +346,22 @@ def test_kill_9_of_a_flow_run_process_ends_crashed_in_prefect_and_the_log(
         fr = _run(client, "long-crash")
         node, flow_pid, step_pid = _started_step(lab, fr)
         os.kill(flow_pid, signal.SIGKILL)
-        wait_for("Crashed in Prefect", lambda: _state(client, fr) == "CRASHED", timeout=30)
+        wait_until(
+            lambda: _state(client, fr) == "CRASHED",
+            timeout=30,
+            interval=0.3,
+            what="Crashed in Prefect",
+        )
     run_id = runids.from_flow_run(str(fr))
-    wait_for(
-        "RunCrashed in the node's log",
+    wait_until(
         lambda: any(isinstance(r, RunCrashed) and r.run_id == run_id for r in _events(node)),
         timeout=15,
+        interval=0.3,
+        what="RunCrashed in the node's log",
     )
-    wait_for("the orphaned step to stop", lambda: not pid_alive(step_pid), timeout=15)
+    wait_until(
+        lambda: not pid_alive(step_pid), timeout=15, interval=0.3, what="the orphaned step to stop"
+    )
     assert node.state().runs[run_id].status == "failed"
 
 
@@ -359,14 +373,28 @@ def test_cancelling_from_prefect_stops_the_step_processes(lab: dict[str, Any]) -
         fr = _run(client, "long-cancel")
         node, _flow_pid, step_pid = _started_step(lab, fr)
         client.set_flow_run_state(fr, Cancelling(), force=True)
-        wait_for(
-            f"Cancelled in Prefect\n{_debug(lab)}",
+        wait_until(
             lambda: _state(client, fr) == "CANCELLED",
             timeout=60,
+            interval=0.3,
+            what=f"Cancelled in Prefect\n{_debug(lab)}",
         )
-    wait_for("the step process to stop", lambda: not pid_alive(step_pid), timeout=15)
+    wait_until(
+        lambda: not pid_alive(step_pid), timeout=15, interval=0.3, what="the step process to stop"
+    )
     run_id = runids.from_flow_run(str(fr))
-    assert any(isinstance(e, RunCancelled) and e.run_id == run_id for e in _events(node))
+    events = [e for e in _events(node) if getattr(e, "run_id", None) == run_id]
+    # The cancel hook's path, not the fallback's: only the hook (M27Worker.before_cancel)
+    # asks through the log, as "prefect", and the flow so asked records its own end; had
+    # Prefect killed the flow first, the worker's crash.finalize would have ended the run
+    # "cancelled from Prefect" with no request before it.
+    asked = [
+        i for i, e in enumerate(events) if isinstance(e, CancelRequested) and e.by == "prefect"
+    ]
+    ended = [(i, e.reason) for i, e in enumerate(events) if isinstance(e, RunCancelled)]
+    assert asked, f"no CancelRequested by prefect: the cancel hook did not run\n{events}"
+    assert [reason for _i, reason in ended] == ["cancel requested"], ended
+    assert asked[0] < ended[0][0]
     assert node.state().runs[run_id].steps["work"].status == "cancelled"
 
 
@@ -382,8 +410,11 @@ def test_a_cron_schedule_fires_and_a_worker_runs_it(lab: dict[str, Any]) -> None
             return any(r.auto_scheduled and r.state and r.state.is_completed() for r in runs)
 
         try:
-            wait_for(
-                f"a scheduled run to complete\n{_debug(lab)}", completed, timeout=150, every=1.0
+            wait_until(
+                completed,
+                timeout=150,
+                interval=1.0,
+                what=f"a scheduled run to complete\n{_debug(lab)}",
             )
         finally:
             client.delete_deployment(dep.id)

@@ -41,6 +41,7 @@ from m27.store import EventStore
 from m27.store.memory import MemoryEventStore
 from m27.store.sqlite import open_store
 from tests.integration.slurm_fixture import CKPT_STEP, slurm_cluster  # noqa: F401
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -61,14 +62,6 @@ def scontrol(*args: str) -> str:
 def job_state(job_id: str) -> str:
     out = scontrol("show", "job", "-o", job_id)
     return out.split("JobState=")[1].split()[0]
-
-
-def wait_for(what: Callable[[], bool], timeout: float, message: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > deadline:
-            raise AssertionError(message)
-        time.sleep(0.1)
 
 
 def in_thread(fn: Callable[[], StepResult]) -> tuple[threading.Thread, list[StepResult]]:
@@ -161,7 +154,7 @@ def test_m27_cancel_scancels_the_running_job(tmp_path: Path, m27_home: Path) -> 
                     cancel.set()
 
     threading.Thread(target=watch, daemon=True).start()
-    wait_for(lambda: bool(of(store, StepStarted)), 30, "the job never started")
+    wait_until(lambda: bool(of(store, StepStarted)), 30, 0.1, "the job never started")
     job_id = of(store, SlurmJobSubmitted)[0].job_id
     cli = subprocess.Popen(
         [PY, "-m", "m27.cli", "cancel", "c1", "--wait", "30"],
@@ -212,9 +205,15 @@ def test_preempted_job_checkpoints_is_requeued_and_resumes(tmp_path: Path, m27_h
     store = open_store(m27_home)
     launch = _ckpt_launch(tmp_path, "pre", m27_home)
     t, box = in_thread(lambda: run_slurm_step(launch, store, options=FAST, site={}))
-    wait_for(lambda: "start at 0" in _read(launch.log_path), 30, "the step never started")
+    wait_until(lambda: "start at 0" in _read(launch.log_path), 30, 0.1, "the step never started")
     job_id = of(store, SlurmJobSubmitted)[0].job_id
-    time.sleep(1.0)  # let it count a little
+    # Requeue only once the follower has recorded the first RUNNING (asserted below).
+    wait_until(
+        lambda: any(e.state == "RUNNING" for e in of(store, SlurmJobStateChanged)),
+        60,
+        0.1,
+        "the job's RUNNING state in the log",
+    )
     scontrol("requeue", job_id)  # what PreemptMode=REQUEUE does: TERM, then requeue
     t.join(90)
     assert box, "the step did not end"

@@ -164,18 +164,20 @@ def test_a_full_disk_gives_a_clear_error_and_keeps_the_previous_checkpoint(
 
 
 EXIT_WITHOUT_CLOSE = """
-import sys, time
+import atexit, sys, threading
 import numpy as np
 from m27.checkpoint import Checkpointer, _pack
 
 real_commit = _pack.PackWriter.commit
+exiting = threading.Event()
 
 def slow_commit(self):
-    time.sleep(0.15)  # the disk is slow: saves are still queued when the script ends
+    exiting.wait()  # the disk does not finish a commit before the interpreter exits
     real_commit(self)
 
 _pack.PackWriter.commit = slow_commit
 ck = Checkpointer(sys.argv[1], chunk_size=1024, max_in_flight=3, keep_last=10)
+atexit.register(exiting.set)  # atexit is LIFO: this runs before the checkpointer's hook
 for step in range(1, 4):
     x = np.arange(6000, dtype=np.int64) * step
     ck.save({"x": x, "step": step}, step=step)
