@@ -122,11 +122,19 @@ AGENTS: dict[str, type[Agent]] = {
 }
 
 
-def run_mode(mode: str, steps: int, cycles: int, compute: float, io: float) -> dict[str, Any]:
+def run_mode(
+    mode: str,
+    steps: int,
+    cycles: int,
+    compute: float,
+    io: float,
+    gpus: int = 2,
+    gpu_memory: int = GiB,
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="m27-bench-agent-") as tmp:
         home = Path(tmp)
         store = SqliteEventStore(home / "events.db")
-        backend = SimBackend(2, memory_total=16 * GiB)
+        backend = SimBackend(gpus, memory_total=16 * GiB)
         config = PolicyConfig(fifo=mode == "fifo", cpu_slots=2)
         agent = AGENTS[mode](store, backend, home, config=config)
         stop = threading.Event()
@@ -144,7 +152,7 @@ def run_mode(mode: str, steps: int, cycles: int, compute: float, io: float) -> d
             th = threading.Thread(
                 target=run_leased,
                 args=(lease, launch, "gpu"),
-                kwargs={"cancel": threading.Event(), "gpu_memory": GiB},
+                kwargs={"cancel": threading.Event(), "gpu_memory": gpu_memory},
                 daemon=True,
             )
             th.start()
@@ -159,15 +167,29 @@ def run_mode(mode: str, steps: int, cycles: int, compute: float, io: float) -> d
         lease.close()
         agent.close()
         store.close()
-        return _measure(events, outs, makespan)
+        result = _measure(events, outs, makespan, gpus)
+        runs = [_run_span(out) for out in outs.values()]
+        span = max(b for _, b in runs) - min(a for a, _ in runs)
+        result["span_over_sum"] = round(span / sum(b - a for a, b in runs), 3)
+        return result
 
 
-def _measure(events: list[ev.Event], outs: dict[str, Path], makespan: float) -> dict[str, Any]:
+def _run_span(out: Path) -> tuple[float, float]:
+    """A step's own first and last record: the time it ran (loading included)."""
+    rows = [_phases(out, k) for k in ("ready", "compute", "io")]
+    starts = [a for spans in rows for a, _ in spans]
+    ends = [b for spans in rows for _, b in spans]
+    return min(starts), max(ends)
+
+
+def _measure(
+    events: list[ev.Event], outs: dict[str, Path], makespan: float, gpus: int = 2
+) -> dict[str, Any]:
     gpu_of = {e.step: e.gpus[0] for e in events if isinstance(e, ev.LeaseGranted)}
     per_gpu: dict[int, list[tuple[float, float]]] = {}
     for name, out in outs.items():
         per_gpu.setdefault(gpu_of[name], []).extend(_phases(out, "compute"))
-    busy = sum(_union(spans) for spans in per_gpu.values()) / (2 * makespan)
+    busy = sum(_union(spans) for spans in per_gpu.values()) / (gpus * makespan)
     # dispatch: each release -> the next start (or promotion) on the same GPU
     dispatch: list[float] = []
     for i, e in enumerate(events):
@@ -255,21 +277,28 @@ def main() -> int:
     p.add_argument("--cycles", type=int, default=4)
     p.add_argument("--compute", type=float, default=0.2)
     p.add_argument("--io", type=float, default=0.2)
-    p.add_argument("--modes", default=",".join(AGENTS))
+    p.add_argument("--modes", default=",".join([*AGENTS, "pair"]))
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     results: dict[str, Any] = {
-        mode: run_mode(mode, args.steps, args.cycles, args.compute, args.io) for mode in modes
+        mode: run_mode(mode, args.steps, args.cycles, args.compute, args.io)
+        for mode in modes
+        if mode in AGENTS
     }
+    # Two I/O-bound steps on one GPU, with and without a declared gpu_memory (issue 16.3)
+    for label, memory in (("pair_declared", GiB), ("pair_undeclared", 0)):
+        if "pair" in modes or label in modes:
+            results[label] = run_mode("tiers", 2, 4, args.compute, args.io, 1, memory)
     ratios = _ratios(results)
     if args.json:
         print(json.dumps({**results, "ratios": ratios}, indent=2))
         return 0
-    keys = list(results[modes[0]])
-    print(f"{'metric':<26}" + "".join(f" {m:>15}" for m in modes))
+    keys = list(next(iter(results.values())))
+    cols = list(results)
+    print(f"{'metric':<26}" + "".join(f" {m:>15}" for m in cols))
     for k in keys:
-        print(f"{k:<26}" + "".join(f" {results[m][k]!s:>15}" for m in modes))
+        print(f"{k:<26}" + "".join(f" {results[m][k]!s:>15}" for m in cols))
     for k, v in ratios.items():
         print(f"{k}: {v}")
     return 0
@@ -288,6 +317,7 @@ def _ratios(results: dict[str, Any]) -> dict[str, float]:
     ratio("makespan_tiers_over_fifo", "tiers", "fifo", "makespan_s")
     ratio("reaction_p99_tiers_over_tick", "tiers", "tiers_tick", "guest_reaction_ms_p99")
     ratio("pause_p99_tiers_over_tick", "tiers", "tiers_tick", "guest_pause_ms_p99")
+    ratio("pair_undeclared_over_declared", "pair_undeclared", "pair_declared", "span_over_sum")
     return out
 
 

@@ -413,6 +413,17 @@ class StepEnergyMeasured(StepEvent):
     joules: float
 
 
+@event
+@dataclass(frozen=True)
+class StepMemoryMeasured(StepEvent):
+    """The most GPU memory a step's processes held on one GPU during its lease (NVML
+    per-process memory; the simulated backend's modelled use), recorded at release so
+    the next run of the same pipeline step may be a guest without declaring it."""
+
+    gpu: int
+    peak_bytes: int
+
+
 # --- checkpoints ------------------------------------------------------------------------
 
 

@@ -67,6 +67,8 @@ class StepState:
     guest_gpu: int | None = None
     paused: bool = False
     energy_j: float = 0.0
+    #: the most GPU memory its processes held on one GPU (StepMemoryMeasured), 0: unknown
+    gpu_memory_peak: int = 0
     #: Floating-point operations the step reported (report_flops), for TFLOPS/W.
     flops: float = 0.0
     #: Set for steps run through Slurm (m27.executors.slurm): the job id and its last Slurm state.
@@ -435,6 +437,12 @@ def _energy_measured(state: NodeState, e: ev.StepEnergyMeasured) -> None:
     # Each measurement is the energy of one interval, so they add up.
     if step := _step(state, e.run_id, e.step):
         step.energy_j += e.joules
+
+
+@_on(ev.StepMemoryMeasured)
+def _memory_measured(state: NodeState, e: ev.StepMemoryMeasured) -> None:
+    if step := _step(state, e.run_id, e.step):
+        step.gpu_memory_peak = max(step.gpu_memory_peak, e.peak_bytes)
 
 
 # --- checkpoints ----------------------------------------------------------------------------

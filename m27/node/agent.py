@@ -57,6 +57,7 @@ from m27.gpu import GpuBackend, GpuSample
 from m27.node import procs as proc
 from m27.node.book import Book, Held, policy_input
 from m27.node.follow import IoWatch, arm_standby
+from m27.node.memory import PeakMemory
 from m27.node.report import Health, Sampler, remove_snapshot, snapshot, write_snapshot
 from m27.policy import (
     Decision,
@@ -117,6 +118,7 @@ class Agent:
         tick: float | None = None,
         gate_grace: float | None = None,
         check_every: float = 0.5,
+        start_grace: float = 1.0,
         on_decision: Callable[[Decision, Sequence[Event]], None] | None = None,
         health: Health | None = None,
         snapshot_every: float | None = 1.0,
@@ -129,6 +131,9 @@ class Agent:
         self.tick_s = tick if tick is not None else self.config.io_timeout
         self.gate_grace = gate_grace if gate_grace is not None else 4 * self.config.io_timeout
         self.check_every = check_every
+        #: a guest whose step has not opened its channel yet is still starting (an
+        #: interpreter, imports): it is not stopped by signal for that long
+        self.start_grace = start_grace
         self.on_decision = on_decision
         self.health = health or Health()
         self.snapshot_every = snapshot_every
@@ -146,10 +151,12 @@ class Agent:
         self._checked_at = -math.inf
         self._memory = {d.index: d.memory_total or 0 for d in backend.devices()}
         self._attach = getattr(backend, "attach", None)
-        self._detach = getattr(backend, "detach", None)
         self._watch = IoWatch(self.config)
         self._paused_now: dict[StepKey, bool] = {}
+        self._peaks = PeakMemory()
+        self._later: list[Event] = []  # appended with the next tick's batch
 
+        self._detach = getattr(backend, "detach", None)
     # -- life ---------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -194,7 +201,6 @@ class Agent:
 
     # -- one pass -----------------------------------------------------------------------
 
-    def poll(self, timeout: float = 0.0) -> int:
     def _follow(self, decision: Decision, now: float) -> None:
         """Standby guests follow their primary's hint; remember the I/O states now."""
         primaries, channels, hints = self.book.primaries(), self._channels, self._hints
@@ -229,6 +235,7 @@ class Agent:
                 return 0
 
         """Apply the events appended since the last pass; waits up to `timeout` for one."""
+    def poll(self, timeout: float = 0.0) -> int:
         if timeout > 0:
             records = self.store.follow(self.book.last_seq, timeout)
         else:
@@ -243,6 +250,9 @@ class Agent:
         out: list[Event] = []
         samples = self._sampler.sample(now)
         out += self.health.check(samples, now)
+        out += self._later
+        self._later = []
+        self._peaks.observe(samples, self.book.held, self._pgid)
         for s in samples:
             if s.lost and s.index not in self.book.lost_gpus:
                 out.append(GpuLost(at=now, gpu=s.index, uuid=s.uuid or "", reason="lost"))
@@ -266,9 +276,9 @@ class Agent:
         decision = decide(inp)
         acted: set[StepKey] = set()
         out += self._act(decision, now, acted)
-        out += self._escalate(now, acted, samples)
         self._follow(decision, now)
         if out:
+        out += self._escalate(now, acted, samples)
             self.store.append(out)
         if self.snapshot_every is not None and now - self._snapshot_at >= self.snapshot_every:
             self._snapshot_at = now
@@ -291,6 +301,7 @@ class Agent:
         if isinstance(e, LeaseReleased):
             key = (e.run_id, e.step)
             self._detach_step(key)
+            self._later += self._peaks.released(key, e.at)
             ch = self._channels.pop(key, None)
             if ch is not None:
                 ch.close()
@@ -339,13 +350,13 @@ class Agent:
         ch = self._channels.get(key)
         return ch is not None and ch.io_waiting()
 
-    def _views(self, samples: list[GpuSample], now: float) -> list[GpuView]:
     def _hints(self, key: StepKey) -> bool:
         """Whether the step says when it waits on I/O (it has used ``io_wait()``)."""
         ch = self._channels.get(key)
         return ch is not None and ch.io_count() > 0
 
         primaries = self.book.primaries()
+    def _views(self, samples: list[GpuSample], now: float) -> list[GpuView]:
         views = []
         for s in samples:
             h = primaries.get(s.index)
@@ -402,9 +413,9 @@ class Agent:
 
     def _act(self, d: Decision, now: float, acted: set[StepKey]) -> list[Event]:
         out: list[Event] = []
-        primary_of: dict[int, StepKey] = {g: h.key for g, h in self.book.primaries().items()}
         self._paused_now = paused_now = {}
         for a in d.actions:
+        primary_of: dict[int, StepKey] = {g: h.key for g, h in self.book.primaries().items()}
             if isinstance(a, Grant):
                 as_guest = a.tier == "ready" or (
                     a.tier == "background" and any(g in primary_of for g in a.gpus)
@@ -430,9 +441,9 @@ class Agent:
                 if h is None:
                     continue
                 how = self._pause(a.key, h, now)
-                if isinstance(a, Demote):
                 paused_now[a.key] = True
                     primary_of.pop(a.gpu, None)
+                if isinstance(a, Demote):
                     out.append(GuestStarted(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu))
                 out.append(GuestPaused(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu, how=how))
             elif isinstance(a, ResumeGuest | Promote):
@@ -440,9 +451,9 @@ class Agent:
                 if h is None:
                     continue
                 self._resume(a.key, h)
-                cls = Promoted if isinstance(a, Promote) else GuestResumed
                 paused_now[a.key] = False
                 out.append(cls(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu))
+                cls = Promoted if isinstance(a, Promote) else GuestResumed
                 if isinstance(a, Promote):
                     primary_of[a.gpu] = a.key
             else:
@@ -457,12 +468,17 @@ class Agent:
         gateless = ch is None or not ch.uses_gate()
         settled = h.started_at is not None and now - h.started_at >= self.gate_grace
         may_stop = h.pid is not None and gateless and (settled or ch is None)
+        settled = settled and not self._starting(ch, h, now)
         if may_stop and key not in self._stopped and proc.stop(h.pgid, h.pid):
             self._stopped.add(key)
             return "signal"
         return "signal" if key in self._stopped else "gate"
 
     def _resume(self, key: StepKey, h: Held) -> None:
+    def _starting(self, ch: Channel | None, h: Held, now: float) -> bool:
+        young = h.started_at is not None and now - h.started_at < self.start_grace
+        return young and ch is not None and ch.pid() is None
+
         ch = self._channels.get(key)
         if ch is not None:
             ch.set_gate(True)
@@ -489,6 +505,8 @@ class Agent:
             if ch is not None and (ch.at_gate() or ch.io_waiting() or ch.following()):
                 continue  # a following guest computes only in its primary's I/O wait
             since = max(h.paused_at or 0.0, h.started_at or 0.0)
+            if self._starting(ch, h, now):
+                continue
             # A guest that never used its gate and shows compute is stopped at once; a gate
             # user gets gate_grace to reach its gate (it may be between two gate calls).
             gateless_busy = (ch is None or not ch.uses_gate()) and self._busy(h, samples)

@@ -83,6 +83,8 @@ class Book:
     #: grants that answered no pending request (the request was withdrawn first)
     stale: set[StepKey] = field(default_factory=set)
     last_seq: int = 0
+    #: pipeline step name -> the most GPU memory it held in a recorded run
+    memory_peaks: dict[str, int] = field(default_factory=dict)
 
     def apply(self, rec: Recorded | Event) -> None:
         e = rec.event if isinstance(rec, Recorded) else rec
@@ -125,6 +127,8 @@ class Book:
             self.bumps[k] = self.bumps.get(k, 0) + e.delta
         elif isinstance(e, ev.GpuLost):
             self.lost_gpus.add(e.gpu)
+        elif isinstance(e, ev.StepMemoryMeasured):
+            self.memory_peaks[e.step] = max(self.memory_peaks.get(e.step, 0), e.peak_bytes)
         elif isinstance(e, ev.StepSucceeded | ev.StepSkipped | ev.StepCancelled) or (
             isinstance(e, ev.StepFailed) and not e.will_retry
         ):
@@ -171,6 +175,7 @@ def policy_input(
             gpu_memory=r.gpu_memory,
             queued_at=r.at,
             time_limit=r.time_limit,
+            memory_peak=book.memory_peaks.get(key[1], 0),
         )
         for key, r in book.requests.items()
         if r.type in STEP_TYPES
@@ -187,7 +192,7 @@ def policy_input(
                 tier=h.tier,
                 gpus=h.gpus,
                 paused=h.paused if role == "guest" else False,
-                gpu_memory=req.gpu_memory if req else 0,
+                gpu_memory=(req.gpu_memory or book.memory_peaks.get(key[1], 0)) if req else 0,
                 priority=req.priority if req else 0,
                 bump=book.bumps.get(key, 0),
                 owner=req.owner if req else "",

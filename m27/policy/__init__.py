@@ -385,16 +385,25 @@ def _guests(
         if max(1, p.gpus) > 1:
             notes.setdefault(p.key, []).append("multi-GPU steps do not run as guests")
             continue
-        memory = p.gpu_memory
+        memory = p.gpu_memory or p.memory_peak
         if memory <= 0:
-            notes.setdefault(p.key, []).append("declares no gpu_memory, so it cannot be a guest")
-            continue
-        # `room` is a float difference: only a clear miss skips the exact test below.
-        fitting = (
-            []
-            if memory - room > 1.0
-            else [i for i in hosts if cap[i] > 0 and used[i] + memory <= cap[i]]
-        )
+            # Unknown need: only where the observed free memory leaves the margin, and it
+            # is taken to use all of that free memory (nobody else joins it this time).
+            i = _unknown_host(hosts, gpus, cap, used, cfg)
+            if i is None:
+                notes.setdefault(p.key, []).append(
+                    partial(_unknown_text, tuple((j, used[j], cap[j]) for j in hosts), cfg)
+                )
+                continue
+            memory = max(1, int(cap[i] - used[i]))
+            fitting = [i]
+        else:
+            # `room` is a float difference: only a clear miss skips the exact test below.
+            fitting = (
+                []
+                if memory - room > 1.0
+                else [i for i in hosts if cap[i] > 0 and used[i] + memory <= cap[i]]
+            )
         if not fitting:
             if seen is None:
                 seen = tuple((i, used[i], gpus[i].view.memory_total) for i in hosts)
@@ -403,7 +412,9 @@ def _guests(
             continue
         i = max(fitting, key=lambda j: (cap[j] - used[j], -j))
         tier: Tier = "background" if r.background else "ready"
-        gpus[i].guests.append(Slot.of_pending(p, r.eff, tier, paused=True, started_at=now))
+        slot = Slot.of_pending(p, r.eff, tier, paused=True, started_at=now)
+        slot.memory = memory
+        gpus[i].guests.append(slot)
         used[i] = gpus[i].used_memory()
         if len(gpus[i].guests) >= cfg.guests_per_gpu:
             hosts.remove(i)
@@ -412,6 +423,35 @@ def _guests(
         seen = None
         actions.append(Grant(p.key, (i,), tier))
         granted.add(p.key)
+
+
+def _unknown_host(
+    hosts: list[int],
+    gpus: dict[int, GpuState],
+    cap: dict[int, float],
+    used: dict[int, int],
+    cfg: PolicyConfig,
+) -> int | None:
+    """The host with the most observed free memory, if it keeps ``guest_memory_margin``
+    of the GPU free; None when no host reports its memory in use."""
+    best: int | None = None
+    for i in hosts:
+        if gpus[i].view.memory_used is None or cap[i] <= 0:
+            continue
+        if cap[i] - used[i] > cfg.guest_memory_margin * cap[i] and (
+            best is None or cap[i] - used[i] > cap[best] - used[best]
+        ):
+            best = i
+    return best
+
+
+def _unknown_text(seen: tuple[tuple[int, int, float], ...], cfg: PolicyConfig) -> str:
+    parts = ", ".join(f"GPU {i} {_gib(max(0.0, c - u))} free of {_gib(c)}" for i, u, c in seen)
+    return (
+        "declares no gpu_memory and has no measured peak: a guest only where observed free"
+        f" memory exceeds {cfg.guest_memory_margin:.0%} of the GPU ({parts or 'no host'};"
+        " memory in use not observed counts as no room)"
+    )
 
 
 def _no_fit_text(memory: int, over: float, seen: tuple[tuple[int, int, int], ...]) -> str:

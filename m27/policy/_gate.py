@@ -144,6 +144,18 @@ def gate(
     primary (just granted or promoted) is taken to compute. The best guest is also the
     GPU's `standby`: the one that computes in the primary's next I/O wait, which the agent
     lets follow the primary's own hint without waiting for the next decision."""
+    if view.memory_used is not None and view.memory_total > 0:
+        # memory running short: guests of unknown need stay paused (they may be what
+        # grows), so the primary never meets an out-of-memory error because of them
+        limit = view.memory_total * cfg.memory_overprovision * (1 - cfg.guest_memory_margin / 2)
+        if view.memory_used > limit and any(g.memory <= 0 for g in guests):
+            for g in guests:
+                if g.memory <= 0 and not g.paused:
+                    actions.append(PauseGuest(g.key, i))
+                    g.paused = True
+            guests = [g for g in guests if g.memory > 0]
+            if not guests:
+                return next_check
     low_since = view.util_low_since
     util_low = view.primary_util is None or view.primary_util < cfg.io_util_threshold
     inferred = low_since is not None and util_low and now - low_since >= cfg.io_timeout

@@ -35,6 +35,10 @@ class PolicyConfig:
     """
 
     memory_overprovision: float = 1.0
+    #: share of a GPU's memory (× overprovision) that must stay free, as observed, to
+    #: admit a guest whose need is unknown (no declaration, no measured peak); such
+    #: guests are kept from computing while observed use is above 1 - margin/2 of it.
+    guest_memory_margin: float = 0.2
     io_timeout: float = 0.05
     io_util_threshold: float = 10.0
     guests_per_gpu: int = 1
@@ -49,8 +53,10 @@ class PolicyConfig:
 class Pending:
     """A step that asked for a lease and has none yet.
 
-    ``gpu_memory`` is the declared need in bytes (0: unknown, so it is never admitted as a
-    guest on a GPU whose memory is known to be short). ``time_limit`` is the declared
+    ``gpu_memory`` is the declared need in bytes (0: not declared). ``memory_peak`` is
+    what the same pipeline step used at most in earlier runs (0: never measured); an
+    undeclared step is admitted as a guest by it, else on the GPU's observed free memory
+    with ``guest_memory_margin`` to spare. ``time_limit`` is the declared
     run time in seconds (on a node, the step's ``timeout:``), used to guess which GPU
     frees first for a reservation and whether the step may backfill one.
     """
@@ -64,6 +70,7 @@ class Pending:
     gpu_memory: int = 0
     queued_at: float = 0.0
     time_limit: float | None = None
+    memory_peak: int = 0
 
 
 @dataclass(frozen=True)

@@ -82,10 +82,48 @@ def test_observed_memory_counts_when_it_exceeds_what_the_primary_declared() -> N
     assert grants(d) == {}
 
 
-def test_step_without_declared_memory_never_becomes_a_guest() -> None:
+def test_undeclared_step_is_no_guest_where_the_memory_in_use_is_not_observed() -> None:
     d = run((pend("g", gpu_memory=0),), (prim("p"),))
     assert grants(d) == {}
-    assert "declares no gpu_memory" in d.reasons[("r", "g")]
+    assert "declares no gpu_memory and has no measured peak" in d.reasons[("r", "g")]
+
+
+def test_undeclared_step_is_a_guest_where_observed_free_memory_leaves_the_margin() -> None:
+    roomy = run((pend("g", gpu_memory=0),), (prim("p"),), gpus=(gpu(0, memory_used=4 * G),))
+    assert grants(roomy) == {"g": ((0,), "ready")}
+    # 14 of 16 GiB in use: 12.5 % free is under the 20 % margin
+    full = run((pend("g", gpu_memory=0),), (prim("p"),), gpus=(gpu(0, memory_used=14 * G),))
+    assert grants(full) == {}
+    assert "exceeds 20% of the GPU" in full.reasons[("r", "g")]
+
+
+def test_an_undeclared_guest_takes_the_free_memory_so_no_second_one_joins_it() -> None:
+    d = run(
+        (pend("a", gpu_memory=0), pend("b", gpu_memory=0)),
+        (prim("p"),),
+        gpus=(gpu(0, memory_used=4 * G),),
+        guests_per_gpu=2,
+    )
+    assert grants(d) == {"a": ((0,), "ready")}
+
+
+def test_undeclared_step_is_a_guest_by_the_peak_measured_in_earlier_runs() -> None:
+    busy = (prim("p", gpu_memory=10 * G),)
+    fits = run((pend("g", gpu_memory=0, memory_peak=5 * G),), busy)
+    assert grants(fits) == {"g": ((0,), "ready")}
+    too_big = run((pend("g", gpu_memory=0, memory_peak=7 * G),), busy)
+    assert grants(too_big) == {} and "does not fit" in too_big.reasons[("r", "g")]
+
+
+def test_an_undeclared_guest_stays_paused_while_memory_runs_short() -> None:
+    running = (prim("p", io_waiting=True), guest("g", gpu_memory=0))
+    roomy = run(running=running, gpus=(gpu(0, memory_used=8 * G),))
+    assert roomy.actions == (ResumeGuest(("r", "g"), 0),)
+    short = run(running=running, gpus=(gpu(0, memory_used=15 * G),))
+    assert short.actions == ()
+    computing = (prim("p", io_waiting=True), guest("g", paused=False, gpu_memory=0))
+    paused = run(running=computing, gpus=(gpu(0, memory_used=15 * G),))
+    assert paused.actions == (PauseGuest(("r", "g"), 0),)
 
 
 def test_guest_resumes_when_the_primary_hints_io() -> None:
