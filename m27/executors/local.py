@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from m27 import liveness
-from m27._exceptions import RunnerError
+from m27._exceptions import M27Error, RunnerError
 from m27.clock import Clock, SystemClock
 from m27.config import m27_home
 from m27.events import Event, StepCancelled, StepFailed, StepStarted, StepSucceeded
@@ -219,29 +219,45 @@ def run_step(
     Thread-safe: the flow calls this from one thread per running step. `on_line` is called
     on the calling thread, once per line, in the order the lines were read.
     """
+
+    def attempts(clock: Clock, sink: Sink, log_path: Path) -> Callable[[int], AttemptEnd]:
+        return lambda n: _attempt(launch, store, clock, sink, n, log_path, cancel, resume_from)
+
+    return run_in_step_log(launch, store, clock, on_line, cancel, attempts)
+
+
+def run_in_step_log(
+    launch: StepLaunch,
+    store: EventStore,
+    clock: Clock | None,
+    on_line: Callable[[str, str], None] | None,
+    cancel: threading.Event | None,
+    attempts: Callable[[Clock, Sink, Path], Callable[[int], AttemptEnd]],
+) -> StepResult:
+    """The step preamble every executor shares (local processes, Slurm jobs), then
+    :func:`run_attempts`: the step's log (``launch.log_path`` or :func:`default_log_path`,
+    appended across attempts) and its checkpoint directory are made first.
+
+    `attempts(clock, sink, log_path)` builds the executor's one-attempt function; an
+    ``OSError`` or an :class:`~m27.M27Error` there (bad ``slurm:`` options), or while
+    making the log, ends the step at once as "cannot prepare the step" (not retried).
+    """
     clock = clock or SystemClock()
     started = clock.monotonic()
     log_path = launch.log_path or default_log_path(launch.run_id, launch.step)
     sink = Sink(None, on_line)
     try:
+        one_attempt = attempts(clock, sink, log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if launch.checkpoint_dir is not None:
             launch.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         log_file = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
-    except OSError as exc:
+    except (OSError, M27Error) as exc:
         end = AttemptEnd(False, f"cannot prepare the step: {exc}", retryable=False)
         return finish_attempt(launch, store, clock, sink, end, 1, started, 0.0, will_retry=False)
     with log_file:
         sink.file = log_file
-        return run_attempts(
-            launch,
-            store,
-            clock,
-            sink,
-            started,
-            cancel,
-            lambda n: _attempt(launch, store, clock, sink, n, log_path, cancel, resume_from),
-        )
+        return run_attempts(launch, store, clock, sink, started, cancel, one_attempt)
 
 
 def run_attempts(
@@ -285,8 +301,9 @@ def begin_attempt(
     attempt: int,
     resume_from: Callable[[], str | None] | None,
 ) -> tuple[tuple[str, ...], str | None] | AttemptEnd:
-    """What every executor does first: frame the attempt in the log and find the checkpoint
-    to resume from. Returns (argv, resume path), or the attempt's end if that failed."""
+    """What every executor does first: frame the attempt in the log, find the checkpoint
+    to resume from and check the step's workdir. Returns (argv, resume path), or the
+    attempt's end if that failed."""
     argv = resolve_argv(launch.argv)
     # One line even when an argument holds newlines (python -c scripts), for `m27 logs`.
     command = shlex.join(argv).replace("\n", "\\n")
@@ -297,6 +314,10 @@ def begin_attempt(
     except Exception as exc:
         sink.note(f"resume_from failed: {exc!r}")
         return AttemptEnd(False, f"resume_from failed: {exc!r}", retryable=False)
+    if launch.workdir is not None and not launch.workdir.is_dir():
+        sink.note(f"workdir not found: {launch.workdir}")
+        why = f"workdir not found: {launch.workdir}"
+        return AttemptEnd(False, why, exit_code=126, retryable=False)
     return argv, resume
 
 
@@ -317,9 +338,6 @@ def _attempt(
     argv, resume = g.argv, opened[1] or g.resume_path
     env = child_env(launch, attempt, resume)
     cwd = launch.workdir
-    if cwd is not None and not cwd.is_dir():
-        sink.note(f"workdir not found: {cwd}")
-        return AttemptEnd(False, f"workdir not found: {cwd}", exit_code=126, retryable=False)
     try:
         proc = _proc.spawn(argv, env, cwd)
     except OSError as exc:

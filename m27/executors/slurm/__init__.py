@@ -35,8 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from m27._exceptions import ConfigError, SpecError
-from m27.clock import Clock, SystemClock
+from m27.clock import Clock
 from m27.events import SlurmJobSubmitted
 from m27.executors.local import (
     AttemptEnd,
@@ -45,9 +44,7 @@ from m27.executors.local import (
     StepResult,
     begin_attempt,
     child_env,
-    default_log_path,
-    finish_attempt,
-    run_attempts,
+    run_in_step_log,
 )
 from m27.executors.slurm._follow import Follower, FollowResult
 from m27.executors.slurm._jobs import JobInfo, SlurmCli, SlurmError, SubprocessSlurm
@@ -123,32 +120,14 @@ def run_slurm_step(
     :func:`m27.executors.slurm._script.load_site_options`). `cli` and `python` (the interpreter the
     batch script runs ``m27.executors.slurm._resume`` with) are for tests and unusual clusters.
     """
-    clock = clock or SystemClock()
-    started = clock.monotonic()
-    log_path = launch.log_path or default_log_path(launch.run_id, launch.step)
-    sink = Sink(None, on_line)
-    try:
+
+    def attempts(clock: Clock, sink: Sink, log_path: Path) -> Callable[[int], AttemptEnd]:
         site_options = load_site_options() if site is None else site
         opts = parse_options(options, site=site_options, timeout=launch.timeout, step=launch.step)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        if launch.checkpoint_dir is not None:
-            launch.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
-    except (SpecError, ConfigError, OSError) as exc:
-        end = AttemptEnd(False, f"cannot prepare the step: {exc}", retryable=False)
-        return finish_attempt(launch, store, clock, sink, end, 1, started, 0.0, will_retry=False)
-    job = _Job(launch, store, clock, sink, opts, cli or SubprocessSlurm(), python, log_path)
-    with log_file:
-        sink.file = log_file
-        return run_attempts(
-            launch,
-            store,
-            clock,
-            sink,
-            started,
-            cancel,
-            lambda n: job.attempt(n, cancel, resume_from),
-        )
+        job = _Job(launch, store, clock, sink, opts, cli or SubprocessSlurm(), python, log_path)
+        return lambda n: job.attempt(n, cancel, resume_from)
+
+    return run_in_step_log(launch, store, clock, on_line, cancel, attempts)
 
 
 class _Job:
@@ -181,11 +160,6 @@ class _Job:
         if isinstance(opened, AttemptEnd):
             return opened
         argv, resume = opened
-        if launch.workdir is not None and not launch.workdir.is_dir():
-            sink.note(f"workdir not found: {launch.workdir}")
-            return AttemptEnd(
-                False, f"workdir not found: {launch.workdir}", exit_code=126, retryable=False
-            )
         job_dir = self.log_path.parent / f"{launch.step}.slurm" / f"attempt-{attempt}"
         try:
             script = self._write_script(job_dir, attempt, argv)
