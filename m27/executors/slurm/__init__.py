@@ -32,6 +32,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,10 @@ from m27.executors.local import (
     child_env,
     run_in_step_log,
 )
-from m27.executors.slurm._follow import Follower, FollowResult
+from m27.executors.slurm._follow import Follower, FollowResult, StepJobs
 from m27.executors.slurm._jobs import JobInfo, SlurmCli, SlurmError, SubprocessSlurm
 from m27.executors.slurm._script import (
     ScriptInput,
-    SlurmOptions,
     load_site_options,
     parse_options,
     render_script,
@@ -124,30 +124,21 @@ def run_slurm_step(
     def attempts(clock: Clock, sink: Sink, log_path: Path) -> Callable[[int], AttemptEnd]:
         site_options = load_site_options() if site is None else site
         opts = parse_options(options, site=site_options, timeout=launch.timeout, step=launch.step)
-        job = _Job(launch, store, clock, sink, opts, cli or SubprocessSlurm(), python, log_path)
+        slurm = cli or SubprocessSlurm()
+        job = _Job(
+            launch, store, clock, sink, slurm, opts, log_path, python or sys.executable or "python3"
+        )
         return lambda n: job.attempt(n, cancel, resume_from)
 
     return run_in_step_log(launch, store, clock, on_line, cancel, attempts)
 
 
-class _Job:
-    """One step's attempts: script, submission, following, judging."""
+@dataclass(frozen=True)
+class _Job(StepJobs):
+    """One step's attempts: script, submission, following, judging. `python` runs
+    ``m27.executors.slurm._resume`` in the batch script."""
 
-    def __init__(
-        self,
-        launch: StepLaunch,
-        store: EventStore,
-        clock: Clock,
-        sink: Sink,
-        opts: SlurmOptions,
-        cli: SlurmCli,
-        python: str | None,
-        log_path: Path,
-    ) -> None:
-        self.launch, self.store, self.clock, self.sink = launch, store, clock, sink
-        self.opts, self.cli = opts, cli
-        self.python = python or sys.executable or "python3"
-        self.log_path = log_path
+    python: str
 
     def attempt(
         self,
@@ -185,19 +176,7 @@ class _Job:
         )
         sink.write(f"=== attempt {attempt}: Slurm job {job_id} ({script}) ===\n")
         sink.flush()
-        follower = Follower(
-            launch=launch,
-            store=self.store,
-            clock=self.clock,
-            sink=sink,
-            cli=self.cli,
-            opts=self.opts,
-            job_id=job_id,
-            job_dir=job_dir,
-            attempt=attempt,
-            argv=argv,
-            log_path=self.log_path,
-        )
+        follower = Follower(self, job_id=job_id, job_dir=job_dir, attempt=attempt, argv=argv)
         return self._judge(follower.follow(cancel))
 
     def _write_script(self, job_dir: Path, attempt: int, argv: tuple[str, ...]) -> Path:

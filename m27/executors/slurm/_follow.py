@@ -64,27 +64,27 @@ class FileTail:
         return self.read() + self.splitter.finish()
 
 
+@dataclass(frozen=True)
+class StepJobs:
+    """What every Slurm job of one step shares: the step, its event log and log lines,
+    the cluster and the step's ``slurm:`` options."""
+
+    launch: StepLaunch
+    store: EventStore
+    clock: Clock
+    sink: Sink
+    cli: SlurmCli
+    opts: SlurmOptions
+    log_path: Path
+
+
 class Follower:
     """Polls one job until it ends; records its starts and state changes as events."""
 
     def __init__(
-        self,
-        *,
-        launch: StepLaunch,
-        store: EventStore,
-        clock: Clock,
-        sink: Sink,
-        cli: SlurmCli,
-        opts: SlurmOptions,
-        job_id: str,
-        job_dir: Path,
-        attempt: int,
-        argv: tuple[str, ...],
-        log_path: Path,
+        self, jobs: StepJobs, *, job_id: str, job_dir: Path, attempt: int, argv: tuple[str, ...]
     ) -> None:
-        self.launch, self.store, self.clock, self.sink = launch, store, clock, sink
-        self.cli, self.opts, self.job_id = cli, opts, job_id
-        self.attempt, self.argv, self.log_path = attempt, argv, log_path
+        self.jobs, self.job_id, self.attempt, self.argv = jobs, job_id, attempt, argv
         self.outputs = [
             (FileTail(job_dir / "stdout"), "stdout"),
             (FileTail(job_dir / "stderr"), "stderr"),
@@ -93,7 +93,7 @@ class Follower:
         self.last: tuple[str, str] | None = None
 
     def follow(self, cancel: threading.Event | None) -> FollowResult:
-        clock = self.clock
+        clock = self.jobs.clock
         info: JobInfo | None = None
         cancel_sent: float | None = None
         unanswered_since: float | None = None
@@ -102,7 +102,7 @@ class Follower:
         while True:
             self._pump()
             try:
-                now_info = self.cli.show(self.job_id)
+                now_info = self.jobs.cli.show(self.job_id)
             except SlurmError as exc:
                 now_info, problem = None, str(exc)
             else:
@@ -123,13 +123,15 @@ class Follower:
             if cancel is not None and cancel.is_set() and cancel_sent is None:
                 cancel_sent = now
                 try:
-                    self.cli.cancel(self.job_id)
-                    self.sink.note(f"scancel {self.job_id}")
+                    self.jobs.cli.cancel(self.job_id)
+                    self.jobs.sink.note(f"scancel {self.job_id}")
                 except SlurmError as exc:
-                    self.sink.note(f"scancel {self.job_id} failed: {exc}")
+                    self.jobs.sink.note(f"scancel {self.job_id} failed: {exc}")
             if info is not None and info.terminal and now_info is not None:
                 settling = (
-                    info.state in REQUEUEABLE_STATES and self.opts.requeue and cancel_sent is None
+                    info.state in REQUEUEABLE_STATES
+                    and self.jobs.opts.requeue
+                    and cancel_sent is None
                 )
                 if not settling:
                     break
@@ -139,9 +141,9 @@ class Follower:
             else:
                 settle_since = None
             if cancel_sent is not None and now - cancel_sent >= CANCEL_WAIT_S:
-                self.sink.note(f"Slurm job {self.job_id} still not ended after scancel")
+                self.jobs.sink.note(f"Slurm job {self.job_id} still not ended after scancel")
                 break
-            clock.sleep(self.opts.poll)
+            clock.sleep(self.jobs.opts.poll)
         self._drain()
         return FollowResult(info, cancelled=cancel_sent is not None)
 
@@ -153,12 +155,12 @@ class Follower:
         reason = info.reason
         if info.restarts and info.state == "PENDING":
             reason = f"requeued (restart {info.restarts})" + (f": {reason}" if reason else "")
-        self.store.append(
+        self.jobs.store.append(
             [
                 SlurmJobStateChanged(
-                    at=self.clock.now(),
-                    run_id=self.launch.run_id,
-                    step=self.launch.step,
+                    at=self.jobs.clock.now(),
+                    run_id=self.jobs.launch.run_id,
+                    step=self.jobs.launch.step,
                     job_id=self.job_id,
                     state=info.state,
                     reason=reason,
@@ -170,13 +172,13 @@ class Follower:
         for tail, stream in self.outputs:
             lines = tail.finish() if final else tail.read()
             if lines:
-                self.sink.emit(stream, lines)
+                self.jobs.sink.emit(stream, lines)
         for line in self.starts.finish() if final else self.starts.read():
             self._started(line)
 
     def _drain(self) -> None:
         self._pump(final=True)
-        self.sink.flush()
+        self.jobs.sink.flush()
 
     def _started(self, line: str) -> None:
         """One line of the job's ``starts`` file: restart count, host, GPUs, checkpoint."""
@@ -184,22 +186,22 @@ class Follower:
         restart, host, gpus_text, resume = parts
         gpus = tuple(int(g) for g in gpus_text.split(",") if g.strip().isdigit())
         if restart not in ("", "0"):
-            self.sink.write(
+            self.jobs.sink.write(
                 f"=== Slurm job {self.job_id} restarted ({restart}) on {host}, resuming from "
                 f"{resume or 'the beginning'} ===\n"
             )
-        self.store.append(
+        self.jobs.store.append(
             [
                 StepStarted(
-                    at=self.clock.now(),
-                    run_id=self.launch.run_id,
-                    step=self.launch.step,
+                    at=self.jobs.clock.now(),
+                    run_id=self.jobs.launch.run_id,
+                    step=self.jobs.launch.step,
                     attempt=self.attempt,
                     pid=0,
                     pgid=0,
                     command=self.argv,
                     gpus=gpus,
-                    log_path=str(self.log_path),
+                    log_path=str(self.jobs.log_path),
                     resume_from=resume or None,
                     host=host,
                 )
