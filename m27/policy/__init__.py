@@ -157,7 +157,7 @@ def decide(inp: PolicyInput) -> Decision:
     if not cfg.fifo:
         outrank(ranked, gpus, usable, cfg, now, actions, granted)
     promote(gpus, usable, actions)
-    _place(ranked, gpus, usable, cfg, now, cpu_busy, actions, notes, granted)
+    _place(ranked, _Pass(gpus, usable, cfg, now, actions, notes, granted), cpu_busy)
     standby: dict[int, StepKey] = {}
     next_check = run_or_pause(gpus, usable, cfg, now, actions, standby)
     return Decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes)
@@ -204,25 +204,30 @@ def _gate_only(inp: PolicyInput) -> Decision:
     return Decision(tuple(actions), next_check, standby, inp)
 
 
-def _place(
-    ranked: list[Ranked],
-    gpus: dict[int, GpuState],
-    usable: list[int],
-    cfg: PolicyConfig,
-    now: float,
-    cpu_busy: int,
-    actions: list[Action],
-    notes: Notes,
-    granted: set[StepKey],
-) -> None:
+@dataclass
+class _Pass:
+    """One placement pass over the pending steps: the GPUs as the pass changes them, the
+    configuration and time it decides for, and what it decided so far."""
+
+    gpus: dict[int, GpuState]
+    usable: list[int]
+    cfg: PolicyConfig
+    now: float
+    actions: list[Action]
+    notes: Notes
+    granted: set[StepKey]
+
+
+def _place(ranked: list[Ranked], pa: _Pass, cpu_busy: int) -> None:
     """Pending steps onto GPUs (primaries, background, guests) and CPU slots, by rank."""
+    cfg = pa.cfg
     cpu_q = [r for r in ranked if r.pending.type == "cpu"]
     gpu_q = [r for r in ranked if r.pending.type != "cpu" and not r.background]
     bg_q = [r for r in ranked if r.pending.type != "cpu" and r.background]
 
-    _immediate(gpu_q, gpus, usable, cfg, now, actions, notes, granted)
+    _immediate(gpu_q, pa)
     if not cfg.fifo:
-        _background_on_free(bg_q, gpus, usable, now, actions, granted)
+        _background_on_free(bg_q, pa)
         # gpu_light steps are natural guests: they compete for guest slots by rank (as
         # background guests), but never take a GPU from a gpu step.
         bg_max = cfg.background_priority_max
@@ -232,27 +237,20 @@ def _place(
             if r.pending.type != "cpu"
             and (not r.background or (r.pending.type == "gpu_light" and r.eff >= bg_max))
         ]
-        _guests(guest_q, gpus, usable, cfg, now, actions, notes, granted)
-        _guests(bg_q, gpus, usable, cfg, now, actions, notes, granted)
+        _guests(guest_q, pa)
+        _guests(bg_q, pa)
     free_cpu = cfg.cpu_slots - cpu_busy
     for c in cpu_q:
         if free_cpu <= 0:
             break
-        actions.append(StartCpu(c.pending.key))
-        granted.add(c.pending.key)
+        pa.actions.append(StartCpu(c.pending.key))
+        pa.granted.add(c.pending.key)
         free_cpu -= 1
 
 
-def _immediate(
-    queue: list[Ranked],
-    gpus: dict[int, GpuState],
-    usable: list[int],
-    cfg: PolicyConfig,
-    now: float,
-    actions: list[Action],
-    notes: Notes,
-    granted: set[StepKey],
-) -> None:
+def _immediate(queue: list[Ranked], pa: _Pass) -> None:
+    gpus, usable, cfg, now = pa.gpus, pa.usable, pa.cfg, pa.now
+    actions, notes, granted = pa.actions, pa.notes, pa.granted
     reserved = False
     shadow = math.inf  # when the reserved step is expected to have all its GPUs
     free = [i for i in usable if gpus[i].primary is None]
@@ -351,16 +349,9 @@ def _reservation(
     return sorted(sorted(candidates, key=expected_free)[:k])
 
 
-def _guests(
-    queue: list[Ranked],
-    gpus: dict[int, GpuState],
-    usable: list[int],
-    cfg: PolicyConfig,
-    now: float,
-    actions: list[Action],
-    notes: Notes,
-    granted: set[StepKey],
-) -> None:
+def _guests(queue: list[Ranked], pa: _Pass) -> None:
+    gpus, usable, cfg, now = pa.gpus, pa.usable, pa.cfg, pa.now
+    actions, notes, granted = pa.actions, pa.notes, pa.granted
     hosts = [
         i
         for i in usable
@@ -463,15 +454,9 @@ def _no_fit_text(memory: int, over: float, seen: tuple[tuple[int, int, int], ...
     return f"does not fit as a guest: needs {_gib(memory)}, {free}"
 
 
-def _background_on_free(
-    queue: list[Ranked],
-    gpus: dict[int, GpuState],
-    usable: list[int],
-    now: float,
-    actions: list[Action],
-    granted: set[StepKey],
-) -> None:
+def _background_on_free(queue: list[Ranked], pa: _Pass) -> None:
     """Background work on GPUs that no gpu step took (nor holds by reservation)."""
+    gpus, usable, now, actions, granted = pa.gpus, pa.usable, pa.now, pa.actions, pa.granted
     free = [i for i in usable if gpus[i].primary is None and gpus[i].reserved_for is None]
     for r in queue:
         if not free:
