@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SRC     = m27 flows tests benchmarks examples
 
-.PHONY: install example test lint typecheck unit bench clean
+.PHONY: install example example-gromacs test lint typecheck unit bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,11 @@ install: $(BIN)/.installed
 ## The main job: the molecular-dynamics example pipeline, embedded defaults, no GPU needed.
 example: install
 	$(BIN)/m27 run examples/md/pipeline.yaml
+
+## The original pipeline with real GROMACS (apt-get install gromacs first): water box, mdrun, plots.
+example-gromacs: install
+	@command -v gmx >/dev/null || { echo "gmx not found: apt-get install gromacs" >&2; exit 1; }
+	$(BIN)/m27 run examples/gromacs/pipeline.yaml
 
 lint: install
 	$(BIN)/ruff check $(SRC)

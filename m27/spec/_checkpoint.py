@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from m27.spec._nodes import describe, is_null, suggest
+from m27.units import parse_duration
 
 if TYPE_CHECKING:
     from m27.spec._check import Checker
@@ -42,8 +43,16 @@ class CheckpointField:
 
 def read_checkpoint(checker: Checker, node: Node, where: str) -> CheckpointField | None:
     """The field's value; problems go to `checker` (None when nothing usable was read)."""
+    if _bare_placeholder(node):
+        checker.add(
+            node,
+            where,
+            "a value that starts with '{{' must be quoted, e.g. \"{{CHECKPOINT}}\" "
+            "(YAML reads a bare {{...}} as a mapping)",
+        )
+        return None
     if not isinstance(node, MappingNode):
-        interval = checker.duration(node, where)
+        interval = _duration(checker, node, where)
         return None if interval is None else CheckpointField(every=interval)
     keys = checker.mapping(node, where, KEYS)
     if keys is None:
@@ -54,7 +63,7 @@ def read_checkpoint(checker: Checker, node: Node, where: str) -> CheckpointField
     resume: tuple[str, ...] | None = None
     signal: str | None = None
     if (entry := keys.get("every")) is not None and not is_null(entry[1]):
-        every = checker.duration(entry[1], f"{where}.every")
+        every = _duration(checker, entry[1], f"{where}.every")
     if (entry := keys.get("files")) is not None and not is_null(entry[1]):
         files = _files(checker, entry[1], f"{where}.files")
     if (entry := keys.get("resume")) is not None and not is_null(entry[1]):
@@ -64,6 +73,34 @@ def read_checkpoint(checker: Checker, node: Node, where: str) -> CheckpointField
     if len(checker.problems) > before:
         return None
     return CheckpointField(every, tuple(files), resume, signal)
+
+
+def _bare_placeholder(node: Node) -> bool:
+    """`checkpoint: {{X}}` unquoted: YAML's flow mapping whose only key is a mapping."""
+    return (
+        isinstance(node, MappingNode)
+        and bool(node.flow_style)
+        and len(node.value) == 1
+        and isinstance(node.value[0][0], MappingNode)
+    )
+
+
+def _duration(checker: Checker, node: Node, where: str) -> float | None:
+    """A duration, where `"{{CHECKPOINT}}"` takes its value from the variables."""
+    if isinstance(node, ScalarNode) and "{{" in str(node.value):
+        text = _rendered(checker, node, where)
+        if text is None:
+            return None
+        try:
+            value = parse_duration(text)
+        except ValueError as exc:
+            checker.add(node, where, f"{text!r} (from {node.value!r}): {exc}")
+            return None
+        if not value > 0 or value == float("inf"):
+            checker.add(node, where, f"must be longer than zero, got {text!r}")
+            return None
+        return value
+    return checker.duration(node, where)
 
 
 def _rendered(checker: Checker, node: Node, where: str) -> str | None:

@@ -169,8 +169,13 @@ class Progress:
                 row["status"] = "cancelled"
                 text = f"{step}: cancelled"
             elif isinstance(ev, CheckpointWritten):
+                what = (
+                    f"captured {', '.join(ev.files)} (#{ev.sim_step})"
+                    if ev.source == "files"
+                    else f"checkpoint at step {ev.sim_step}"
+                )
                 text = (
-                    f"{step}: checkpoint at step {ev.sim_step} "
+                    f"{step}: {what} "
                     f"({format_size(ev.bytes_written)} written, state "
                     f"{format_size(ev.bytes_total)})"
                 )
