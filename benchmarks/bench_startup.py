@@ -3,9 +3,10 @@ as a ratio to `m27 --version` (the interpreter and m27's own imports) in the sam
 
 A fresh ``M27_HOME`` is used: the first run starts the node service (its Prefect server on
 SQLite) and is reported apart as the cold start; then `--runs` warm runs and as many
-`m27 --version` calls alternate, and the medians are compared. The service is stopped at
-the end. ``PREFECT_API_URL`` is ignored (unset for the children): this measures the node's
-own server.
+`m27 --version` calls alternate, and the medians are compared. Wall time and CPU time
+(user + system of the command and its children) are both reported: on a shared machine
+the CPU ratio is the steadier figure. ``PREFECT_API_URL`` is ignored (unset for the
+children): this measures the node's own server. The service is stopped at the end.
 
     python benchmarks/bench_startup.py [--runs 5] [--json]
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,12 +39,21 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> float:
+def _cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def _timed(argv: list[str], env: dict[str, str], cpu: list[float] | None = None) -> float:
+    """Wall seconds of one command; its CPU seconds (user + system) appended to `cpu`."""
+    c0 = _cpu()
     t0 = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     took = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    if cpu is not None:
+        cpu.append(_cpu() - c0)
     return took
 
 
@@ -59,9 +70,11 @@ def measure(runs: int) -> dict[str, object]:
             cold = _timed(run, env)
             warm: list[float] = []
             version: list[float] = []
+            warm_cpu: list[float] = []
+            version_cpu: list[float] = []
             for _ in range(runs):
-                version.append(_timed([*m27, "--version"], env))
-                warm.append(_timed(run, env))
+                version.append(_timed([*m27, "--version"], env, version_cpu))
+                warm.append(_timed(run, env, warm_cpu))
         finally:
             subprocess.run([*m27, "agent", "stop"], env=env, capture_output=True, timeout=120)
     w, v = statistics.median(warm), statistics.median(version)
@@ -73,6 +86,9 @@ def measure(runs: int) -> dict[str, object]:
         "version_s": round(v, 3),
         "version_range_s": [round(min(version), 3), round(max(version), 3)],
         "ratio": round(w / v, 2),
+        "warm_run_cpu_s": round(statistics.median(warm_cpu), 3),
+        "version_cpu_s": round(statistics.median(version_cpu), 3),
+        "cpu_ratio": round(statistics.median(warm_cpu) / statistics.median(version_cpu), 2),
     }
 
 
@@ -94,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['warm_run_range_s']} |"
     )
     print(f"| cold `m27 run` (starts the node service) | {result['cold_run_s']} s | one run |")
-    print(f"\nwarm run / --version: {result['ratio']}x")
+    print(f"\nwarm run / --version: {result['ratio']}x wall, {result['cpu_ratio']}x CPU")
+    print(f"(CPU: run {result['warm_run_cpu_s']} s, --version {result['version_cpu_s']} s)")
     return 0
 
 

@@ -30,6 +30,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
 
+from flows import _logging, summary
 from m27 import RunnerError, liveness, runids
 from m27.checkpoint import artifact_for, latest_checkpoint
 from m27.config import load_settings, m27_home
@@ -57,6 +58,8 @@ from m27.spec import Pipeline, Step, load_pipeline
 from m27.store import EventStore
 from m27.store.sqlite import open_store
 
+_logging.install()  # no bogus "NoneType: None" under a failed step's Prefect error line
+
 #: run id -> callable(step, stream, line); lets `m27 run` print step output live.
 LINE_SINKS: dict[str, Callable[[str, str, str], None]] = {}
 
@@ -72,6 +75,8 @@ class _Run:
     lease: AgentLease
     resume_dirs: list[Path]
     cancel: threading.Event = field(default_factory=threading.Event)
+    #: the log's last sequence number before this run's RunSubmitted (for its summary)
+    first_seq: int = 0
 
     def append(self, *events: Event) -> None:
         self.store.append(list(events))
@@ -349,6 +354,7 @@ def pipeline_flow(
             pid_started=liveness.own_start_time(),
         )
     ]
+    run.first_seq = store.last_seq()
     store.append(submitted)
     _RUNS[run_id] = run
     stop_watch = threading.Event()
@@ -366,21 +372,30 @@ def pipeline_flow(
     duration = _now() - started
     failed = tuple(n for n, o in outcome.items() if o == "failed")
     if run.cancel.is_set():
-        run.append(RunCancelled(at=_now(), run_id=run_id, reason="cancel requested"))
+        _finish(run, RunCancelled(at=_now(), run_id=run_id, reason="cancel requested"))
         return Cancelled(message=f"run {run_id} cancelled")
     if failed:
-        run.append(
+        _finish(
+            run,
             RunFailed(
                 at=_now(),
                 run_id=run_id,
                 duration_s=duration,
                 failed_steps=failed,
                 reason=f"step {failed[0]} failed",
-            )
+            ),
         )
         return Failed(message=f"run {run_id}: step(s) {', '.join(failed)} failed")
-    run.append(RunSucceeded(at=_now(), run_id=run_id, duration_s=duration))
+    _finish(run, RunSucceeded(at=_now(), run_id=run_id, duration_s=duration))
     return {"run_id": run_id, "steps": outcome}
+
+
+def _finish(run: _Run, end: Event) -> None:
+    """Record the run's end, then show its summary and plots in Prefect (flows/summary.py)."""
+    run.append(end)
+    records = run.store.read(run.first_seq)
+    state = fold(r for r in records if getattr(r.event, "run_id", None) == run.run_id)
+    summary.publish(state, run.run_id, run.pipeline.workdir)
 
 
 def _walk(run: _Run, pipeline: Pipeline, done: set[str]) -> dict[str, str]:

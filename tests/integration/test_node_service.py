@@ -49,7 +49,7 @@ def _flow_run_state(url: str, flow_run_id: str) -> str:
 
 def _task_run_states(url: str, flow_run_id: str) -> dict[str, str]:
     runs = _api(url, "task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
-    return {r["name"]: r["state"]["type"] for r in runs}
+    return {r["name"]: (r.get("state") or {}).get("type") for r in runs}
 
 
 def _pipeline(tmp_path: Path, name: str, body: str) -> Path:

@@ -223,7 +223,7 @@ def test_pipeline_file_is_the_seed_shape_and_each_command_parses() -> None:
         ("md_simulation", "gpu", ("preprocessing",)),
         ("analysis", "gpu_light", ("md_simulation",)),
     ]
-    assert steps["md_simulation"].checkpoint == 10.0
+    assert steps["md_simulation"].checkpoint == 2.0  # shorter than the default run
     assert "out/x/energy.csv" in steps["md_simulation"].outputs
     for step, script in [("preprocessing", prepare), ("md_simulation", md), ("analysis", analyze)]:
         argv = steps[step].argv

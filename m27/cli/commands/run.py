@@ -139,15 +139,20 @@ def run(args: argparse.Namespace) -> int:
     progress.start()
     notifier = _start_notifier(store)
     flow_state: Any = None
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
     try:
-        flow_state = pipeline_flow.with_options(flow_run_name=f"{pipeline.name}/{run_id}")(
-            spec_path=str(pipeline.path),
-            overrides=overrides,
-            run_id=run_id,
-            resume_of=resume_of,
-            pipeline_name=pipeline.name,
-            return_state=True,
-        )
+        # No flow heartbeats: OSS Prefect does nothing with them, the node service's crash
+        # watcher is what marks a dead run Crashed, and joining their thread costs ~1 s.
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            flow_state = pipeline_flow.with_options(flow_run_name=f"{pipeline.name}/{run_id}")(
+                spec_path=str(pipeline.path),
+                overrides=overrides,
+                run_id=run_id,
+                resume_of=resume_of,
+                pipeline_name=pipeline.name,
+                return_state=True,
+            )
     except BaseException as exc:
         state = _common.load_state(store)
         if run_id in state.runs and state.runs[run_id].status == "running":
@@ -205,6 +210,7 @@ def _stop_notifier(handles: Any) -> None:
         return
     notifier, bot = handles
     bot.stop(timeout=3.0)
-    if notifier.running:
-        time.sleep(1.0)  # let it pick up the run's last events before it stops
+    # The run's outcome is in the log: wait (bounded) until it is read and sent; what
+    # Telegram has not taken by then stays in the outbox for the next notifier.
+    notifier.drain(timeout=10.0)
     notifier.stop(timeout=3.0)
