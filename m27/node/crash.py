@@ -21,6 +21,7 @@ duplicate ``RunCrashed`` that the projection ignores).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -38,11 +39,13 @@ from m27.events import (
     StepCancelled,
     StepFailed,
 )
-from m27.events.state import NodeState, fold
+from m27.events.state import NodeState, StepState, fold
 from m27.store import EventStore
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import PrefectClient
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -111,11 +114,14 @@ def finalize(
     clock: Clock | None = None,
     grace_s: float = 3.0,
     stop: Callable[[int, int, float, Clock], int | None] = _stop_group,
+    cancel_job: Callable[[str], None] | None = None,
 ) -> list[Event]:
     """Close a run whose process is gone; returns the events appended (none if it had ended).
 
-    `outcome="cancelled"` is for a run cancelled from Prefect whose flow process was killed
-    before it could stop its steps: the same cleanup, ending in ``RunCancelled``.
+    `outcome="cancelled"` is for a run cancelled (from Prefect, or ``m27 cancel``) whose
+    flow process died before it could stop its steps: the same cleanup, ending in
+    ``RunCancelled``. A step running as a Slurm job is stopped with `cancel_job`
+    (``scancel``; :func:`m27.executors.slurm.cancel_job` by default).
     """
     clock = clock or SystemClock()
     state = fold(store.read())
@@ -131,7 +137,7 @@ def finalize(
     out = []
     for step in run.steps.values():
         if step.status == "running":
-            sig = stop(step.pgid or step.pid or 0, step.pid or 0, grace_s, clock)
+            sig = _stop_step(step, grace_s, clock, stop, cancel_job)
             now = clock.now()
             if outcome == "cancelled":
                 out.append(StepCancelled(at=now, run_id=run_id, step=step.name, reason=reason))
@@ -159,6 +165,32 @@ def finalize(
         out.append(RunCrashed(at=clock.now(), run_id=run_id, reason=reason))
     store.append(out)
     return out
+
+
+def _stop_step(
+    step: StepState,
+    grace_s: float,
+    clock: Clock,
+    stop: Callable[[int, int, float, Clock], int | None],
+    cancel_job: Callable[[str], None] | None,
+) -> int | None:
+    """Stop what a dead run left of `step`: its Slurm job, or its process group; the last
+    signal sent to the group. A step with neither (pid 0: a Slurm step) is never sent a
+    signal: ``killpg(0)`` would hit the caller's own process group."""
+    if step.slurm_job_id:
+        if cancel_job is None:
+            from m27.executors import slurm
+
+            cancel_job = slurm.cancel_job
+        try:
+            cancel_job(step.slurm_job_id)
+        except Exception as exc:  # best effort: the job may have ended on its own
+            log.warning("could not cancel Slurm job %s: %s", step.slurm_job_id, exc)
+        return None
+    target = step.pgid or step.pid
+    if not target:
+        return None
+    return stop(target, step.pid or 0, grace_s, clock)
 
 
 async def mark_prefect_crashed(client: PrefectClient, flow_run_id: str, message: str) -> bool:

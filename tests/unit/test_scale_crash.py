@@ -19,7 +19,12 @@ from m27.store.memory import MemoryEventStore
 HOST = socket.gethostname()
 
 
-def started_run(store: MemoryEventStore, pid: int, step_pid: int = 4242) -> None:
+def started_run(
+    store: MemoryEventStore,
+    pid: int,
+    step_pid: int = 4242,
+    flow_run_id: str | None = "0b6f6b5e-2f4b-4c2a-9a57-5d2b1c7e9f00",
+) -> None:
     store.append(
         [
             ev.RunSubmitted(
@@ -28,7 +33,7 @@ def started_run(store: MemoryEventStore, pid: int, step_pid: int = 4242) -> None
                 pipeline="p",
                 spec_path="",
                 steps=("md", "an"),
-                flow_run_id="0b6f6b5e-2f4b-4c2a-9a57-5d2b1c7e9f00",
+                flow_run_id=flow_run_id,
                 pid=pid,
                 host=HOST,
             ),
@@ -115,6 +120,40 @@ def test_finalize_as_cancelled_ends_in_run_cancelled() -> None:
     assert fold(store.read()).runs["r"].steps["md"].status == "cancelled"
 
 
+def test_finalize_cancels_a_slurm_step_and_never_signals_process_group_0() -> None:
+    """A Slurm step runs elsewhere (pid 0 in the log): scancel it; killpg(0) would stop
+    the caller's own process group (the node service)."""
+    store = MemoryEventStore()
+    started_run(store, pid=111, step_pid=0)
+    store.append([ev.SlurmJobSubmitted(at=2.5, run_id="r", step="md", job_id="4711", attempt=1)])
+    stopped: list[tuple[int, int]] = []
+    cancelled: list[str] = []
+
+    def stop(pgid: int, pid: int, grace: float, clock: Any) -> int:
+        stopped.append((pgid, pid))
+        return 15
+
+    out = crash.finalize(
+        store, "r", "gone", outcome="cancelled", stop=stop, cancel_job=cancelled.append
+    )
+    assert cancelled == ["4711"] and stopped == []
+    assert [type(e).__name__ for e in out][:2] == ["StepCancelled", "StepCancelled"]
+    assert fold(store.read()).runs["r"].status == "cancelled"
+
+
+def test_a_step_without_pid_or_job_is_closed_without_any_signal() -> None:
+    store = MemoryEventStore()
+    started_run(store, pid=111, step_pid=0)
+    stopped: list[int] = []
+
+    def stop(pgid: int, pid: int, grace: float, clock: Any) -> int:
+        stopped.append(pgid)
+        return 15
+
+    out = crash.finalize(store, "r", "gone", stop=stop)
+    assert stopped == [] and isinstance(out[-1], ev.RunCrashed)
+
+
 def test_stop_group_kills_a_real_process_group(tmp_path: Path) -> None:
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
@@ -186,3 +225,34 @@ def test_sweep_closes_dead_runs_and_marks_them_crashed_in_prefect() -> None:
     assert [c.run_id for c in closed] == ["r"]
     assert client.set and client.set[0][1].type.value == "CRASHED"
     assert any("crashed" in line for line in lines)
+
+
+def test_m27_cancel_of_a_run_whose_process_died_stops_its_steps_and_frees_its_gpu(
+    m27_home: Path, capsys: Any
+) -> None:
+    """`m27 cancel` closes a dead run the way the crash watcher does: the step's process
+    group is stopped, its lease released, the run recorded cancelled."""
+    import argparse
+
+    from m27.cli.commands import cancel
+    from m27.store.sqlite import open_store
+    from tests.waiting import wait_until
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    step = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        with open_store(m27_home) as store:
+            # no Prefect flow run: there is no Prefect server to tell, none is started
+            started_run(store, pid=dead.pid, step_pid=step.pid, flow_run_id=None)  # type: ignore[arg-type]
+        assert cancel.run(argparse.Namespace(run_id="r", wait=5.0)) == 0
+        wait_until(lambda: step.poll() is not None, what="the step's group stopped")
+    finally:
+        if step.poll() is None:
+            step.kill()
+        step.wait()
+    assert "cancelled (its process had died" in capsys.readouterr().out
+    with open_store(m27_home) as store:
+        state = fold(store.read())
+    assert state.runs["r"].status == "cancelled" and state.leases == {}
+    assert state.runs["r"].steps["md"].status == "cancelled"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 
@@ -91,42 +90,11 @@ def _prefect_cancelled(flow_run_id: str | None) -> None:
 
 
 def _cancel_orphans(st: SqliteEventStore, run_id: str) -> int:
-    """The run's process died: stop what it left running and close the run in the log."""
-    state = _common.load_state(st)
-    r = state.runs[run_id]
-    events: list[StepCancelled | RunCancelled] = []
-    for name, s in r.steps.items():
-        if s.status == "running" and s.slurm_job_id:
-            from m27.executors.slurm import cancel_job
+    """The run's process died: stop what it left running (process groups, Slurm jobs),
+    release its leases and close the run in the log, the way the crash watcher does."""
+    from m27.node.crash import finalize
 
-            try:
-                cancel_job(s.slurm_job_id)
-            except M27Error as exc:  # the job may have ended on its own meanwhile
-                print(f"m27 cancel: {name}: {exc}", file=sys.stderr)
-            events.append(
-                StepCancelled(
-                    at=time.time(),
-                    run_id=run_id,
-                    step=name,
-                    reason="Slurm job cancelled after its run crashed",
-                )
-            )
-        elif s.status == "running" and s.pgid:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(s.pgid, sig)
-                except ProcessLookupError:
-                    break
-                time.sleep(1.0 if sig == signal.SIGTERM else 0)
-            events.append(
-                StepCancelled(
-                    at=time.time(),
-                    run_id=run_id,
-                    step=name,
-                    reason="cancelled after its run crashed",
-                )
-            )
-    events.append(RunCancelled(at=time.time(), run_id=run_id, reason="cancelled after a crash"))
-    st.append(list(events))
-    print(f"run {run_id}: cancelled (its process had died; stopped {len(events) - 1} step(s))")
+    out = finalize(st, run_id, "cancelled after its run crashed", outcome="cancelled")
+    steps = sum(isinstance(e, StepCancelled) for e in out)
+    print(f"run {run_id}: cancelled (its process had died; stopped {steps} step(s))")
     return 0
