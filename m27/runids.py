@@ -9,6 +9,18 @@ from collections.abc import Iterable
 
 from m27._exceptions import RunError
 
+__all__ = ["RunIdError", "from_flow_run", "new_run_id", "resolve"]
+
+
+class RunIdError(RunError):
+    """A run id or prefix names no run, or several: the user's input, so ``m27`` exits 2.
+
+    Context: ``run_id`` (what was typed) and ``matches`` (the run ids it could mean).
+    """
+
+    #: the command-line exit status for this error (2: bad input), read by m27.cli.main
+    exit_code = 2
+
 
 def new_run_id(now: float | None = None) -> str:
     """A new id: local time of submission plus 16 random bits."""
@@ -28,15 +40,18 @@ def resolve(prefix: str, known: Iterable[str]) -> str:
     ids = list(known)
     if prefix == "last":
         if not ids:
-            raise RunError("no runs recorded yet")
+            raise RunIdError("no runs recorded yet", run_id=prefix, matches=[])
         return ids[-1]
     if prefix in ids:
         return prefix
-    matches = [i for i in ids if i.startswith(prefix)]
+    matches = [i for i in ids if i.startswith(prefix)] if prefix else []
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise RunError(f"no run matches {prefix!r} (see `m27 runs`)", run_id=prefix)
-    raise RunError(
-        f"{prefix!r} matches {len(matches)} runs: {', '.join(matches[:5])}", run_id=prefix
+        raise RunIdError(f"no run matches {prefix!r} (see `m27 runs`)", run_id=prefix, matches=[])
+    shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+    raise RunIdError(
+        f"{prefix!r} matches {len(matches)} runs: {shown}; type more of the id",
+        run_id=prefix,
+        matches=matches,
     )

@@ -1,4 +1,5 @@
-"""What every service fixture needs: a free port, waiting for health, and the CI rule.
+"""What every service fixture needs: a free port, waiting for health, the CI rule, and
+whether the machine has an NVIDIA GPU (for the ``gpu`` tests).
 
 Under ``CI=true`` a service that cannot start fails the run; elsewhere its tests are
 skipped with the reason (a developer box without Slurm, say).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -35,6 +37,32 @@ _PORTS = range(20000, 32000)
 _RESERVED_DIR = Path(tempfile.gettempdir()) / "m27-test-ports"
 #: Lock files held for the life of this process: other test processes skip these ports.
 _held: list[IO[str]] = []
+
+
+def nvidia_gpu_present() -> bool:
+    """True when this machine has an NVIDIA GPU: a device node, or nvidia-smi listing one.
+
+    Decided without CuPy or NVML, so that a broken library cannot make a GPU machine look
+    like one without a GPU.
+    """
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def no_gpu(reason: str) -> NoReturn:
+    """For `gpu` tests: skip where there is no NVIDIA GPU; fail where there is one, since
+    then `reason` (CuPy or NVML not loading, no device seen) is a broken install."""
+    if nvidia_gpu_present():
+        pytest.fail(f"an NVIDIA GPU is present, but {reason}")
+    pytest.skip(f"no NVIDIA GPU here ({reason})")
 
 
 def free_port() -> int:

@@ -85,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except M27Error as exc:
         print(f"m27: {exc}", file=sys.stderr)
-        return 1
+        # Bad input (an unknown or ambiguous run id, ...) says so with exit_code = 2.
+        return int(getattr(exc, "exit_code", 1))
     except KeyboardInterrupt:
         print("m27: interrupted", file=sys.stderr)
         return 130

@@ -107,7 +107,7 @@ def prometheus() -> Iterator[Prometheus]:
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
-    if not wait_http(f"{url}/-/ready", proc, timeout=30):
+    if not wait_http(f"{url}/-/ready", proc, timeout=300):
         proc.kill()
         log.close()
         text = (work / "prometheus.log").read_text(errors="replace")[-3000:]

@@ -81,7 +81,7 @@ def _start_lab() -> Lab:
     log = (base / "server.log").open("wb")
     proc = start_prefect_server(base / "prefect-server", port, env, log)
     lab = Lab(f"http://127.0.0.1:{port}/api", db_url, base, [proc])
-    if wait_http(f"{lab.api_url}/health", proc, timeout=120):
+    if wait_http(f"{lab.api_url}/health", proc, timeout=600):
         return lab
     _stop_lab(lab)
     unavailable(

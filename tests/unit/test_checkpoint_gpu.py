@@ -1,7 +1,8 @@
 """The CuPy path: device fingerprints, gather of changed chunks, CuPy back on its device.
 
-Tests marked ``gpu`` need CuPy and an NVIDIA GPU and are skipped without them; the chunk
-maths and the NumPy twin of the fingerprint kernel are checked everywhere.
+Tests marked ``gpu`` need CuPy and an NVIDIA GPU: skipped where there is no NVIDIA GPU,
+failed where there is one but CuPy does not load or see it. The chunk maths and the NumPy
+twin of the fingerprint kernel are checked everywhere.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from m27.checkpoint import Checkpointer, _chunks, gpu
+from tests.services import no_gpu
 
 CHUNK = 4096
 
@@ -144,12 +146,15 @@ def test_device_arrays_take_the_device_path_and_copy_only_changed_chunks(
 
 @pytest.fixture
 def cp() -> Any:
-    cupy = pytest.importorskip("cupy")
+    try:
+        import cupy
+    except ImportError as exc:
+        no_gpu(f"CuPy does not import: {exc}")
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("CuPy sees no GPU")
+            no_gpu("CuPy sees no GPU")
     except cupy.cuda.runtime.CUDARuntimeError as exc:
-        pytest.skip(f"no CUDA device: {exc}")
+        no_gpu(f"CuPy finds no CUDA device: {exc}")
     return cupy
 
 

@@ -1,4 +1,5 @@
-"""NvmlBackend on a real NVIDIA GPU (marked ``gpu``; skipped where NVML does not initialise)."""
+"""NvmlBackend on a real NVIDIA GPU (marked ``gpu``; skipped only where there is no NVIDIA GPU:
+on a GPU machine, NVML failing to load fails them)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from m27._exceptions import GpuError
 from m27.gpu import THROTTLE_REASONS, detect
 from m27.gpu.nvml import NvmlBackend
+from tests.services import no_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -19,10 +21,10 @@ def backend() -> Iterator[NvmlBackend]:
     try:
         b = NvmlBackend()
     except GpuError as exc:
-        pytest.skip(f"no NVML here: {exc}")
+        no_gpu(f"NVML does not initialise: {exc}")
     if not b.devices():
         b.close()
-        pytest.skip("NVML initialised but lists no GPU")
+        no_gpu("NVML initialised but lists no GPU")
     yield b
     b.close()
 

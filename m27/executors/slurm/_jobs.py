@@ -13,7 +13,9 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+from m27._exceptions import RunnerError
 
 #: States after which the job will not run again.
 TERMINAL_STATES = frozenset(
@@ -53,12 +55,18 @@ class JobInfo:
         return self.state in TERMINAL_STATES
 
 
-class SlurmError(Exception):
-    """A Slurm command failed; ``transient`` when retrying later may help (no controller)."""
+class SlurmError(RunnerError):
+    """A Slurm command failed; ``transient`` when retrying later may help (no controller).
 
-    def __init__(self, message: str, transient: bool = False) -> None:
-        super().__init__(message)
-        self.transient = transient
+    Part of the M27Error tree (a step could not be started or supervised), so that a
+    failing ``scancel`` or ``sbatch`` reaches a user as one line, never a traceback.
+    Context: ``command`` (the tool), ``job_id`` (when one is concerned), ``transient``.
+    """
+
+    transient: bool
+
+    def __init__(self, message: str, transient: bool = False, **context: Any) -> None:
+        super().__init__(message, transient=transient, **context)
 
 
 class SlurmCli(Protocol):
@@ -132,20 +140,24 @@ class SubprocessSlurm:
                 check=False,
             )
         except FileNotFoundError:
-            raise SlurmError(f"{argv[0]} not found: is Slurm installed here?") from None
+            raise SlurmError(
+                f"{argv[0]} not found: is Slurm installed here?", command=argv[0]
+            ) from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"{argv[0]} did not answer in {_CMD_TIMEOUT_S:.0f}s", True) from None
+            raise SlurmError(
+                f"{argv[0]} did not answer in {_CMD_TIMEOUT_S:.0f}s", True, command=argv[0]
+            ) from None
         if done.returncode != 0:
             message = (done.stderr or done.stdout).strip() or f"exit code {done.returncode}"
             transient = bool(re.search(r"contact|connect|timed? ?out|try again", message, re.I))
-            raise SlurmError(f"{argv[0]}: {message}", transient)
+            raise SlurmError(f"{argv[0]}: {message}", transient, command=argv[0])
         return done.stdout
 
     def submit(self, script: Path, env: Mapping[str, str]) -> str:
         out = self._run(["sbatch", "--parsable", "--export=ALL", str(script)], env=env)
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
-            raise SlurmError(f"sbatch printed no job id: {out.strip()!r}")
+            raise SlurmError(f"sbatch printed no job id: {out.strip()!r}", command="sbatch")
         return job_id
 
     def show(self, job_id: str) -> JobInfo | None:
@@ -162,7 +174,15 @@ class SubprocessSlurm:
         return self._finished(job_id)
 
     def cancel(self, job_id: str) -> None:
-        self._run(["scancel", job_id])
+        try:
+            self._run(["scancel", job_id])
+        except SlurmError as exc:
+            raise SlurmError(
+                f"cannot cancel Slurm job {job_id}: {exc}",
+                exc.transient,
+                command="scancel",
+                job_id=job_id,
+            ) from None
 
     def _finished(self, job_id: str) -> JobInfo | None:
         """A job the controller forgot: sacct if it answers, else the jobcomp file."""

@@ -1,0 +1,130 @@
+"""Bad input and failing tools reach the user as one clear line: exit 2 for bad input,
+never a traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from m27 import M27Error, RunError
+from m27 import events as ev
+from m27._exceptions import RunnerError
+from m27.cli.main import main
+from m27.events.state import fold
+from m27.executors.slurm._jobs import SubprocessSlurm
+from m27.runids import RunIdError, resolve
+from m27.store.sqlite import SqliteEventStore
+
+RUNS = ("20261129-100000-aaaa", "20261129-110000-bbbb")
+
+
+@pytest.fixture
+def two_runs(m27_home: Path) -> Path:
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(at=1.0, run_id=r, pipeline="p", spec_path="p.yaml", steps=("s",))
+            for r in RUNS
+        ]
+    )
+    store.close()
+    return m27_home
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", "nope"],
+        ["status", "20261129"],  # matches both runs
+        ["cancel", "nope"],
+        ["cancel", "20261129"],
+        ["logs", "nope", "s"],
+        ["bump", "nope", "s", "1"],
+    ],
+    ids=lambda argv: "-".join(argv),
+)
+def test_unknown_or_ambiguous_run_ids_exit_2_with_one_line(
+    two_runs: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert ("matches 2 runs" in err) if argv[1] == "20261129" else ("no run matches" in err)
+
+
+def test_run_id_errors_carry_what_was_typed_and_what_it_could_mean() -> None:
+    with pytest.raises(RunIdError) as info:
+        resolve("20261129", RUNS)
+    assert isinstance(info.value, RunError) and info.value.exit_code == 2
+    assert info.value.run_id == "20261129" and info.value.matches == list(RUNS)  # type: ignore[attr-defined]
+    with pytest.raises(RunIdError, match="no run matches ''"):
+        resolve("", RUNS)  # an empty prefix is no prefix of everything
+    with pytest.raises(RunIdError, match="no runs recorded yet"):
+        resolve("last", [])
+
+
+def _failing_scancel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `scancel` on PATH that refuses, as a real one does for another user's job."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scancel = bin_dir / "scancel"
+    scancel.write_text(
+        "#!/bin/sh\necho 'scancel: error: Kill job error on job id 4242: Access denied' >&2\n"
+        "exit 1\n"
+    )
+    scancel.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_slurm_errors_are_m27_errors_with_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _failing_scancel(tmp_path, monkeypatch)
+    with pytest.raises(M27Error) as info:
+        SubprocessSlurm(os.environ).cancel("4242")
+    assert isinstance(info.value, RunnerError)
+    assert info.value.context == {"transient": False, "command": "scancel", "job_id": "4242"}
+    assert "cannot cancel Slurm job 4242" in str(info.value) and "Access denied" in str(info.value)
+
+
+def test_cancel_of_a_crashed_slurm_run_whose_scancel_fails_prints_no_traceback(
+    m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _failing_scancel(tmp_path, monkeypatch)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # the run's flow process: gone
+    run_id = "20261130-090000-cccc"
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(
+                at=1.0,
+                run_id=run_id,
+                pipeline="p",
+                spec_path="p.yaml",
+                steps=("long",),
+                pid=dead.pid,
+                host=socket.gethostname(),
+            ),
+            ev.StepStarted(2.0, run_id, "long", attempt=1, pid=0, pgid=0, command=("x",)),
+            ev.SlurmJobSubmitted(2.0, run_id, "long", job_id="4242", attempt=1),
+        ]
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "m27.cli", "cancel", run_id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "4242" in done.stderr and "Access denied" in done.stderr, done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = fold(store.read()).runs[run_id]
+    assert run.status == "cancelled" and run.steps["long"].status == "cancelled"
+    store.close()
