@@ -54,6 +54,7 @@ from m27.executors.local import SelfCheckpoint, StepLaunch, StepResult
 from m27.executors.slurm import run_slurm_step
 from m27.node.embed import ensure_agent
 from m27.node.lease import AgentLease, Granted, run_leased
+from m27.paths import join_under
 from m27.spec import Pipeline, Step, load_pipeline
 from m27.store import EventStore
 from m27.store.sqlite import open_store
@@ -82,13 +83,13 @@ class _Run:
         self.store.append(list(events))
 
     def checkpoint_dir(self, step: str) -> Path:
-        return self.home / "checkpoints" / self.run_id / step
+        return join_under(self.home, "checkpoints", self.run_id, step)
 
     def resume_from(self, step: str) -> str | None:
         """Newest valid checkpoint of `step`: this run's own first (retries), then the runs
         it resumes, newest first."""
-        for base in [self.home / "checkpoints" / self.run_id, *self.resume_dirs]:
-            found = latest_checkpoint(base / step)
+        for base in [join_under(self.home, "checkpoints", self.run_id), *self.resume_dirs]:
+            found = latest_checkpoint(join_under(base, step))
             if found is not None:
                 return str(found)
         return None
@@ -144,7 +145,7 @@ def _launch(run: _Run, step: Step, gpus: tuple[int, ...]) -> StepLaunch:
         gpus=gpus,
         checkpoint_dir=run.checkpoint_dir(step.name),
         checkpoint_interval=step.checkpoint,
-        log_path=run.home / "runs" / run.run_id / f"{step.name}.log",
+        log_path=join_under(run.home, "runs", run.run_id, f"{step.name}.log"),
         grace=grace,
         self_checkpoint=guarded,
     )
@@ -281,7 +282,7 @@ def _previous_successes(store: EventStore, resume_of: str | None) -> tuple[set[s
     current: str | None = resume_of
     while current and current in state.runs:
         old = state.runs[current]
-        dirs.append(home / "checkpoints" / current)
+        dirs.append(join_under(home, "checkpoints", current))
         done |= {name for name, s in old.steps.items() if s.status == "succeeded"}
         done |= {
             name

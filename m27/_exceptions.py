@@ -13,6 +13,7 @@ attributes instead of parsing a message::
     ├── CheckpointError      a checkpoint could not be written or restored
     │   └── CorruptCheckpointError  a manifest or pack failed its hash check
     ├── GpuError             a GPU backend failed in a way that is not "unknown"
+    ├── PathError            a name would build a path outside its root (m27.paths)
     ├── NotifyError          Telegram configuration or delivery failed
     └── RunError             a run failed, was cancelled, or cannot be resumed
 """
@@ -76,6 +77,10 @@ class CorruptCheckpointError(CheckpointError):
 
 class GpuError(M27Error):
     """A GPU backend failed as a whole (not a single unsupported field)."""
+
+
+class PathError(M27Error):
+    """A name (step, run, pipeline) would make a path that is not a plain child of its root."""
 
 
 class NotifyError(M27Error):

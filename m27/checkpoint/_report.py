@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 from m27.checkpoint._writer import Committed
 from m27.clock import Clock
 from m27.events import CheckpointRestored, CheckpointWritten, Event
+from m27.paths import slug
 from m27.store import EventStore
 from m27.units import format_duration, format_size
 
@@ -88,8 +88,7 @@ class Reporter:
 
 def artifact_key(pipeline: str, step: str) -> str:
     """``m27-ckpt-<pipeline>-<step>`` in the alphabet Prefect allows (a-z, 0-9, dashes)."""
-    raw = f"m27-ckpt-{pipeline}-{step}".lower()
-    return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", raw)).strip("-")
+    return slug(f"m27-ckpt-{pipeline}-{step}")
 
 
 def artifact_for(event: CheckpointWritten) -> tuple[str, str]:

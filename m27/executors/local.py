@@ -29,6 +29,7 @@ from m27.config import m27_home
 from m27.events import Event, StepCancelled, StepFailed, StepStarted, StepSucceeded
 from m27.executors import _proc
 from m27.executors._guard import SelfCheckpoint, open_guard
+from m27.paths import join_under
 from m27.store import EventStore
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def _home() -> Path:
 
 def default_log_path(run_id: str, step: str) -> Path:
     """``$M27_HOME/runs/<run>/<step>.log``, where ``m27 logs`` looks."""
-    return _home() / "runs" / run_id / f"{step}.log"
+    return join_under(_home(), "runs", run_id, f"{step}.log")
 
 
 def resolve_argv(argv: tuple[str, ...]) -> tuple[str, ...]:

@@ -59,6 +59,7 @@ from m27.node.book import Book, Held, policy_input
 from m27.node.follow import IoWatch, arm_standby
 from m27.node.memory import PeakMemory
 from m27.node.report import Health, Sampler, remove_snapshot, snapshot, write_snapshot
+from m27.paths import join_under
 from m27.policy import (
     Decision,
     Demote,
@@ -100,7 +101,7 @@ def policy_config(settings: Settings, **overrides: object) -> PolicyConfig:
 def channel_path(home: Path, key: StepKey) -> Path:
     """``$M27_HOME/channels/<run>/<step>.chan``."""
     run, step = (part.replace("/", "_") for part in key)
-    return home / "channels" / run / f"{step}.chan"
+    return join_under(home, "channels", run, f"{step}.chan")
 
 
 class Agent:

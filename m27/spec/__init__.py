@@ -9,18 +9,25 @@ arguments: see docs/pipelines.md and :mod:`m27.spec._template`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
+from yaml.nodes import MappingNode, Node, SequenceNode
 
 from m27._exceptions import SpecError
 from m27.spec._check import Checker
+from m27.spec._limits import SLURM_KEYS
 from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Problem, Step
+from m27.spec._nodes import MAX_PROBLEMS
 from m27.spec._template import VAR_NAME
 
 __all__ = [
     "EXECUTORS",
+    "MAX_DEPTH",
+    "MAX_PROBLEMS",
+    "SLURM_KEYS",
     "STEP_TYPES",
     "Pipeline",
     "Problem",
@@ -31,15 +38,26 @@ __all__ = [
     "parse_set_args",
 ]
 
+#: Deepest nesting of lists and mappings a pipeline file may have (steps need about 4).
+MAX_DEPTH = 64
+#: libyaml when present: the pure-Python loader takes ~2.5 us per character (12 s for 5 MB).
+_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: Up to this size a file libyaml rejects is parsed again for the pure-Python message.
+_RETRY_LIMIT = 256 * 1024
+
 
 def load_pipeline(path: str | Path, overrides: Mapping[str, str] | None = None) -> Pipeline:
     """Read, validate and render the pipeline file at `path`; raises SpecError."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
         problem = Problem(str(path), 0, 0, "", f"cannot read the pipeline file: {reason}")
         raise _error([problem], path) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _error([_not_utf8(str(path), data, exc)], path) from None
     return parse_pipeline(text, path, overrides)
 
 
@@ -49,19 +67,27 @@ def parse_pipeline(
     """Validate and render pipeline `text`; `path` names it in problems and anchors
     relative paths and the default name. Raises SpecError listing every problem."""
     checker = Checker(str(path), Path(path), overrides or {})
+    checker.source = text
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = _compose(text)
+    except RecursionError:  # the pure-Python composer recurses once per nesting level
+        raise _error([_too_deep(str(path), text)], path) from None
     except yaml.MarkedYAMLError as exc:
-        raise _error([_syntax_problem(str(path), exc)], path) from None
+        raise _error([_syntax_problem(str(path), exc, text)], path) from None
     except yaml.YAMLError as exc:  # a reader error: a character YAML does not allow
         line, column = _position(text, getattr(exc, "position", 0))
         reason = str(exc).splitlines()[0]
         problem = Problem(str(path), line, column, "", f"YAML syntax error: {reason}")
         raise _error([problem], path) from None
+    if root is not None and (deep := _deepest(root)) is not None:
+        node, depth = deep
+        where = (node.start_mark.line + 1, node.start_mark.column + 1)
+        message = f"nesting {depth} levels deep; at most {MAX_DEPTH} are allowed"
+        raise _error([Problem(str(path), *where, "", message)], path)
     pipeline = checker.pipeline(root)
     if pipeline is None:
         problems = sorted(checker.problems, key=lambda p: (p.line, p.column))
-        raise _error(problems, path)
+        raise _error(problems, path, len(problems) + checker.dropped)
     return pipeline
 
 
@@ -85,17 +111,98 @@ def parse_set_args(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _error(problems: list[Problem], path: str | Path) -> SpecError:
-    return SpecError("\n".join(map(str, problems)), problems=problems, file=str(path))
+def _error(problems: list[Problem], path: str | Path, total: int | None = None) -> SpecError:
+    """The SpecError for `problems`; `total` counts those found beyond the ones kept."""
+    total = len(problems) if total is None else total
+    message = "\n".join(map(str, problems))
+    if total > len(problems):
+        message += f"\n... and {total - len(problems)} more problem(s)"
+    return SpecError(message, problems=problems, file=str(path), total=total)
 
 
-def _syntax_problem(file: str, exc: yaml.MarkedYAMLError) -> Problem:
+def _compose(text: str) -> Node | None:
+    """The document's node tree with libyaml; a file it rejects is read again by the
+    pure-Python loader (when not huge), whose messages name the YAML rule that failed."""
+    try:
+        return yaml.compose(text, Loader=_LOADER)
+    except yaml.YAMLError:
+        if _LOADER is yaml.SafeLoader or len(text) > _RETRY_LIMIT:
+            raise
+    return yaml.compose(text, Loader=yaml.SafeLoader)
+
+
+def _deepest(root: Node) -> tuple[Node, int] | None:
+    """The first node nested deeper than MAX_DEPTH, and its depth; walked without recursion."""
+    todo: list[tuple[Node, int]] = [(root, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            return node, depth
+        if isinstance(node, SequenceNode):
+            todo.extend((child, depth + 1) for child in reversed(node.value))
+        elif isinstance(node, MappingNode):
+            for key, value in reversed(node.value):
+                todo.append((value, depth + 1))
+                todo.append((key, depth + 1))
+    return None
+
+
+def _too_deep(file: str, text: str) -> Problem:
+    """Where nesting first passes MAX_DEPTH, from the parser's events (which do not recurse)."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH and (mark := event.start_mark) is not None:
+                    message = f"nesting deeper than {MAX_DEPTH} levels"
+                    return Problem(file, mark.line + 1, mark.column + 1, "", message)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        pass
+    return Problem(file, 1, 1, "", f"nesting deeper than {MAX_DEPTH} levels")
+
+
+def _not_utf8(file: str, data: bytes, exc: UnicodeDecodeError) -> Problem:
+    """line:column (in characters) of the first byte that is not UTF-8."""
+    start = data.rfind(b"\n", 0, exc.start) + 1
+    line = data.count(b"\n", 0, exc.start) + 1
+    column = len(data[start : exc.start].decode("utf-8", errors="replace")) + 1
+    byte = data[exc.start]
+    message = f"not UTF-8 text: byte 0x{byte:02x} cannot be decoded; save the file as UTF-8"
+    return Problem(file, line, column, "", message)
+
+
+def _syntax_problem(file: str, exc: yaml.MarkedYAMLError, text: str) -> Problem:
     mark = exc.problem_mark or exc.context_mark
     line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
     message = f"YAML syntax error: {exc.problem or exc.context}"
     if exc.context and exc.problem and exc.context_mark:
         message += f" ({exc.context} on line {exc.context_mark.line + 1})"
+    source = _line(text, line)
+    if (bare := _BARE_TEMPLATE.search(source)) is not None:
+        value = source[bare.start(1) :].strip()
+        message += (
+            f"; a value that starts with '{{{{' must be quoted, e.g. \"{value}\" "
+            "(YAML reads a bare {{...}} as a mapping)"
+        )
     return Problem(file, line, column, "", message)
+
+
+#: `key: {{X}}...` or `- {{X}}...` with the template unquoted, as a syntax error's line shows it.
+_BARE_TEMPLATE = re.compile(r"(?:^|:|-)\s+(\{\{[^'\"]*)$")
+
+
+def _line(text: str, number: int) -> str:
+    """Line `number` (1-based) of `text`, found without splitting the whole text."""
+    start = 0
+    for _ in range(number - 1):
+        start = text.find("\n", start) + 1
+        if start == 0:
+            return ""
+    end = text.find("\n", start)
+    return text[start:] if end == -1 else text[start:end]
 
 
 def _position(text: str, offset: int) -> tuple[int, int]:

@@ -8,7 +8,6 @@ dependencies, cycles, outputs). Each part goes on after a problem, so one run of
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +16,19 @@ from typing import Any
 
 from yaml.nodes import MappingNode, Node, SequenceNode
 
+from m27.paths import name_problem
 from m27.spec._checkpoint import CheckpointField, read_checkpoint
+from m27.spec._limits import (
+    GPUS_MAX,
+    PRIORITY_LIMIT,
+    RETRIES_MAX,
+    SLURM_KEYS,
+    fixed_prefix,
+    under,
+    written_absolute,
+)
 from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Problem, Step, find_cycles
-from m27.spec._nodes import Reader, Template, describe, is_null, suggest
+from m27.spec._nodes import Reader, Template, describe, is_null, representable, suggest
 from m27.spec._shell import unsafe_placeholders
 from m27.spec._template import (
     VAR_NAME,
@@ -32,10 +41,9 @@ from m27.spec._template import (
 TOP_KEYS = ("name", "vars", "env", "priority", "workdir", "executor", "pipeline", "steps")
 _STEP_KEYS_TEXT = (
     "name type command depends_on output checkpoint env retries timeout priority gpus "
-    "gpu_memory workdir shell executor slurm container binds"
+    "gpu_memory workdir shell executor slurm container binds allow_outside"
 )
 STEP_KEYS = tuple(_STEP_KEYS_TEXT.split())
-STEP_NAME = re.compile(r"[A-Za-z0-9_.-]+\Z")
 ENV_NAME = VAR_NAME
 SHELL = "/bin/sh"
 
@@ -53,6 +61,7 @@ class _Draft:
     deps_node: Node | None = None
     outputs: list[tuple[str, Node, str]] = field(default_factory=list)
     workdir: str | None = None
+    allow_outside: bool = False
     values: dict[str, Any] = field(default_factory=dict)
 
 
@@ -94,7 +103,7 @@ class Checker(Reader):
             name = self._pipeline_name(top) or name
         self._vars(top.get("vars"))
         if "priority" in top:
-            self.priority = self.integer(top["priority"][1], "priority") or 0
+            self.priority = self._priority(top["priority"][1], "priority")
         if "executor" in top:
             self.executor = self._executor(top["executor"][1], "executor") or "local"
         if "workdir" in top:
@@ -186,10 +195,10 @@ class Checker(Reader):
             return None if entry is None or is_null(entry[1]) else entry[1]
 
         if (n := get("name")) is not None and (name := self.text(n, f"{where}.name")) is not None:
-            if STEP_NAME.match(name):
+            if (why := name_problem(name)) is None:
                 draft.name, draft.name_node = name, n
             else:
-                self.add(n, f"{where}.name", f"bad step name {name!r} (use A-Z a-z 0-9 _ . -)")
+                self.add(n, f"{where}.name", f"bad step name {name[:80]!r}: {why}")
         if (n := get("type")) is not None and (kind := self.text(n, f"{where}.type")) is not None:
             if kind in STEP_TYPES:
                 v["type"] = kind
@@ -203,27 +212,32 @@ class Checker(Reader):
         if (n := get("timeout")) is not None:
             v["timeout"] = self.duration(n, f"{where}.timeout")
         if (n := get("retries")) is not None:
-            v["retries"] = self.integer(n, f"{where}.retries", minimum=0) or 0
+            v["retries"] = self.integer(n, f"{where}.retries", 0, RETRIES_MAX) or 0
         if (n := get("priority")) is not None:
-            v["priority"] = self.integer(n, f"{where}.priority") or 0
+            v["priority"] = self._priority(n, f"{where}.priority")
         if (n := get("executor")) is not None:
             v["executor"] = self._executor(n, f"{where}.executor")
-        if (n := get("slurm")) is not None and self.mapping(n, f"{where}.slurm") is not None:
+        if (n := get("slurm")) is not None and self.mapping(n, f"{where}.slurm", SLURM_KEYS):
             v["slurm"] = MappingProxyType(self.raw(n, f"{where}.slurm") or {})
         if (n := get("container")) is not None:
             v["container"] = self.text(n, f"{where}.container")
         if (n := get("binds")) is not None:
             v["binds"] = tuple(t for t, _, _ in self.texts(n, f"{where}.binds") or [])
+        if (n := get("allow_outside")) is not None:
+            draft.allow_outside = bool(self.boolean(n, f"{where}.allow_outside"))
         if (n := get("workdir")) is not None:
-            draft.workdir = self._path(n, f"{where}.workdir")
+            draft.workdir = self._path(n, f"{where}.workdir", draft.allow_outside)
         if (n := get("env")) is not None:
             v["env"] = self._env(n, f"{where}.env")
         if (n := get("depends_on")) is not None:
             draft.deps, draft.deps_node = self.texts(n, f"{where}.depends_on") or [], n
         if (n := get("output")) is not None:
             for text, item, path in self.texts(n, f"{where}.output") or []:
-                rendered = self._render_plain(self.template(item, path, text))
-                if rendered is not None:
+                tpl = self.template(item, path, text)
+                rendered = self._render_plain(tpl)
+                if rendered is not None and self._confined(
+                    tpl, rendered, draft.workdir or self.workdir, draft.allow_outside
+                ):
                     draft.outputs.append((rendered, item, path))
         self._gpus(get("gpus"), get("gpu_memory"), where, v)
         if (n := get("command")) is not None:
@@ -233,7 +247,8 @@ class Checker(Reader):
     def _gpus(self, gpus: Node | None, memory: Node | None, where: str, v: dict[str, Any]) -> None:
         kind = v.get("type")
         count = 0 if kind == "cpu" else 1
-        if gpus is not None and (given := self.integer(gpus, f"{where}.gpus", 0)) is not None:
+        given = None if gpus is None else self.integer(gpus, f"{where}.gpus", 0, GPUS_MAX)
+        if gpus is not None and given is not None:
             count = given
             if kind == "cpu" and given > 0:
                 self.add(
@@ -312,17 +327,55 @@ class Checker(Reader):
             return None
         return substitute(tpl.text, tpl.placeholders, self.values)
 
-    def _path(self, node: Node, where: str) -> str | None:
+    def _path(self, node: Node, where: str, allow_outside: bool = False) -> str | None:
         text = self.text(node, where)
         if text is None:
             return None
-        rendered = self._render_plain(self.template(node, where, text))
+        tpl = self.template(node, where, text)
+        rendered = self._render_plain(tpl)
         if rendered is None:
             return None
         if not rendered:
             self.add(node, where, "must not be empty")
             return None
+        if not self._confined(tpl, rendered, None, allow_outside):
+            return None
         return os.path.normpath(self.base / Path(rendered).expanduser())
+
+    def _confined(self, tpl: Template, rendered: str, folder: str | None, allow: bool) -> bool:
+        """True when the rendered path holds no NUL and stays where the file allows: under
+        the pipeline's folder or `folder` (the step's workdir), or under the absolute folder
+        the file wrote before any {{VAR}}; anywhere with allow_outside: true."""
+        if "\0" in rendered:
+            self.add(tpl.node, tpl.field, "a variable's value puts a NUL byte into the path")
+            return False
+        if not representable(rendered):
+            self.add(tpl.node, tpl.field, "a variable's value is not valid text (lone surrogate)")
+            return False
+        path = os.path.normpath(os.path.join(folder or self.base, os.path.expanduser(rendered)))
+        if allow:
+            return True
+        if written_absolute(tpl.text):
+            first = tpl.placeholders[0].start if tpl.placeholders else None
+            prefix = fixed_prefix(tpl.text, first)
+            if under(path, [prefix]):
+                return True
+            why = f"a variable moves it out of {prefix!r}, the folder the file names"
+        else:
+            roots = [str(self.base), *([folder] if folder else [])]
+            if under(path, roots):
+                return True
+            why = "outside the pipeline's folder" + (" and the step's workdir" if folder else "")
+        self.add(
+            tpl.node,
+            tpl.field,
+            f"{rendered[:200]!r} resolves to {path[:200]!r}, {why}; write the absolute path "
+            "in the file or set allow_outside: true on the step",
+        )
+        return False
+
+    def _priority(self, node: Node, where: str) -> int:
+        return self.integer(node, where, -PRIORITY_LIMIT, PRIORITY_LIMIT) or 0
 
     def _executor(self, node: Node, where: str) -> str | None:
         value = self.text(node, where)

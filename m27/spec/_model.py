@@ -6,7 +6,8 @@ no problem at all, so consumers never re-validate.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import heapq
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -117,67 +118,89 @@ class Pipeline:
 
 
 def topo_order(graph: Iterable[tuple[str, tuple[str, ...]]]) -> list[str]:
-    """Kahn's order, picking the earliest step in file order among the ready ones."""
+    """Kahn's order, picking the earliest step in file order among the ready ones.
+
+    A heap of file positions keeps it O(n log n): 100,000 steps order in well under a
+    second, in any order they are listed.
+    """
     nodes = list(graph)
-    done: set[str] = set()
+    position = {name: i for i, (name, _) in enumerate(nodes)}
+    waiting = {name: len(set(deps)) for name, deps in nodes}
+    children: dict[str, list[str]] = {name: [] for name, _ in nodes}
+    for name, deps in nodes:
+        for dep in set(deps):
+            children[dep].append(name)
+    ready = [position[name] for name, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
     order: list[str] = []
-    while len(order) < len(nodes):
-        for name, deps in nodes:
-            if name not in done and all(d in done for d in deps):
-                done.add(name)
-                order.append(name)
-                break
-        else:
-            raise ValueError("dependency cycle")  # validation rejects cycles before this
+    while ready:
+        name = nodes[heapq.heappop(ready)][0]
+        order.append(name)
+        for child in children[name]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                heapq.heappush(ready, position[child])
+    if len(order) < len(nodes):
+        raise ValueError("dependency cycle")  # validation rejects cycles before this
     return order
 
 
 def find_cycles(graph: Mapping[str, tuple[str, ...]]) -> list[list[str]]:
     """One cycle per strongly connected group of steps (self-loops excluded), as paths
-    `[a, b, c, a]` that start at the group's first step in file order."""
+    `[a, b, c, a]` that start at the group's first step in file order.
+
+    Tarjan's algorithm with an explicit stack: a parameter sweep's 5000-step chain or
+    cycle must not meet Python's recursion limit.
+    """
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     on_stack: set[str] = set()
     stack: list[str] = []
     groups: list[set[str]] = []
-
-    def connect(node: str) -> None:  # Tarjan; pipelines are small, recursion is fine
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for dep in graph[node]:
-            if dep not in graph or dep == node:
-                continue
-            if dep not in index:
-                connect(dep)
-                low[node] = min(low[node], low[dep])
-            elif dep in on_stack:
-                low[node] = min(low[node], index[dep])
-        if low[node] == index[node]:
-            group: set[str] = set()
-            while True:
-                top = stack.pop()
-                on_stack.discard(top)
-                group.add(top)
-                if top == node:
+    for root in graph:
+        if root in index:
+            continue
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(graph[root]))]
+        while work:
+            node, deps = work[-1]
+            for dep in deps:
+                if dep not in graph or dep == node:
+                    continue
+                if dep not in index:
+                    index[dep] = low[dep] = len(index)
+                    stack.append(dep)
+                    on_stack.add(dep)
+                    work.append((dep, iter(graph[dep])))
                     break
-            if len(group) > 1:
-                groups.append(group)
-
-    for node in graph:
-        if node not in index:
-            connect(node)
-    order = list(graph)
+                if dep in on_stack:
+                    low[node] = min(low[node], index[dep])
+            else:  # every dependency of `node` is done
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    group: set[str] = set()
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        group.add(top)
+                        if top == node:
+                            break
+                    if len(group) > 1:
+                        groups.append(group)
+    position = {name: i for i, name in enumerate(graph)}
     cycles = []
-    for group in sorted(groups, key=lambda g: min(order.index(n) for n in g)):
-        start = min(group, key=order.index)
-        cycles.append(_path_back(graph, group, start, order))
+    for group in sorted(groups, key=lambda g: min(position[n] for n in g)):
+        start = min(group, key=position.__getitem__)
+        cycles.append(_path_back(graph, group, start))
     return cycles
 
 
-def _path_back(
-    graph: Mapping[str, tuple[str, ...]], group: set[str], start: str, order: list[str]
-) -> list[str]:
+def _path_back(graph: Mapping[str, tuple[str, ...]], group: set[str], start: str) -> list[str]:
     """A shortest path start -> ... -> start inside one strongly connected group."""
     parents: dict[str, str] = {}
     frontier = [start]

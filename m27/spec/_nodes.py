@@ -9,6 +9,7 @@ boolean guesses are never what a command line meant.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -25,6 +26,12 @@ T = TypeVar("T")
 _TAG = "tag:yaml.org,2002:"
 NULL, BOOL, INT, FLOAT, MERGE = (_TAG + t for t in ("null", "bool", "int", "float", "merge"))
 _PLAIN_TAGS = frozenset({NULL, BOOL, INT, FLOAT, _TAG + "str", _TAG + "timestamp"})
+#: Problems kept per file: enough to fix, bounded so 5 MB of unknown keys stays cheap.
+MAX_PROBLEMS = 1000
+#: Longest duration accepted (a year): beyond it a timer overflows or never means anything.
+MAX_DURATION_S = 366 * 86400.0
+#: Largest size accepted before the node's own GPUs are known (no GPU holds a PiB).
+MAX_SIZE = 1024**5
 
 
 def is_null(node: Node) -> bool:
@@ -73,13 +80,23 @@ class Reader:
     values: dict[str, str] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     broken: set[str] = field(default_factory=set)  # variables whose definition was invalid
+    source: str = ""  # the file's text: marks index into it (the C loader keeps no buffer)
+    dropped: int = 0  # problems found beyond MAX_PROBLEMS, counted and not kept
 
     def __post_init__(self) -> None:
         self._constructor = yaml.constructor.SafeConstructor()
 
     def add(self, node: Node, where: str, message: str, offset: int | None = None) -> None:
-        line, column = _locate(node, offset)
+        if self.full:
+            self.dropped += 1
+            return
+        line, column = _locate(node, offset, self.source)
         self.problems.append(Problem(self.file, line, column, where, message))
+
+    @property
+    def full(self) -> bool:
+        """True once MAX_PROBLEMS are kept: later ones are only counted."""
+        return len(self.problems) >= MAX_PROBLEMS
 
     def mapping(
         self, node: Node, where: str, known: Collection[str] | None = None
@@ -106,6 +123,9 @@ class Reader:
                 self.add(key, where, f"keys must be plain names, got {describe(key)}")
                 continue
             if known is not None and key.value not in known:
+                if self.full:  # no suggestion (difflib) for a problem that is only counted
+                    self.dropped += 1
+                    continue
                 hint = suggest(key.value, known) or f" (known keys: {', '.join(known)})"
                 self.add(key, _join(where, key.value), f"unknown key {key.value!r}{hint}")
                 continue
@@ -117,9 +137,13 @@ class Reader:
             self.add(node, where, f"unsupported YAML tag {node.tag!r}; write plain text")
             return None
         if isinstance(node, ScalarNode) and node.tag != NULL:
-            return str(node.value)
-        if isinstance(node, MappingNode) and node.flow_style and node.start_mark.buffer:
-            source = node.start_mark.buffer[node.start_mark.pointer : node.end_mark.pointer]
+            value = str(node.value)
+            if not representable(value):
+                self.add(node, where, "holds a lone surrogate (e.g. \\ud800), not valid text")
+                return None
+            return value
+        if isinstance(node, MappingNode) and node.flow_style:
+            source = self.source[node.start_mark.index : node.end_mark.index]
             if source.startswith("{{"):
                 self.add(
                     node,
@@ -143,13 +167,21 @@ class Reader:
         value = self.text(node, where)
         return None if value is None else [(value, node, where)]
 
-    def integer(self, node: Node, where: str, minimum: int | None = None) -> int | None:
+    def integer(
+        self, node: Node, where: str, minimum: int | None = None, maximum: int | None = None
+    ) -> int | None:
         if not (isinstance(node, ScalarNode) and node.tag == INT):
             self.add(node, where, f"must be a whole number, got {describe(node)}")
+            return None
+        if len(node.value) > 30:  # int() of a huge literal is slow and never a sane value
+            self.add(node, where, f"is far too large ({len(node.value)} digits)")
             return None
         value = int(self._constructor.construct_object(node))
         if minimum is not None and value < minimum:
             self.add(node, where, f"must be >= {minimum}, got {value}")
+            return None
+        if maximum is not None and value > maximum:
+            self.add(node, where, f"must be <= {maximum}, got {value}")
             return None
         return value
 
@@ -161,8 +193,14 @@ class Reader:
 
     def duration(self, node: Node, where: str) -> float | None:
         value = self._unit(node, where, parse_duration, "a duration like 300s, 5m or 50ms")
+        if value is not None and not math.isfinite(value):
+            self.add(node, where, f"must be a finite duration, got {node.value!r}")
+            return None
         if value is not None and value <= 0:
             self.add(node, where, f"must be longer than zero, got {node.value!r}")
+            return None
+        if value is not None and value > MAX_DURATION_S:
+            self.add(node, where, f"must be at most 366d, got {node.value!r}")
             return None
         return value
 
@@ -170,6 +208,9 @@ class Reader:
         value = self._unit(node, where, parse_size, "a size like 512MiB or 8GiB")
         if value is not None and value <= 0:
             self.add(node, where, f"must be larger than zero, got {node.value!r}")
+            return None
+        if value is not None and value > MAX_SIZE:
+            self.add(node, where, f"must be at most 1PiB, got {node.value!r}")
             return None
         return value
 
@@ -218,7 +259,16 @@ def _join(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
-def _locate(node: Node, offset: int | None) -> tuple[int, int]:
+def representable(text: str) -> bool:
+    """True when `text` can be written as UTF-8 (no lone surrogate from a `\\ud800` escape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _locate(node: Node, offset: int | None, text: str) -> tuple[int, int]:
     """1-based line and column of `offset` in the node's value, where the source shows it.
 
     Exact for one-line plain or quote-free quoted scalars and for `|` blocks; otherwise
@@ -226,9 +276,9 @@ def _locate(node: Node, offset: int | None) -> tuple[int, int]:
     """
     start, end = node.start_mark, node.end_mark
     here = (start.line + 1, start.column + 1)
-    if offset is None or not isinstance(node, ScalarNode) or not start.buffer:
+    if offset is None or not isinstance(node, ScalarNode) or not text:
         return here
-    source = start.buffer[start.pointer : end.pointer]
+    source = text[start.index : end.index]
     value = node.value
     if start.line == end.line:
         for skip in (0, 1):

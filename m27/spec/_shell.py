@@ -48,11 +48,15 @@ class _Frame:
 
 def unsafe_placeholders(text: str, placeholders: Sequence[Placeholder]) -> dict[int, str]:
     """Index of each placeholder where a quoted value would not stay literal -> why."""
+    if not placeholders:
+        return {}
     starts = {ph.start: (index, ph.end) for index, ph in enumerate(placeholders)}
     unsafe: dict[int, str] = {}
     stack = [_Frame("top")]
     poisoned: str | None = None  # why every later placeholder is refused
-    i, n = 0, len(text)
+    # Nothing after the last placeholder can change a verdict: stop there (a 5 MB script
+    # with its one placeholder near the start is read that far, not to the end).
+    i, n = 0, max(starts) + 1
     while i < n:
         if i in starts:
             index, end = starts[i]

@@ -58,6 +58,7 @@ def _step(command: str, value: str, *, shell: bool = False, other: str = "EXPAND
         f"    shell: {'true' if shell else 'false'}\n"
         f"    command: {_yaml_str(command)}\n"
         "    output: 'out/{{V}}.txt'\n"
+        "    allow_outside: true\n"  # a value may climb out of out/; argv is the subject
         "    env: {VALUE: '{{V}}'}\n"
     )
     return parse_pipeline(text, "p.yaml", {"V": value, "OTHER": other}).steps[0]

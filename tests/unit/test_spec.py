@@ -100,7 +100,7 @@ steps:
     gpu_memory: 8GiB
     checkpoint: 50ms
     workdir: /scratch/{{INPUT}}
-    slurm: {partition: gpu, time: "02:00:00", nodes: 1}
+    slurm: {partition: gpu, time: "02:00:00", cpus: 1}
     container: docker://gromacs:2024
     binds: [/data, /scratch]
     shell: true
@@ -130,7 +130,7 @@ def test_mapping_form_with_every_key(tmp_path: Path) -> None:
     assert (sim.gpus, sim.gpu_memory, sim.checkpoint) == (2, 8 * 1024**3, 0.05)
     assert sim.workdir == "/scratch/given.pdb"
     assert (sim.priority, sim.executor) == (5, "slurm")
-    assert dict(sim.slurm) == {"partition": "gpu", "time": "02:00:00", "nodes": 1}
+    assert dict(sim.slurm) == {"partition": "gpu", "time": "02:00:00", "cpus": 1}
     assert (sim.container, sim.binds) == ("docker://gromacs:2024", ("/data", "/scratch"))
     assert sim.argv == ("/bin/sh", "-c", "gmx mdrun -s 'given.pdb' | tee log.txt")
 

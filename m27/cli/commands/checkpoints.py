@@ -19,6 +19,7 @@ from m27 import runids, tables
 from m27._exceptions import CorruptCheckpointError, RunError
 from m27.checkpoint import Listed, checkpoints_home, load_settings, prune, scan, verify
 from m27.cli.commands._common import print_json
+from m27.paths import join_under
 from m27.tables import Col
 from m27.units import format_size
 
@@ -80,11 +81,12 @@ def _directories(run: str, step: str | None) -> list[tuple[str, Path]]:
         else []
     )
     run_id = runids.resolve(run, [p.name for p in known])
-    run_dir = root / run_id
+    run_dir = join_under(root, run_id)
     if step is not None:
-        if not (run_dir / step).is_dir():
+        step_dir = join_under(run_dir, step)
+        if not step_dir.is_dir():
             raise RunError(f"run {run_id} has no checkpoints for step {step!r}", run_id=run_id)
-        return [(step, run_dir / step)]
+        return [(step, step_dir)]
     return [(p.name, p) for p in sorted(run_dir.iterdir()) if p.is_dir()]
 
 

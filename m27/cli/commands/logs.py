@@ -9,6 +9,7 @@ from pathlib import Path
 
 from m27.cli.commands import _common
 from m27.config import m27_home
+from m27.paths import join_under
 
 _DONE = {"succeeded", "failed", "skipped", "cancelled"}
 
@@ -35,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    path = Path(r.steps[args.step].log_path or m27_home() / "runs" / r.run_id / f"{args.step}.log")
+    default = join_under(m27_home(), "runs", r.run_id, f"{args.step}.log")
+    path = Path(r.steps[args.step].log_path or default)
     offset = 0
     while True:
         if path.exists():

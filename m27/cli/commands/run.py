@@ -17,6 +17,7 @@ from m27.cli.commands._progress import Progress
 from m27.events import CancelRequested, RunFailed
 from m27.gpu import detect
 from m27.spec import Pipeline, load_pipeline, parse_set_args
+from m27.units import format_size
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -97,14 +98,23 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
 def _check_resources(pipeline: Pipeline) -> str | None:
     backend = detect()
     try:
-        count = len(backend.devices())
+        devices = backend.devices()
     finally:
         backend.close()
+    count = len(devices)
+    sizes = [d.memory_total for d in devices if d.memory_total is not None]
+    largest = max(sizes) if sizes and len(sizes) == count else None  # known for every GPU
     for step in pipeline.steps:
         if step.type != "cpu" and step.gpus > count:
             return (
                 f"{pipeline.path}:{step.line}: step {step.name!r} needs {step.gpus} GPUs; "
                 f"this node has {count}"
+            )
+        if step.type != "cpu" and largest is not None and (step.gpu_memory or 0) > largest:
+            return (
+                f"{pipeline.path}:{step.line}: step {step.name!r} asks for gpu_memory "
+                f"{format_size(step.gpu_memory or 0)}; the largest GPU here has "
+                f"{format_size(largest)}"
             )
     return None
 

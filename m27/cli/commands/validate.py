@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from m27._exceptions import SpecError
+from m27._exceptions import ConfigError, SpecError
 from m27.cli.commands._explain import explain_checkpoint
-from m27.spec import load_pipeline, parse_set_args
-
+from m27.gpu import parse_gpus_env
+from m27.spec import Pipeline, load_pipeline, parse_set_args
+from m27.units import format_size
 
 #: Problems printed as text; the rest are counted ("... and K more"); --json keeps the
 #: first MAX_PROBLEMS of them. A file with 200,000 unknown keys then prints 51 lines.
@@ -20,6 +22,29 @@ def _safe(text: str) -> str:
     """`text` with anything stdout could not encode escaped (a lone surrogate, say)."""
     encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
     return text.encode(encoding, errors="backslashreplace").decode(encoding)
+
+
+def _beyond_sim_gpus(pipeline: Pipeline) -> str | None:
+    """With `M27_GPUS=sim:NxSIZE` the node's GPUs are known without opening NVML: a step
+    asking for more GPUs or memory than they have is bad input now, not at run time.
+    (`m27 run` checks the real GPUs the same way.)"""
+    value = os.environ.get("M27_GPUS", "")
+    if not value.lower().startswith("sim:"):
+        return None
+    try:
+        count, memory = parse_gpus_env(value)
+    except ConfigError as exc:
+        return f"m27: {exc}"
+    for step in pipeline.steps:
+        where = f"{pipeline.path}:{step.line}: step {step.name!r}"
+        if step.uses_gpu and step.gpus > count:
+            return f"{where} needs {step.gpus} GPUs; M27_GPUS={value} has {count}"
+        if step.uses_gpu and (step.gpu_memory or 0) > memory:
+            return (
+                f"{where} asks for gpu_memory {format_size(step.gpu_memory or 0)}; the "
+                f"GPUs of M27_GPUS={value} have {format_size(memory)}"
+            )
+    return None
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
             if total > PRINTED:
                 print(f"... and {total - PRINTED} more problem(s)")
             print(f"{total} problem(s) found", file=sys.stderr)
+        return 2
+    if (problem := _beyond_sim_gpus(pipeline)) is not None:
+        print(problem)
+        print("1 problem(s) found", file=sys.stderr)
         return 2
     order = pipeline.topo_order()
     if args.json:

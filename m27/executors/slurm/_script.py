@@ -24,29 +24,12 @@ import yaml
 
 from m27._exceptions import ConfigError, SpecError
 from m27.config import m27_home
+from m27.spec import SLURM_KEYS
 from m27.units import parse_duration
 
-#: Keys a ``slurm:`` mapping (or the site file, or a tier's entry) may hold.
-OPTION_KEYS = (
-    "partition",
-    "account",
-    "qos",
-    "time",
-    "mem",
-    "cpus",
-    "gpus",
-    "gres",
-    "constraint",
-    "nice",
-    "extra",
-    "setup",
-    "signal_before",
-    "requeue",
-    "max_requeues",
-    "poll",
-    "tier",
-    "tiers",
-)
+#: Keys a ``slurm:`` mapping (or the site file, or a tier's entry) may hold; the table
+#: lives in spec so that `m27 validate` reports an unknown key with its file:line.
+OPTION_KEYS = SLURM_KEYS
 #: Keys a tier's entry may not set (a tier cannot name another tier).
 _NOT_IN_TIER = ("tier", "tiers")
 #: Default lead time of the pre-timeout signal. Slurm checks time limits about every 30 s

@@ -1,0 +1,101 @@
+"""Names that become path parts, and the one way m27 joins them under a root.
+
+Step names, run ids and pipeline names end up in paths: ``checkpoints/<run>/<step>``,
+``runs/<run>/<step>.log``, ``channels/<run>/<step>.chan``, Slurm attempt folders. A name
+such as ``..`` or ``a/b`` would put one run's files into another's (a fresh run restoring
+another run's checkpoint), so two guards stand in the way:
+
+- the spec accepts only names in :data:`NAME_PATTERN` (letters, digits, ``.``, ``_``,
+  ``-``; a letter or digit first, so never ``.`` or ``..``; at most :data:`NAME_MAX`
+  characters, which leaves room for suffixes within any filesystem's 255-byte limit);
+- every path built from a name goes through :func:`join_under`, which refuses a part that
+  is not one plain path component and checks that the resolved result stays under its
+  root, raising :class:`~m27._exceptions.PathError` otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from m27._exceptions import PathError
+
+__all__ = ["NAME_MAX", "NAME_PATTERN", "PART_MAX_BYTES", "join_under", "name_problem", "slug"]
+
+#: Longest step (or pipeline) name; `.slurm`, `.chan` or `.log` suffixes still fit in 255.
+NAME_MAX = 64
+#: The documented character set of a step name (docs/pipelines.md, "Names").
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+#: The byte limit of one path component on Linux filesystems (ext4, xfs, tmpfs).
+PART_MAX_BYTES = 255
+
+_NAME = re.compile(NAME_PATTERN + r"\Z")
+_SLUG_BAD = re.compile(r"[^a-z0-9-]+")
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be a step name, or None when it can."""
+    if not name:
+        return "must not be empty"
+    if len(name) > NAME_MAX:
+        return f"is {len(name)} characters long; at most {NAME_MAX} are allowed"
+    if not _NAME.match(name):
+        return (
+            "may hold only letters, digits, '.', '_' and '-', and must start with a "
+            f"letter or digit (pattern {NAME_PATTERN})"
+        )
+    return None
+
+
+def slug(text: str) -> str:
+    """`text` in lowercase letters, digits and single dashes (Prefect artifact keys)."""
+    return re.sub(r"-{2,}", "-", _SLUG_BAD.sub("-", text.lower())).strip("-")
+
+
+def join_under(root: str | os.PathLike[str], *parts: str) -> Path:
+    """``root/part/...``, guaranteed to stay inside `root`; raises PathError otherwise.
+
+    Each part must be one plain component: not empty, not ``.`` or ``..``, no ``/``, no
+    NUL, at most 255 bytes. The joined path is then resolved (symbolic links included)
+    and must still lie under the resolved root, so a link planted inside the tree cannot
+    lead out of it either.
+    """
+    base = Path(root)
+    path = base
+    for part in parts:
+        reason = _part_problem(part)
+        if reason:
+            raise PathError(
+                f"cannot use {part!r} as a path part under {str(base)!r}: {reason}",
+                root=str(base),
+                part=part,
+            )
+        path = path / part
+    real_root = os.path.realpath(base)
+    real = os.path.realpath(path)
+    if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+        raise PathError(
+            f"{str(path)!r} resolves to {real!r}, outside {real_root!r}",
+            root=str(base),
+            part="/".join(parts),
+        )
+    return path
+
+
+def _part_problem(part: str) -> str | None:
+    if not isinstance(part, str) or not part:
+        return "it is empty"
+    if part in (".", ".."):
+        return "it names a folder itself, not a child"
+    if "\0" in part:
+        return "it holds a NUL byte"
+    if "/" in part or os.sep in part:
+        return "it holds a path separator"
+    try:
+        size = len(part.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "it is not representable as UTF-8"
+    if size > PART_MAX_BYTES:
+        return f"it is {size} bytes long; a file name holds at most {PART_MAX_BYTES}"
+    return None

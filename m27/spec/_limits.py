@@ -1,0 +1,63 @@
+"""What a value may be so that the run can use it: bounds, the Slurm key table, and where a
+path may point.
+
+Everything here is checked at validation so that a file which validates does not fail later
+for a reason the file already showed (a 300-character step name that no filesystem takes,
+`retries: 10^12`, an `output:` that a variable sent to `../../../etc`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+#: Keys a step's ``slurm:`` mapping (or the site file, or a tier's entry) may hold. The
+#: Slurm executor reads this table too; it lives here because spec may not import executors.
+SLURM_KEYS = (
+    "partition",
+    "account",
+    "qos",
+    "time",
+    "mem",
+    "cpus",
+    "gpus",
+    "gres",
+    "constraint",
+    "nice",
+    "extra",
+    "setup",
+    "signal_before",
+    "requeue",
+    "max_requeues",
+    "poll",
+    "tier",
+    "tiers",
+)
+#: Upper bounds of counts: far above any real use, low enough that nothing overflows.
+RETRIES_MAX = 1000
+GPUS_MAX = 1024
+PRIORITY_LIMIT = 10**9
+
+
+def written_absolute(text: str) -> bool:
+    """True when the path is absolute as written in the file (before any substitution)."""
+    return text.startswith(("/", "~"))
+
+
+def fixed_prefix(text: str, first_placeholder: int | None) -> str:
+    """The folder a written absolute path names before its first `{{X}}` (all of it if none)."""
+    if first_placeholder is None:
+        return os.path.normpath(os.path.expanduser(text))
+    head = text[:first_placeholder]
+    folder = head[: head.rfind("/") + 1] or "/"
+    return os.path.normpath(os.path.expanduser(folder))
+
+
+def under(path: str, roots: Sequence[str]) -> bool:
+    """True when normalised `path` is one of `roots` or lies inside one (no resolving of
+    links: the files may not exist yet at validation)."""
+    for root in roots:
+        root = os.path.normpath(root)
+        if path == root or path.startswith(root.rstrip("/") + "/"):
+            return True
+    return False
