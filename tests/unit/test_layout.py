@@ -71,6 +71,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 SIDEWAYS: dict[tuple[str, str], str] = {
     ("m27.store", "m27.events"): "a store encodes and decodes the events it keeps",
     ("m27.executors", "m27.checkpoint"): "a requeued Slurm step resumes from its checkpoint",
+    ("m27.executors", "m27.spec"): "the Slurm script reads the slurm: keys the spec validates",
     ("m27.config", "m27.units"): "settings are sizes and durations, parsed by m27.units",
 }
 
