@@ -9,12 +9,16 @@ extra memory at peak as % of the state (tracemalloc over a separate untimed save
 the buffers the checkpointer already held before it).
 A last m27 row stores everything raw (compression_level=0): the disk-bound path.
 --one-thread-too adds the m27 rows with threads=1, to see what the threads buy.
-Prints a Markdown table; figures are recorded in benchmarks/README.md.
+Prints a Markdown table (or, with --json, the rows and the issue-16 targets as JSON);
+figures are recorded in benchmarks/README.md. Ratios are against np.save + fsync of the
+same state in the same run: until durable <= 1.1x for 100% changed, restore >= 1 GB/s for
+every row, 1% stall <= 40 ms per GiB.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
@@ -68,9 +72,13 @@ def bench_m27(
     rng: np.random.Generator,
     level: int = 3,
     threads: int | None = None,
+    force_zstd: bool = False,
 ) -> Row:
     directory = root / f"m27-{fraction}"
     ck = Checkpointer(directory, keep_last=2, interval=0, compression_level=level, threads=threads)
+    if force_zstd:  # as if the disk were slow: the codec then always compresses
+        ck._writer.speed.disk_bps = 1e6
+        ck._writer.speed.written = lambda nbytes, seconds: None  # type: ignore[method-assign]
     ck.save({"x": x}, step=0)
     ck.flush()
     touch(x, fraction, ck.chunk_size, rng)  # warm-up save: buffers reach steady state
@@ -102,7 +110,11 @@ def bench_m27(
     del got
     shutil.rmtree(directory)
     label = "m27 Checkpointer" if level == 3 else f"m27 Checkpointer, level {level}"
+    if force_zstd:
+        label = "m27 Checkpointer, zstd forced (shuffled)"
     return {
+        "changed": f"{fraction:.0%}",
+        "nbytes": x.nbytes,
         "method": label + ("" if threads is None else f", {threads} thread(s)"),
         "stall": stall,
         "durable": durable,
@@ -133,6 +145,8 @@ def bench_npsave(x: np.ndarray[Any, Any], root: Path) -> Row:
     del back
     path.unlink()
     return {
+        "changed": "full",
+        "nbytes": x.nbytes,
         "method": "np.save + fsync",
         "stall": stall,
         "durable": durable,
@@ -172,6 +186,8 @@ def bench_h5py(x: np.ndarray[Any, Any], root: Path, gzip: bool) -> Row | None:
     path.unlink()
     name = "h5py gzip=1 + fsync" if gzip else "h5py + fsync"
     return {
+        "changed": "full",
+        "nbytes": x.nbytes,
         "method": name,
         "stall": stall,
         "durable": durable,
@@ -181,13 +197,38 @@ def bench_h5py(x: np.ndarray[Any, Any], root: Path, gzip: bool) -> Row | None:
     }
 
 
-def fmt(row: Row, changed: str) -> str:
+def fmt(row: Row) -> str:
     memory = "n/a" if row["memory"] != row["memory"] else f"{row['memory']:.1f}%"
     return (
-        f"| {row['method']} | {changed} | {row['stall'] * 1000:.1f} ms | "
-        f"{row['durable'] * 1000:.0f} ms | {format_size(row['written'])} | "
-        f"{row['restore'] * 1000:.0f} ms | {memory} |"
+        f"| {row['method']} | {row['changed']} | {row['stall'] * 1000:.1f} ms | "
+        f"{row['durable'] * 1000:.0f} ms | {row['durable_ratio']:.2f}x | "
+        f"{format_size(row['written'])} | {row['restore'] * 1000:.0f} ms | "
+        f"{row['restore_gbps']:.2f} GB/s | {memory} |"
     )
+
+
+def with_ratios(rows: list[Row], baseline: Row) -> list[Row]:
+    """Each row's durable time as a multiple of np.save + fsync, and restore in GB/s."""
+    for row in rows:
+        row["durable_ratio"] = row["durable"] / baseline["durable"]
+        row["restore_gbps"] = row["nbytes"] / row["restore"] / 1e9
+        row["stall_ms_per_gib"] = row["stall"] * 1000 * (1 << 30) / row["nbytes"]
+    return rows
+
+
+def targets(rows: list[Row]) -> dict[str, Any]:
+    """The issue-16 targets, checked on the default m27 rows of this run."""
+    m27 = [r for r in rows if r["method"].startswith("m27")]
+    full = [r for r in m27 if r["changed"] == "100%"]
+    one = [r for r in m27 if r["changed"] == "1%"]
+    return {
+        "durable_100_ratio_max": 1.1,
+        "durable_100_ok": all(r["durable_ratio"] <= 1.1 for r in full),
+        "restore_gbps_min": 1.0,
+        "restore_ok": all(r["restore_gbps"] >= 1.0 for r in m27),
+        "stall_1_ms_per_gib_max": 40.0,
+        "stall_1_ok": all(r["stall_ms_per_gib"] <= 40.0 for r in one),
+    }
 
 
 def main() -> None:
@@ -202,38 +243,53 @@ def main() -> None:
     parser.add_argument(
         "--one-thread-too", action="store_true", help="also run m27 rows with threads=1"
     )
+    parser.add_argument("--json", action="store_true", help="print rows and targets as JSON")
+    parser.add_argument(
+        "--zstd-too", action="store_true", help="also a row with compression forced on"
+    )
     args = parser.parse_args()
     size = parse_size("256MiB" if args.quick else args.size)
     root = Path(tempfile.mkdtemp(prefix="m27-bench-", dir=args.dir))
     rng = np.random.default_rng(0)
     x = rng.random(size // 4, dtype=np.float32)
+    missing: list[str] = []
     try:
-        rows = [fmt(bench_m27(x, 0.01, root, rng, threads=args.threads), "1%")]
-        rows.append(fmt(bench_m27(x, 1.0, root, rng, threads=args.threads), "100%"))
+        baseline = bench_npsave(x, root)
+        rows = [bench_m27(x, 0.01, root, rng, threads=args.threads)]
+        rows.append(bench_m27(x, 1.0, root, rng, threads=args.threads))
         if args.one_thread_too:
-            rows.append(fmt(bench_m27(x, 0.01, root, rng, threads=1), "1%"))
-            rows.append(fmt(bench_m27(x, 1.0, root, rng, threads=1), "100%"))
-        rows.append(fmt(bench_m27(x, 1.0, root, rng, level=0, threads=args.threads), "100%"))
-        rows.append(fmt(bench_npsave(x, root), "full"))
+            rows.append(bench_m27(x, 0.01, root, rng, threads=1))
+            rows.append(bench_m27(x, 1.0, root, rng, threads=1))
+        rows.append(bench_m27(x, 1.0, root, rng, level=0, threads=args.threads))
+        if args.zstd_too:
+            forced = bench_m27(x, 1.0, root, rng, threads=args.threads, force_zstd=True)
+            rows.append(forced)
+        rows.append(baseline)
         for gzip in (False, True) if not args.no_gzip else (False,):
             row = bench_h5py(x, root, gzip)
-            rows.append(
-                fmt(row, "full")
-                if row
-                else f"| h5py{' gzip' * gzip} | - | h5py not installed | | | | |"
-            )
+            if row:
+                rows.append(row)
+            else:
+                missing.append(f"| h5py{' gzip' * gzip} | - | h5py not installed | | | | | | |")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    with_ratios(rows, baseline)
     threads = args.threads or default_threads()
+    if args.json:
+        out = {"size": size, "threads": threads, "rows": rows, "targets": targets(rows)}
+        print(json.dumps(out, indent=2))
+        return
     print(
         f"\nfloat32 state of {format_size(size)}, chunk 128 KiB, zstd level 3 unless said, "
         f"{os.cpu_count()} CPUs, m27 threads {threads}, {time.strftime('%Y-%m-%d %H:%M')}\n"
     )
     print(
-        "| method | changed | save stall | until durable | bytes written | restore | extra memory |"
+        "| method | changed | save stall | until durable | x np.save+fsync | bytes written "
+        "| restore | restore GB/s | extra memory |"
     )
-    print("|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join([fmt(r) for r in rows] + missing))
+    print(f"\ntargets: {json.dumps(targets(rows))}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from m27.checkpoint._format import manifests, next_seq, parse_name
 from m27.checkpoint._parallel import Workers, default_threads
 from m27.checkpoint._reader import load
 from m27.checkpoint._report import Reporter
-from m27.checkpoint._retention import prune
+from m27.checkpoint._retention import BackgroundPrune
 from m27.checkpoint._settings import default_directory, env_interval, load_settings
 from m27.checkpoint._table import ChunkTable
 from m27.checkpoint._writer import ArrayPlan, BackgroundWriter, Committed, SaveJob
@@ -113,8 +113,11 @@ class Checkpointer:
             clock=self._clock,
             on_commit=self._committed,
         )
+        self._retention = BackgroundPrune(self.directory, self.keep_last)
         # A script that forgets close() still gets its last saves made durable at exit.
-        self._finalizer = weakref.finalize(self, _shut_down, self._writer, self._workers)
+        self._finalizer = weakref.finalize(
+            self, _shut_down, self._writer, self._workers, self._retention
+        )
 
     # --- saving -------------------------------------------------------------------------
 
@@ -268,13 +271,10 @@ class Checkpointer:
         return changed, False
 
     def _committed(self, done: Committed) -> None:
-        """In the writer thread, once a save is durable: event, then retention."""
+        """In the writer thread, once a save is durable: event, then retention (background)."""
         self._reporter.written(done)
         if self.keep_last > 0:
-            try:
-                prune(self.directory, self.keep_last)
-            except (OSError, CheckpointError) as exc:
-                log.warning("checkpoint retention in %s failed: %s", self.directory, exc)
+            self._retention.request()
 
     # --- restoring ------------------------------------------------------------------
 
@@ -282,6 +282,7 @@ class Checkpointer:
         """(state, step) of the checkpoint to resume from, or None when there is none."""
         self._ready()
         self._writer.flush()
+        self._retention.wait_idle()
         self._raise_pending()
         for path in self._candidates():
             try:
@@ -375,7 +376,7 @@ class Checkpointer:
             return
         self._closed = True
         self._finalizer.detach()
-        _shut_down(self._writer, self._workers)
+        _shut_down(self._writer, self._workers, self._retention)
         self._raise_pending()
 
     def __enter__(self) -> Checkpointer:
@@ -396,12 +397,13 @@ class Checkpointer:
             log.error("checkpoint error while handling another exception: %s", error)
 
 
-def _shut_down(writer: BackgroundWriter, workers: Workers) -> None:
-    """Make every pending save durable, then stop the threads (close() and at exit)."""
+def _shut_down(writer: BackgroundWriter, workers: Workers, retention: BackgroundPrune) -> None:
+    """Make every pending save durable, finish retention, stop the threads (close(), exit)."""
     try:
         writer.close()
     finally:
         workers.close()
+        retention.close()
 
 
 def _key(plan: ArrayPlan) -> tuple[Any, ...]:

@@ -1,13 +1,11 @@
-"""Writing changed chunks into a pack, and reading runs of them back with hashes checked.
+"""Writing encoded chunks into a pack, and reading runs of them back with hashes checked.
 
-zstd costs ~0.5 GB/s per core and buys ~8-12% on float data (shared/notes/limits.md), so
-a chunk is stored compressed only when that saves at least :data:`MIN_GAIN` of its size.
-Chunks are encoded in groups of :data:`PROBE_GROUP` (4 MiB at the default 128 KiB
-chunks): the group's first chunk is the probe, and when it does not reach the gain the
-whole group is stored raw without trying the others. Incompressible data thus costs one
-compression in 32; compressible data is compressed chunk by chunk, each chunk still
-stored raw when it alone misses the gain. Groups are independent, so several threads
-encode them at once (:class:`m27.checkpoint._parallel.Workers`).
+How each chunk is encoded (raw, zstd, shuffled zstd) is decided in
+:mod:`m27.checkpoint._codec`. The writer gathers payloads and hands them to the kernel
+with one ``writev`` per ~8 MiB (no per-chunk system call, no copy into a bigger buffer),
+times those writes and the fsync for the codec's disk-speed estimate, and starts
+writeback early so the final fsync has little left. The reader fills the caller's arrays
+in place.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -26,58 +25,14 @@ import zstandard
 
 from m27._exceptions import CheckpointError, CorruptCheckpointError
 from m27.checkpoint._chunks import chunk_hash
-from m27.checkpoint._format import CODEC_RAW, CODEC_ZSTD, pack_path, write_all
-
-#: Smallest saving (fraction of the raw size) that makes storing a chunk compressed worth it.
-MIN_GAIN = 0.05
-#: Chunks that share one compressibility probe.
-PROBE_GROUP = 32
-
-Payload = memoryview | bytes
-#: One chunk as the writer stores it: (payload, codec, xxh3 of the raw bytes or None).
-Encoded = tuple[Payload, str, int | None]
+from m27.checkpoint._codec import Payload, Throughput, codec_itemsize, decompressor, unshuffle_into
+from m27.checkpoint._format import CODEC_RAW, CODEC_ZSTD, pack_path
 
 _local = threading.local()
 
-
-def _compressor(level: int) -> zstandard.ZstdCompressor:
-    """This thread's compressor (zstandard's objects must not be shared between threads)."""
-    cache: dict[int, zstandard.ZstdCompressor] = getattr(_local, "compressors", {})
-    _local.compressors = cache
-    if level not in cache:
-        cache[level] = zstandard.ZstdCompressor(level=level)
-    return cache[level]
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    found: zstandard.ZstdDecompressor | None = getattr(_local, "decompressor", None)
-    if found is None:
-        found = _local.decompressor = zstandard.ZstdDecompressor()
-    return found
-
-
-def encode(chunks: Sequence[memoryview], level: int, with_hash: bool = False) -> list[Encoded]:
-    """Payload and codec of each chunk (see the module docstring for the raw/zstd rule).
-
-    Thread-safe. `with_hash` also hashes each chunk (CuPy states, whose fingerprints are
-    not xxh3, need the stored hash computed on the host).
-    """
-    out: list[Encoded] = []
-    zstd = _compressor(level) if level > 0 else None
-    for start in range(0, len(chunks), PROBE_GROUP):
-        compress = zstd is not None
-        for chunk in chunks[start : start + PROBE_GROUP]:
-            payload: Payload = chunk
-            codec = CODEC_RAW
-            if compress:
-                assert zstd is not None
-                packed = zstd.compress(chunk)
-                if len(packed) <= len(chunk) * (1 - MIN_GAIN):
-                    payload, codec = packed, CODEC_ZSTD
-                elif len(out) == start:  # the group's probe missed: store the group raw
-                    compress = False
-            out.append((payload, codec, chunk_hash(chunk) if with_hash else None))
-    return out
+#: Payload bytes gathered before one ``writev``; at most :data:`_MAX_IOV` pieces per call.
+GATHER_BYTES = 8 * 1024 * 1024
+_MAX_IOV = 1024
 
 
 #: Bytes appended between two writeback kicks (see :func:`start_writeback`).
@@ -113,47 +68,83 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
 
 
 class PackWriter:
-    """One save's pack: payloads appended in order, then fsynced once.
+    """One save's pack: payloads gathered, written with ``writev`` in order, fsynced once.
 
-    The file is created on the first chunk: a save where nothing changed writes no pack.
+    The file is created on the first write: a save where nothing changed writes no pack.
+    Payloads are referenced, not copied, until written: the staging buffer and the
+    encoded bytes outlive the pack writer.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, speed: Throughput | None = None) -> None:
         self.path = path
         self.size = 0
         self._fd = -1
         self._flushed = 0
+        self._written = 0
+        self._pending: list[Payload] = []
+        self._pending_bytes = 0
+        self._speed = speed
+        self._io_s = 0.0
 
     def add(self, payload: Payload) -> tuple[int, int]:
         """Append one encoded chunk; (offset, stored length)."""
         offset = self.size
+        self._pending.append(payload)
+        self._pending_bytes += len(payload)
+        self.size += len(payload)
+        if self._pending_bytes >= GATHER_BYTES or len(self._pending) >= _MAX_IOV:
+            self._write_pending()
+        return offset, len(payload)
+
+    def _write_pending(self) -> None:
+        if not self._pending:
+            return
+        began = time.perf_counter()
         try:
             if self._fd < 0:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            write_all(self._fd, payload)
+            _writev_all(self._fd, self._pending)
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
-        self.size += len(payload)
-        if self.size - self._flushed >= WRITEBACK_EVERY:
-            start_writeback(self._fd, self._flushed, self.size - self._flushed)
-            self._flushed = self.size
-        return offset, len(payload)
+        self._written += self._pending_bytes
+        self._pending, self._pending_bytes = [], 0
+        if self._written - self._flushed >= WRITEBACK_EVERY:
+            start_writeback(self._fd, self._flushed, self._written - self._flushed)
+            self._flushed = self._written
+        self._io_s += time.perf_counter() - began
 
     def commit(self) -> None:
+        self._write_pending()
         if self._fd < 0:
             return
+        began = time.perf_counter()
         try:
             os.fsync(self._fd)
         finally:
             os.close(self._fd)
             self._fd = -1
+        self._io_s += time.perf_counter() - began
+        if self._speed is not None:
+            self._speed.written(self.size, self._io_s)
 
     def abort(self) -> None:
         """Forget a pack that will never be referenced (error during the save)."""
+        self._pending, self._pending_bytes = [], 0
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self.path.unlink(missing_ok=True)
+
+
+def _writev_all(fd: int, pieces: list[Payload]) -> None:
+    views = [memoryview(p).cast("B") for p in pieces if len(p)]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
 
 
 class PackReader:
@@ -222,7 +213,8 @@ class PackReader:
                 raise CorruptCheckpointError(
                     f"pack {path} is truncated at offset {first + got}", file=str(path)
                 )
-        elif codec == CODEC_ZSTD:
+        elif codec == CODEC_ZSTD or codec_itemsize(codec):
+            shuffled = codec_itemsize(codec) or 0
             scratch = _scratch(stored)
             got = _pread_into(fd, scratch, first)
             if got != stored:
@@ -233,18 +225,21 @@ class PackReader:
             for k, ref in enumerate(refs):
                 length = int(ref[2])
                 target = dest[k * size : (k + 1) * size]
+                into = _unshuffle_buffer(len(target)) if shuffled else target
                 try:
-                    done = _decompress_into(scratch[pos : pos + length], target)
+                    done = _decompress_into(scratch[pos : pos + length], into)
                 except zstandard.ZstdError as exc:
                     raise CorruptCheckpointError(
                         f"pack {path}: chunk at offset {first + pos} does not decompress: {exc}",
                         file=str(path),
                     ) from exc
-                if done != len(target):
+                if done != len(target) or (shuffled and len(target) % shuffled):
                     raise CorruptCheckpointError(
                         f"pack {path}: chunk at offset {first + pos} has the wrong length",
                         file=str(path),
                     )
+                if shuffled:
+                    unshuffle_into(into, shuffled, target)
                 _check(path, first + pos, target, ref[4])
                 pos += length
             return
@@ -283,10 +278,18 @@ def _scratch(nbytes: int) -> memoryview:
     return memoryview(buffer)[:nbytes]
 
 
+def _unshuffle_buffer(nbytes: int) -> memoryview:
+    """This thread's buffer for a shuffled chunk between zstd and the destination."""
+    buffer: bytearray | None = getattr(_local, "unshuffle", None)
+    if buffer is None or len(buffer) < nbytes:
+        buffer = _local.unshuffle = bytearray(max(nbytes, 1 << 17))
+    return memoryview(buffer)[:nbytes]
+
+
 def _decompress_into(data: memoryview, view: memoryview) -> int:
     """Decompress straight into the destination: no intermediate bytes object."""
     done = 0
-    with _decompressor().stream_reader(data) as reader:
+    with decompressor().stream_reader(data) as reader:
         while done < len(view):
             got = reader.readinto(view[done:])
             if not got:

@@ -13,9 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from m27.checkpoint._format import CODEC_RAW, CODEC_ZSTD
-
-_CODECS = (CODEC_RAW, CODEC_ZSTD)
+from m27.checkpoint._codec import CODECS as _CODECS
 
 
 @dataclass

@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from m27._exceptions import CheckpointError
 from m27.checkpoint._chunks import chunk_span, n_chunks
+from m27.checkpoint._codec import PROBE_GROUP, Encoded, Throughput, encode
 from m27.checkpoint._format import (
     FORMAT_VERSION,
     encode_manifest,
@@ -35,7 +36,7 @@ from m27.checkpoint._format import (
     pack_path,
     write_atomic,
 )
-from m27.checkpoint._pack import PROBE_GROUP, Encoded, PackWriter, encode
+from m27.checkpoint._pack import PackWriter
 from m27.checkpoint._parallel import Workers
 from m27.checkpoint._table import ChunkTable, pack_extents
 from m27.clock import Clock
@@ -113,6 +114,7 @@ class _Batch:
     indices: list[int]
     views: list[memoryview]
     hashes: list[int] | None
+    itemsize: int
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,8 @@ class BackgroundWriter:
         self._level = compression_level
         # Uncompressed saves only copy bytes to the page cache: no threads needed.
         self._workers = Workers(threads if compression_level > 0 else 1, "m27-ckpt-zstd")
+        #: Compression and disk speeds as measured here: zstd only where it beats the disk.
+        self.speed = Throughput(self._workers.count)
         self._clock = clock
         self._on_commit = on_commit
         self._tables: dict[str, ChunkTable] = {}
@@ -225,7 +229,7 @@ class BackgroundWriter:
                     self._cond.notify_all()
 
     def _write(self, job: SaveJob) -> None:
-        pack = PackWriter(pack_path(self.directory, job.seq))
+        pack = PackWriter(pack_path(self.directory, job.seq), self.speed)
         try:
             tables = self._append_chunks(job, pack)
             pack.commit()
@@ -277,15 +281,24 @@ class BackgroundWriter:
                 start, end = chunk_span(index, plan.nbytes, plan.chunk_size)
                 views.append(staging[pos : pos + end - start])
                 pos += end - start
+            itemsize = _itemsize(plan.dtype)
             per_batch = PROBE_GROUP * max(1, _BATCH_BYTES // (PROBE_GROUP * plan.chunk_size))
             for first in range(0, len(indices), per_batch):
                 last = first + per_batch
                 hashes = plan.hashes[first:last].tolist() if plan.hashes is not None else None
-                batches.append(_Batch(table, indices[first:last], views[first:last], hashes))
-        level = self._level
+                batches.append(
+                    _Batch(table, indices[first:last], views[first:last], hashes, itemsize)
+                )
+        level, speed = self._level, self.speed
 
         def encode_batch(batch: _Batch) -> list[Encoded]:
-            return encode(batch.views, level, with_hash=batch.hashes is None)
+            return encode(
+                batch.views,
+                level,
+                with_hash=batch.hashes is None,
+                itemsize=batch.itemsize,
+                speed=speed,
+            )
 
         encoded = self._workers.map_ordered(encode_batch, batches)
         try:
@@ -334,6 +347,14 @@ class BackgroundWriter:
                 "chunks_total": total,
             },
         }
+
+
+def _itemsize(descr: Any) -> int:
+    """Item size of a plain numeric dtype (shuffled before zstd), else 1 (not shuffled)."""
+    if not isinstance(descr, str):
+        return 1  # structured: fields of mixed sizes
+    dtype = np.dtype(descr)
+    return dtype.itemsize if dtype.kind in "biufc" else 1
 
 
 def _as_checkpoint_error(exc: BaseException, directory: Path, seq: int) -> BaseException:

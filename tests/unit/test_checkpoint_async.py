@@ -66,15 +66,15 @@ def test_save_blocks_while_max_in_flight_saves_wait_for_the_disk(
 def test_a_write_error_surfaces_on_the_next_call_and_the_next_save_is_full(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_write = _pack.write_all
+    real_write = _pack._writev_all
     fail = {"on": False}
 
-    def write_all(fd: int, data: Any) -> None:
+    def writev_all(fd: int, pieces: Any) -> None:
         if fail["on"]:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_write(fd, data)
+        real_write(fd, pieces)
 
-    monkeypatch.setattr(_pack, "write_all", write_all)
+    monkeypatch.setattr(_pack, "_writev_all", writev_all)
     # One buffer: the next save waits for the failing one, so it must see its error.
     with Checkpointer(tmp_path, chunk_size=CHUNK, max_in_flight=1) as ck:
         ck.save(state(1), step=1)
