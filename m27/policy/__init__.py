@@ -32,6 +32,7 @@ from functools import cached_property, partial
 
 from m27.policy._explain import explain
 from m27.policy._gate import gate, outrank, promote, run_or_pause
+from m27.policy._hold import LazyRanking, first_wide, nothing_starts
 from m27.policy._model import (
     Action,
     Demote,
@@ -152,12 +153,27 @@ def decide(inp: PolicyInput) -> Decision:
             gpus[r.gpus[0]].guests.append(slot)
     usable = [i for i, st in gpus.items() if not st.view.lost]
 
-    ranked = order_pending(inp.pending, held, inp.usage_by_owner, now, cfg)
-    granted: set[StepKey] = set()
-    if not cfg.fifo:
-        outrank(ranked, gpus, usable, cfg, now, actions, granted)
-    promote(gpus, usable, actions)
-    _place(ranked, _Pass(gpus, usable, cfg, now, actions, notes, granted), cpu_busy)
+    ranked: Sequence[Ranked]
+    if nothing_starts(inp, gpus, usable, cpu_busy):
+        # a busy node: only the first multi-GPU step's reservation depends on the queue
+        ranked = LazyRanking(inp, held, cfg)
+        wide, too_wide = first_wide(inp, held, len(usable))
+        for p in too_wide:
+            notes[p.key] = [_too_wide_text(p.gpus, gpus, usable)]
+        if wide is not None:
+            hold = _reservation(gpus, usable, wide.gpus, [])
+            for i in hold:
+                gpus[i].reserved_for, gpus[i].reserved_gpus = wide.key, wide.gpus
+            actions.append(Reserve(wide.key, tuple(hold)))
+            text = f"holds GPU {', '.join(map(str, hold))} until all {wide.gpus} are free"
+            notes[wide.key] = [text]
+    else:
+        ranked = order_pending(inp.pending, held, inp.usage_by_owner, now, cfg)
+        granted: set[StepKey] = set()
+        if not cfg.fifo:
+            outrank(ranked, gpus, usable, cfg, now, actions, granted)
+        promote(gpus, usable, actions)
+        _place(ranked, _Pass(gpus, usable, cfg, now, actions, notes, granted), cpu_busy)
     standby: dict[int, StepKey] = {}
     next_check = run_or_pause(gpus, usable, cfg, now, actions, standby)
     return Decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes)
