@@ -256,15 +256,22 @@ class CancelRequested(RunEvent):
 # --- steps ----------------------------------------------------------------------------
 
 
-@event
 @dataclass(frozen=True)
-class StepQueued(StepEvent):
-    """A step is waiting for its dependencies and a slot (CPU or GPUs)."""
+class StepDemand(StepEvent):
+    """Base of the events that say what a step needs: its type (cpu, gpu, gpu_light), its
+    priority, how many GPUs and how much GPU memory (bytes)."""
 
     type: str
     priority: int = 0
     gpus: int = 0
     gpu_memory: int = 0
+
+
+@event
+@dataclass(frozen=True)
+class StepQueued(StepDemand):
+    """A step is waiting for its dependencies and a slot (CPU or GPUs)."""
+
     depends_on: tuple[str, ...] = ()
 
 
@@ -326,13 +333,9 @@ class StepCancelled(StepEvent):
 
 @event
 @dataclass(frozen=True)
-class StepRequested(StepEvent):
+class StepRequested(StepDemand):
     """A step task asks the node for a lease (the agent answers with LeaseGranted)."""
 
-    type: str
-    priority: int = 0
-    gpus: int = 0
-    gpu_memory: int = 0
     owner: str = ""
     pid: int = 0
     #: the step's declared hard limit per attempt (its ``timeout:``), seconds; None: none
