@@ -14,7 +14,8 @@ import shlex
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -60,9 +61,7 @@ class Guarded:
         emit: Callable[[str, list[str]], None],
     ) -> _proc.Outcome:
         """:func:`_proc.supervise` with the file watcher running beside it."""
-        if self.guard is not None:
-            self.guard.start(self.poll)
-        try:
+        with self.watching():
             return _proc.supervise(
                 proc,
                 timeout=timeout,
@@ -71,6 +70,14 @@ class Guarded:
                 emit=emit,
                 stop_signal=self.stop_signal,
             )
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """The file watcher runs inside the block; what is left is captured at its end."""
+        if self.guard is not None:
+            self.guard.start(self.poll)
+        try:
+            yield
         finally:
             if self.guard is not None:
                 self.guard.stop()

@@ -45,6 +45,7 @@ from m27.executors.local import (
     StepResult,
     begin_attempt,
     child_env,
+    open_guard,
     run_in_step_log,
 )
 from m27.executors.slurm._follow import Follower, FollowResult, StepJobs
@@ -150,10 +151,11 @@ class _Job(StepJobs):
         opened = begin_attempt(launch, sink, attempt, resume_from)
         if isinstance(opened, AttemptEnd):
             return opened
-        argv, resume = opened
+        g = open_guard(launch, opened[0], self.store, self.clock, sink.note)
+        argv, resume = g.argv, opened[1] or g.resume_path
         job_dir = self.log_path.parent / f"{launch.step}.slurm" / f"attempt-{attempt}"
         try:
-            script = self._write_script(job_dir, attempt, argv)
+            script = self._write_script(job_dir, attempt, argv, g.resume_path is None)
         except OSError as exc:
             sink.note(f"cannot write the batch script: {exc}")
             return AttemptEnd(False, f"cannot write the batch script: {exc}", retryable=False)
@@ -177,9 +179,13 @@ class _Job(StepJobs):
         sink.write(f"=== attempt {attempt}: Slurm job {job_id} ({script}) ===\n")
         sink.flush()
         follower = Follower(self, job_id=job_id, job_dir=job_dir, attempt=attempt, argv=argv)
-        return self._judge(follower.follow(cancel))
+        with g.watching():  # a shared workdir: the program's checkpoints are captured here
+            followed = follower.follow(cancel)
+        return self._judge(followed)
 
-    def _write_script(self, job_dir: Path, attempt: int, argv: tuple[str, ...]) -> Path:
+    def _write_script(
+        self, job_dir: Path, attempt: int, argv: tuple[str, ...], add_resume: bool = True
+    ) -> Path:
         job_dir.mkdir(parents=True, exist_ok=True)
         for name in ("stdout", "stderr", "starts"):  # left by an earlier run of this attempt
             (job_dir / name).unlink(missing_ok=True)
@@ -193,6 +199,7 @@ class _Job(StepJobs):
                 workdir=self.launch.workdir.absolute() if self.launch.workdir else None,
                 python=self.python,
                 options=self.opts,
+                **_self_checkpoint_script(self.launch, add_resume),
             )
         )
         path = job_dir / "job.sh"
@@ -241,6 +248,19 @@ class _Job(StepJobs):
             reason += f", {how}"
         # Someone cancelled the job by hand: they meant it, do not submit it again.
         return AttemptEnd(False, reason, code, sig, retryable=state != "CANCELLED")
+
+
+def _self_checkpoint_script(launch: StepLaunch, add_resume: bool) -> dict[str, Any]:
+    """A program that checkpoints itself gets its signal on USR1, and its restarts resume
+    from the file it wrote (unless this submission already resumes from a capture)."""
+    spec = launch.self_checkpoint
+    if spec is None or not spec.files:
+        return {}
+    return {
+        "resume_args": spec.resume if add_resume else (),
+        "child_signal": spec.signal,
+        "requeue_on_clean_exit": True,
+    }
 
 
 def _code_signal(info: JobInfo | None) -> tuple[int | None, int | None]:

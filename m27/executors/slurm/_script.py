@@ -242,6 +242,12 @@ class ScriptInput:
     workdir: Path | None
     python: str
     options: SlurmOptions
+    #: a self-checkpointing program: what its restarts add (`-cpi simulation.cpt`)
+    resume_args: tuple[str, ...] = ()
+    #: the signal the step gets when Slurm sends USR1 (GROMACS checkpoints on TERM)
+    child_signal: str = "USR1"
+    #: requeue after USR1 even when the step exits 0 (mdrun does after its checkpoint)
+    requeue_on_clean_exit: bool = False
 
 
 def directives(s: ScriptInput) -> list[str]:
@@ -302,7 +308,7 @@ def render_script(s: ScriptInput) -> str:
         "m27_pass() {",
         '    if [ -n "$m27_child" ]; then kill -s "$1" "$m27_child" 2>/dev/null || true; fi',
         "}",
-        "trap 'm27_usr1=1; m27_pass USR1' USR1",
+        f"trap 'm27_usr1=1; m27_pass {s.child_signal}' USR1",
         "trap 'm27_pass TERM' TERM",
         *o.setup,
         f'm27_resume="$({q(s.python)} -m m27.executors.slurm._resume '
@@ -318,7 +324,8 @@ def render_script(s: ScriptInput) -> str:
         ),
         'printf \'%s\\t%s\\t%s\\t%s\\n\' "${SLURM_RESTART_COUNT:-0}" "$(hostname)" '
         '"${CUDA_VISIBLE_DEVICES-}" "$m27_resume" >>"$m27_dir/starts"',
-        f"{shlex.join(s.argv)} &",
+        *_resume_lines(s),
+        f"{shlex.join(s.argv)}{_RESUME_ARGS if s.resume_args else ''} &",
         "m27_child=$!",
         "# wait returns early when a trapped signal arrives: wait again until the step ends.",
         "while :; do",
@@ -329,8 +336,9 @@ def render_script(s: ScriptInput) -> str:
     ]
     if o.requeue:
         lines += [
-            'if [ "$m27_usr1" = 1 ] && [ "$m27_rc" != 0 ] && '
-            f'[ "${{SLURM_RESTART_COUNT:-0}}" -lt {o.max_requeues} ]; then',
+            'if [ "$m27_usr1" = 1 ] && '
+            + ("" if s.requeue_on_clean_exit else '[ "$m27_rc" != 0 ] && ')
+            + f'[ "${{SLURM_RESTART_COUNT:-0}}" -lt {o.max_requeues} ]; then',
             '    echo "m27: step stopped for the time limit (exit $m27_rc); requeueing job '
             '$SLURM_JOB_ID" >&2',
             '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
@@ -338,6 +346,20 @@ def render_script(s: ScriptInput) -> str:
         ]
     lines.append('exit "$m27_rc"')
     return "\n".join(lines) + "\n"
+
+
+_RESUME_ARGS = ' ${m27_extra[@]+"${m27_extra[@]}"}'
+
+
+def _resume_lines(s: ScriptInput) -> list[str]:
+    """A restarted job of a self-checkpointing program resumes from the file it wrote."""
+    if not s.resume_args:
+        return []
+    return [
+        "m27_extra=()",
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then '
+        f"m27_extra=({shlex.join(s.resume_args)}); fi",
+    ]
 
 
 __all__ = [
