@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from m27.cli.commands import _common
+from m27.cli.commands._options import add_set_option
 from m27.cli.commands.pool import require_api
 from m27.lab.capacity import TIERS, check_tier
 from m27.lab.deploy import POOL_NAME, DeploymentSpec
@@ -31,14 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--name", required=True, help="deployment name")
     p.add_argument("--cron", help='schedule, e.g. "0 2 * * *" (every night at 02:00)')
     p.add_argument("--timezone", help="time zone of --cron, e.g. Europe/Berlin (default UTC)")
-    p.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="value for a {{VAR}} (repeatable)",
-    )
+    add_set_option(p)
     p.add_argument("--tier", choices=TIERS, default="ready", help="queue to run on (default ready)")
     p.add_argument("--pool", default=POOL_NAME, help="work pool (default m27)")
     p.add_argument("--json", action="store_true", help="print the deployment as JSON")

@@ -13,6 +13,7 @@ from typing import Any
 
 from m27 import runids
 from m27.cli.commands import _common
+from m27.cli.commands._options import add_set_option
 from m27.cli.commands._progress import Progress
 from m27.events import CancelRequested, RunFailed
 from m27.gpu import detect
@@ -31,14 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "cancelled, 2 for bad input.",
     )
     p.add_argument("file", nargs="?", help="pipeline YAML (optional with --resume)")
-    p.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="value for a {{VAR}} (repeatable)",
-    )
+    add_set_option(p)
     p.add_argument(
         "--resume",
         metavar="RUN_ID",

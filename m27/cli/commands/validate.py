@@ -9,6 +9,7 @@ import sys
 
 from m27._exceptions import ConfigError, SpecError
 from m27.cli.commands._explain import explain_checkpoint
+from m27.cli.commands._options import add_set_option
 from m27.gpu import parse_gpus_env
 from m27.spec import Pipeline, load_pipeline, parse_set_args
 from m27.units import format_size
@@ -55,14 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "as file:line:column: field: message (exit status 2).",
     )
     parser.add_argument("file", help="the pipeline YAML file")
-    parser.add_argument(
-        "--set",
-        dest="set_vars",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="give a {{NAME}} variable a value (repeatable; the value is taken verbatim)",
-    )
+    add_set_option(parser, dest="set_vars")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
 
