@@ -119,20 +119,21 @@ _KEY_LINE = re.compile(r"^([^\s=:#;\[][^=:]*?)\s*[=:]")
 
 def m27_home(env: Mapping[str, str] | None = None) -> Path:
     """The node's home: ``$M27_HOME``, default ``~/.m27`` (not created here)."""
-    env = os.environ if env is None else env
-    value = env.get("M27_HOME")
-    if value:
-        return Path(value).expanduser()
-    return _user_home(env) / ".m27"
+    return _path_from_env(env, "M27_HOME", ".m27")
 
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:
     """The settings file: ``$M27_CONFIG``, default ``~/.m2config``."""
+    return _path_from_env(env, "M27_CONFIG", ".m2config")
+
+
+def _path_from_env(env: Mapping[str, str] | None, name: str, default: str) -> Path:
+    """``$name`` (``~`` expanded) when set and not empty, else ``default`` in the user's home."""
     env = os.environ if env is None else env
-    value = env.get("M27_CONFIG")
+    value = env.get(name)
     if value:
         return Path(value).expanduser()
-    return _user_home(env) / ".m2config"
+    return _user_home(env) / default
 
 
 def load_settings(env: Mapping[str, str] | None = None, path: Path | str | None = None) -> Settings:
