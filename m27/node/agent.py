@@ -80,9 +80,6 @@ __all__ = ["Agent", "channel_path", "policy_config"]
 
 log = logging.getLogger(__name__)
 
-#: Half-life of the recent GPU time per owner that fair share compares.
-USAGE_HALF_LIFE_S = 3600.0
-
 
 def policy_config(settings: Settings, **overrides: object) -> PolicyConfig:
     """The policy's tuning from the node's settings (``~/.m2config``)."""
@@ -147,8 +144,6 @@ class Agent:
         self._attached: dict[StepKey, tuple[int, tuple[int, ...]]] = {}
         self._low: dict[int, tuple[StepKey, float]] = {}
         self._pgids: dict[int, int | None] = {}
-        self._usage: dict[str, float] = {}
-        self._usage_at: float | None = None
         self._checked_at = -math.inf
         self._memory = {d.index: d.memory_total or 0 for d in backend.devices()}
         self._attach = getattr(backend, "attach", None)
@@ -265,13 +260,12 @@ class Agent:
             if h is not None and h.pid is None:
                 # granted after its request was withdrawn: nobody will use it
                 out.append(LeaseReleased(at=now, run_id=key[0], step=key[1], gpus=h.gpus))
-        self._account(now)
         inp = policy_input(
             self.book,
             self._views(samples, now),
             now,
             self.config,
-            usage=self._usage,
+            usage=self.book.usage.at(now),  # folded from the log: survives a restart
             io_waiting=self._io_waiting,
         )
         decision = decide(inp)
@@ -395,20 +389,6 @@ class Agent:
             if len(self._pgids) > 4096:
                 self._pgids.clear()
         return self._pgids.get(pid)
-
-    def _account(self, now: float) -> None:
-        """Recent GPU-seconds per owner, decaying, for fair share between owners."""
-        last, self._usage_at = self._usage_at, now
-        if last is None or now <= last:
-            return
-        dt = now - last
-        decay = math.exp(-dt * math.log(2) / USAGE_HALF_LIFE_S)
-        for owner in self._usage:
-            self._usage[owner] *= decay
-        for h in self.book.held.values():
-            if h.role == "primary" and h.request is not None:
-                owner = h.request.owner
-                self._usage[owner] = self._usage.get(owner, 0.0) + dt * len(h.gpus)
 
     # -- acting -------------------------------------------------------------------------
 

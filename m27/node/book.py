@@ -8,7 +8,9 @@ book by replaying the log):
 - pending requests (``StepRequested`` until granted or withdrawn);
 - held leases: GPUs, tier, guest or primary, paused and how, the step's process, its
   channel file, and the request it answers;
-- priority bumps, lost GPUs.
+- priority bumps, lost GPUs;
+- fair-share usage: recent GPU-seconds per owner (:class:`Usage`), so an agent restarted
+  after an hour of one owner's work still knows that owner has had the GPUs.
 
 :func:`policy_input` turns a book plus GPU views into the :class:`~m27.policy.PolicyInput`
 that :func:`m27.policy.decide` reads.
@@ -16,6 +18,7 @@ that :func:`m27.policy.decide` reads.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -36,6 +39,10 @@ from m27.policy import (
 
 STEP_TYPES: frozenset[str] = frozenset({"cpu", "gpu", "gpu_light"})
 TIERS: frozenset[str] = frozenset({"immediate", "ready", "background"})
+#: fair share forgets GPU time with this half-life: an hour ago counts half
+USAGE_HALF_LIFE_S = 3600.0
+#: the lease events that can change which steps hold GPUs as primaries
+_ROLE_EVENTS = (ev.LeaseGranted, ev.LeaseReleased, ev.GuestStarted, ev.Promoted)
 
 
 @dataclass
@@ -59,6 +66,8 @@ class Held:
     paused_at: float | None = None
     #: the step's end is in the log (its runner may still have to release the lease)
     ended: bool = False
+    #: the attempt its last StepStarted announced (a StepFailed for it names the same one)
+    attempt: int = 0
 
     @property
     def type(self) -> StepType:
@@ -70,6 +79,47 @@ class Held:
         if not self.gpus:
             return "cpu"
         return "guest" if self.guest else "primary"
+
+
+@dataclass
+class Usage:
+    """Recent GPU-seconds per owner: each primary's GPU time, decaying by half every
+    `half_life` seconds, integrated exactly between the times the events carry.
+
+    Folded from the lease events alone, so replaying the log gives the same numbers as
+    having watched it live; a clock never reads into it except through :meth:`at`.
+    """
+
+    half_life: float = USAGE_HALF_LIFE_S
+    #: owner -> decayed GPU-seconds as of `since`
+    value: dict[str, float] = field(default_factory=dict)
+    since: float | None = None
+    #: primaries now: step -> (owner, GPUs held)
+    holding: dict[StepKey, tuple[str, int]] = field(default_factory=dict)
+
+    def _grown(self, now: float) -> tuple[dict[str, float], float]:
+        """The values at `now` (not stored) and the time they are for."""
+        if self.since is None or now <= self.since:
+            return dict(self.value), self.since if self.since is not None else now
+        rate = math.log(2) / self.half_life
+        decay = math.exp(-(now - self.since) * rate)
+        grown = {owner: v * decay for owner, v in self.value.items()}
+        # each GPU held all along adds the integral of 2^-(now - t)/half_life over [since, now]
+        gained = (1.0 - decay) / rate
+        for owner, gpus in self.holding.values():
+            grown[owner] = grown.get(owner, 0.0) + gained * gpus
+        return grown, now
+
+    def advance(self, now: float) -> None:
+        """Account up to `now`; an event stamped earlier than the last one moves nothing."""
+        self.value, self.since = self._grown(now)
+
+    def hold(self, holding: dict[StepKey, tuple[str, int]]) -> None:
+        self.holding = holding
+
+    def at(self, now: float) -> dict[str, float]:
+        """Owner -> recent GPU-seconds at `now`, for :class:`~m27.policy.PolicyInput`."""
+        return self._grown(now)[0]
 
 
 @dataclass
@@ -85,11 +135,26 @@ class Book:
     last_seq: int = 0
     #: pipeline step name -> the most GPU memory it held in a recorded run
     memory_peaks: dict[str, int] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
 
     def apply(self, rec: Recorded | Event) -> None:
         e = rec.event if isinstance(rec, Recorded) else rec
         if isinstance(rec, Recorded):
             self.last_seq = rec.seq
+        if isinstance(e, _ROLE_EVENTS):
+            self.usage.advance(e.at)
+            self._apply(e)
+            self.usage.hold(
+                {
+                    k: (h.request.owner, len(h.gpus))
+                    for k, h in self.held.items()
+                    if h.role == "primary" and h.request is not None
+                }
+            )
+        else:
+            self._apply(e)
+
+    def _apply(self, e: Event) -> None:
         if isinstance(e, ev.StepRequested):
             self.requests[(e.run_id, e.step)] = e
         elif isinstance(e, ev.LeaseGranted):
@@ -108,6 +173,7 @@ class Book:
             if h := self.held.get((e.run_id, e.step)):
                 h.pid, h.pgid, h.started_at, h.ended = e.pid, e.pgid or e.pid, e.at, False
                 h.pid_started = e.pid_started
+                h.attempt = e.attempt
         elif isinstance(e, ev.GuestStarted):
             if h := self.held.get((e.run_id, e.step)):
                 h.guest, h.paused, h.how = True, False, ""

@@ -96,7 +96,8 @@ def snapshot(book: Book, views: list[GpuView], now: float, cfg: PolicyConfig) ->
 def _decide(book: Book, views: list[GpuView], now: float, cfg: PolicyConfig) -> Decision:
     from m27.policy import decide
 
-    return decide(policy_input(book, views, now, cfg))
+    # The agent's own input: the same fair-share usage, folded from the same log.
+    return decide(policy_input(book, views, now, cfg, usage=book.usage.at(now)))
 
 
 def _find(book: Book, name: str) -> StepKey | None:
