@@ -176,10 +176,13 @@ def snapshot(
             backend=backend, primary=primaries.get(s.index, []), guests=guests.get(s.index, [])
         )
         rows.append(row)
+    pid = os.getpid() if pid is None else pid
     return {
         "version": SNAPSHOT_VERSION,
         "written_at": at,
-        "pid": os.getpid() if pid is None else pid,
+        "pid": pid,
+        # with the pid, names the writer: a stranger reusing a dead agent's pid is not it
+        "pid_started": liveness.start_time(pid),
         "backend": backend,
         "gpus": rows,
     }
@@ -216,8 +219,9 @@ def read_snapshot(
     written = data.get("written_at")
     if not isinstance(written, int | float) or abs(now - written) > max_age:
         return None
-    pid = data.get("pid")
-    if not isinstance(pid, int) or not liveness.alive(pid):
+    pid, started = data.get("pid"), data.get("pid_started")
+    started = float(started) if isinstance(started, int | float) else None
+    if not isinstance(pid, int) or not liveness.alive(pid, started):
         return None
     if not isinstance(data.get("gpus"), list):
         return None

@@ -188,5 +188,8 @@ def test_a_stale_snapshot_or_one_from_a_dead_agent_is_not_shown(m27_home: Path) 
     assert read_snapshot(m27_home, now=now + 60) is None  # the agent stopped writing
     write_snapshot(m27_home, snapshot(samples, Book(), "sim", now, pid=2**22 + 12345))
     assert read_snapshot(m27_home, now=now) is None  # its writer is gone (kill -9)
+    reused = dict(snapshot(samples, Book(), "sim", now), pid_started=1.0)
+    write_snapshot(m27_home, reused)
+    assert read_snapshot(m27_home, now=now) is None  # its pid now names another process
     (m27_home / SNAPSHOT_NAME).write_text("{half a fi")
     assert read_snapshot(m27_home, now=now) is None
