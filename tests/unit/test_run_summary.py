@@ -1,0 +1,116 @@
+"""The run summary artifact and the plot links: what a user finds in Prefect's Artifacts tab
+after a run (keys as README says; steps with status, GPUs, attempts, time, checkpoints;
+outputs as absolute paths; a link only to plots that exist)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from flows import _logging
+from flows.summary import plot_key, plots, summary_key, summary_markdown
+from m27.events import (
+    CheckpointWritten,
+    RunFailed,
+    RunSubmitted,
+    StepFailed,
+    StepSkipped,
+    StepStarted,
+    StepSucceeded,
+)
+from m27.events.state import NodeState, fold
+
+
+def _state(tmp_path: Path) -> NodeState:
+    plot = tmp_path / "out" / "analysis.png"
+    plot.parent.mkdir()
+    plot.write_bytes(b"\x89PNG")
+    run = "20261201-120000-abcd"
+    return fold(
+        [
+            RunSubmitted(
+                at=1.0,
+                run_id=run,
+                pipeline="MD_example",
+                spec_path="p.yaml",
+                steps=("md", "fit", "plot"),
+            ),
+            StepStarted(
+                at=2.0, run_id=run, step="md", attempt=1, pid=5, pgid=5, command=("x",), gpus=(1,)
+            ),
+            CheckpointWritten(
+                at=3.0,
+                run_id=run,
+                step="md",
+                path="/c/1.json",
+                sim_step=200,
+                bytes_written=10,
+                bytes_total=10,
+                duration_s=0.01,
+            ),
+            StepSucceeded(
+                at=4.0,
+                run_id=run,
+                step="md",
+                attempt=1,
+                duration_s=2.0,
+                outputs=(str(plot), "out/missing.png"),
+            ),
+            StepStarted(at=4.0, run_id=run, step="fit", attempt=1, pid=6, pgid=6, command=("y",)),
+            StepFailed(
+                at=5.0,
+                run_id=run,
+                step="fit",
+                attempt=1,
+                duration_s=1.0,
+                reason="exited with code 1 | oops",
+                exit_code=1,
+            ),
+            StepSkipped(
+                at=5.0, run_id=run, step="plot", reason="upstream step fit did not succeed"
+            ),
+            RunFailed(at=6.0, run_id=run, duration_s=5.0, failed_steps=("fit",), reason="fit"),
+        ]
+    )
+
+
+def test_the_summary_lists_every_step_and_the_outputs_as_absolute_paths(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    text = summary_markdown(state, "20261201-120000-abcd", workdir=tmp_path)
+    assert text.startswith("### Run `20261201-120000-abcd` of `MD_example`: failed in 5.0s")
+    rows = {
+        line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")
+    }
+    assert set(rows) == {"`md`", "`fit`", "`plot`"}
+    assert "| succeeded | 1 | 1 | 2.0s |" in rows["`md`"] and "1 (last at step 200)" in rows["`md`"]
+    assert "failed: exited with code 1 / oops" in rows["`fit`"]  # a | cannot break the table
+    assert "skipped: upstream step fit did not succeed" in rows["`plot`"]
+    assert f"`{tmp_path / 'out' / 'missing.png'}`" in text  # relative outputs made absolute
+
+
+def test_plots_are_the_image_outputs_that_exist_with_keys_as_documented(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    run = state.runs["20261201-120000-abcd"]
+    assert plots(run, tmp_path) == [("md", (tmp_path / "out" / "analysis.png").resolve())]
+    assert summary_key("MD_example") == "m27-run-md-example"
+    assert plot_key("MD_example", "md_simulation") == "m27-plot-md-example-md-simulation"
+
+
+def test_a_failed_steps_prefect_error_line_has_no_empty_traceback() -> None:
+    _logging.install()
+    _logging.install()  # idempotent
+    logger = logging.getLogger("prefect.task_runs")
+    assert len([f for f in logger.filters if isinstance(f, type(logger.filters[0]))]) >= 1
+    record = logger.makeRecord(
+        "prefect.task_runs",
+        logging.ERROR,
+        __file__,
+        1,
+        "Task run failed with state",
+        (),
+        (None, None, None),
+    )
+    for f in logger.filters:
+        f.filter(record)
+    assert record.exc_info is None
+    assert "NoneType" not in logging.Formatter().format(record)
