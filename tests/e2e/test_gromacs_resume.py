@@ -1,0 +1,209 @@
+"""GROMACS as a black box: m27 captures its checkpoints, and a resume continues from them.
+
+Real `gmx` on a tiny SPC/E water box (the example's own files, a 2.1 nm box, one thread),
+with `-cpt` every 3 s: the power cut (kill -9 of `m27 run` and of mdrun), `m27 cancel`,
+and a damaged capture. Each resume must continue the simulation where a capture left it
+(GROMACS's own log says from which step) and finish with an energy file that has every
+frame exactly once. With CI=true a missing `gmx` fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from m27.events import CheckpointWritten, StepStarted
+from m27.store.sqlite import SqliteEventStore
+from tests.e2e._helpers import M27, ROOT, m27_env, node_state
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+EXAMPLE = ROOT / "examples" / "gromacs"
+NSTEPS, NSTENERGY = 3000, 100  # ~4 s of CPU; tens of seconds on a loaded 2-core box
+
+if shutil.which("gmx") is None:
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("gmx (GROMACS) is required with CI=true: apt-get install gromacs")
+    pytest.skip("GROMACS (gmx) is not installed", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _fast_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("M27_CAPTURE_POLL", "0.3")
+    monkeypatch.setenv("M27_CHECKPOINT_GRACE", "60")
+
+
+def _pipeline(tmp_path: Path, *, cpt: str = "3s") -> tuple[Path, Path]:
+    out = tmp_path / "out"
+    path = tmp_path / "gmx.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: gmx-e2e
+        pipeline:
+          - name: preprocessing
+            type: cpu
+            command: python {EXAMPLE / "prepare.py"} --nsteps {NSTEPS} --out {out} --box 2.1
+          - name: md_simulation
+            type: gpu
+            depends_on: [preprocessing]
+            workdir: {out}
+            checkpoint: {cpt}
+            command: gmx mdrun -deffnm simulation -ntmpi 1 -ntomp 1
+        """)
+    )
+    return path, out
+
+
+def _events(home: Path) -> list[object]:
+    store = SqliteEventStore(home / "events.db")
+    try:
+        return [r.event for r in store.read()]
+    finally:
+        store.close()
+
+
+def _captures(home: Path) -> list[CheckpointWritten]:
+    return [e for e in _events(home) if isinstance(e, CheckpointWritten) and e.source == "files"]
+
+
+def _md_started(home: Path) -> list[StepStarted]:
+    return [e for e in _events(home) if isinstance(e, StepStarted) and e.step == "md_simulation"]
+
+
+def _energy_times(out: Path) -> list[float]:
+    """Times of every frame in simulation.edr, via `gmx energy` (terms on stdin)."""
+    subprocess.run(
+        ["gmx", "-quiet", "energy", "-f", "simulation.edr", "-o", "check.xvg"],
+        input="Temperature\n\n",
+        cwd=out,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    lines = (out / "check.xvg").read_text().splitlines()
+    return [float(line.split()[0]) for line in lines if line and line[0] not in "#@"]
+
+
+def _assert_whole_energy_file(out: Path) -> None:
+    times = _energy_times(out)
+    step_ps = 0.002 * NSTENERGY
+    expected = [round(i * step_ps, 6) for i in range(NSTEPS // NSTENERGY + 1)]
+    assert [round(t, 6) for t in times] == expected  # no gap, no duplicate, to the end
+
+
+def _continued_from(text: str) -> int:
+    match = re.search(r"continuing from step (\d+)", text)
+    assert match, text[-3000:]
+    return int(match.group(1))
+
+
+def _resume(m27: M27, run_id: str, home: Path) -> tuple[subprocess.CompletedProcess[str], str]:
+    old = json.loads(m27("runs", "--json").stdout)[-1]["run_id"] if run_id == "last" else run_id
+    done = m27("run", "--resume", run_id, "--plain", timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    runs = node_state(home).runs
+    new = [r for r in runs.values() if r.resume_of == old]
+    assert len(new) == 1 and new[0].status == "succeeded"
+    return done, new[0].run_id
+
+
+def _spawn_run(spec: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
+        env=m27_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _power_cut(spec: Path, home: Path, captures: int) -> None:
+    """Run until `captures` checkpoints were captured, then kill -9 m27 run and mdrun."""
+    proc = _spawn_run(spec)
+    try:
+        wait_until(lambda: len(_captures(home)) >= captures, timeout=240, what="captures")
+        (started,) = _md_started(home)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the power cut: m27 run, then mdrun
+        proc.wait()
+    os.killpg(started.pgid, signal.SIGKILL)
+
+
+def test_power_cut_mid_mdrun_resumes_from_the_captured_checkpoint(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    spec, out = _pipeline(tmp_path)
+    _power_cut(spec, m27_home, captures=2)
+    (crashed,) = json.loads(m27("runs", "--json").stdout)
+    assert crashed["status"] in ("crashed", "failed")  # failed once the node service saw it
+
+    done, _ = _resume(m27, "last", m27_home)
+    assert "restored simulation.cpt" in done.stdout
+    assert "resuming with: -cpi simulation.cpt" in done.stdout
+    start = _continued_from(done.stdout)
+    assert 0 < start < NSTEPS
+    log = (out / "simulation.log").read_text()
+    assert "Reading checkpoint file simulation.cpt" in log
+    assert "Restarting from checkpoint, appending to previous log file." in log
+    _assert_whole_energy_file(out)
+
+
+def test_a_damaged_capture_is_refused_and_the_previous_one_used(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    spec, out = _pipeline(tmp_path)
+    _power_cut(spec, m27_home, captures=3)
+    captures = _captures(m27_home)
+    newest, previous = Path(captures[-1].path), Path(captures[-2].path)
+    pack = newest.with_suffix(".pack")
+    pack.write_bytes(pack.read_bytes()[:-100])  # the newest capture, torn after the fact
+    (out / "simulation.cpt").write_bytes(b"torn")  # and the program's own file too
+
+    done, _ = _resume(m27, "last", m27_home)
+    assert f"capture {newest} is damaged, not restored" in done.stdout
+    assert f"restored simulation.cpt from {previous}" in done.stdout
+    start = _continued_from(done.stdout)
+    assert 0 < start < NSTEPS
+    _assert_whole_energy_file(out)
+
+
+def test_cancel_of_a_running_mdrun_leaves_a_checkpoint_that_resume_uses(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    spec, out = _pipeline(tmp_path, cpt="10m")  # no timed checkpoint: only the signal's
+    proc = _spawn_run(spec)
+    try:
+        wait_until(lambda: _md_started(m27_home), timeout=240, what="mdrun started")
+        wait_until(
+            lambda: (
+                (out / "simulation.edr").exists() and (out / "simulation.edr").stat().st_size > 2000
+            ),
+            timeout=240,
+            what="mdrun making progress",
+        )
+        run_id = node_state(m27_home).runs.popitem()[0]
+        cancelled = m27("cancel", run_id, "--wait", "120", timeout=180)
+        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+        assert proc.wait(timeout=180) is not None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (out / "simulation.log").read_text()
+    assert "Received the TERM signal" in log
+    written = re.findall(r"Writing checkpoint, step (\d+)", log)
+    assert written, log[-2000:]
+    assert len(_captures(m27_home)) >= 1
+    done, _ = _resume(m27, run_id, m27_home)
+    assert _continued_from(done.stdout) == int(written[-1])
+    _assert_whole_energy_file(out)
