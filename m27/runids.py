@@ -29,8 +29,12 @@ def new_run_id(now: float | None = None) -> str:
 
 
 def from_flow_run(flow_run_id: str) -> str:
-    """The run id of a flow run started by Prefect (a deployment), stable for that flow run."""
-    return f"pf-{uuid.UUID(flow_run_id).hex[:12]}"
+    """The run id of a flow run started by Prefect (a deployment), stable for that flow run.
+
+    Prefect's flow-run ids are UUIDv7: their first 12 hex digits are a millisecond
+    timestamp, shared by runs a schedule creates together, so the id takes the random
+    tail instead."""
+    return f"pf-{uuid.UUID(flow_run_id).hex[-12:]}"
 
 
 def resolve(prefix: str, known: Iterable[str]) -> str:

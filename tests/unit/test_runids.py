@@ -17,7 +17,7 @@ def test_new_run_ids_sort_by_time_and_are_unique() -> None:
 
 def test_flow_run_ids_map_to_a_stable_run_id() -> None:
     fid = "0f6b2e9a-1c1d-4a53-9d55-5f1f6f0c2a11"
-    assert from_flow_run(fid) == from_flow_run(fid) == "pf-0f6b2e9a1c1d"
+    assert from_flow_run(fid) == from_flow_run(fid) == "pf-5f1f6f0c2a11"
 
 
 def test_resolve_accepts_exact_ids_unique_prefixes_and_last() -> None:
@@ -29,3 +29,11 @@ def test_resolve_accepts_exact_ids_unique_prefixes_and_last() -> None:
         resolve("20261129", known)
     with pytest.raises(RunError, match="no run matches"):
         resolve("1999", known)
+
+
+def test_flow_runs_created_in_the_same_millisecond_get_distinct_run_ids() -> None:
+    # UUIDv7 ids of two scheduled flow runs: same 48-bit timestamp prefix, different tails.
+    a = "01a231a9-34af-7025-8a3e-5d1c2b3a4f01"
+    b = "01a231a9-34af-7637-9b4f-6e2d3c4b5a02"
+    assert from_flow_run(a) != from_flow_run(b)
+    assert from_flow_run(a) == from_flow_run(a)
