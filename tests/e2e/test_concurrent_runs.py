@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from m27.events import RunSucceeded
 from m27.store.sqlite import SqliteEventStore
 from tests.e2e._helpers import m27_env, node_state
 
@@ -70,7 +71,7 @@ def test_sixteen_runs_started_together_all_succeed(
         store.close()
     seqs = [r.seq for r in records]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # gapless
-    ends = {r.event.run_id for r in records if r.event.kind == "RunSucceeded"}
+    ends = {r.event.run_id for r in records if isinstance(r.event, RunSucceeded)}
     assert ends == set(runs)
     agents = [r.event for r in records if r.event.kind == "AgentStarted"]
     assert len(agents) == 1  # one node service served them all
