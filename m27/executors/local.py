@@ -511,6 +511,7 @@ __all__ = [
     "StepResult",
     "child_env",
     "default_log_path",
+    "open_guard",
     "resolve_argv",
     "run_step",
 ]
