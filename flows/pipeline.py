@@ -31,7 +31,7 @@ from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
 
 from flows import _logging, summary
-from m27 import RunnerError, liveness, runids
+from m27 import RunnerError, StoreError, liveness, runids
 from m27.checkpoint import artifact_for, latest_checkpoint
 from m27.config import load_settings, m27_home
 from m27.events import (
@@ -101,13 +101,16 @@ def _now() -> float:
 
 def _watch_cancel(run: _Run, stop: threading.Event) -> None:
     """Turn a CancelRequested for this run (from any process) into the cancel flag."""
-    after = run.store.last_seq()
-    while not stop.is_set() and not run.cancel.is_set():
-        for rec in run.store.follow(after, timeout=0.25):
-            after = rec.seq
-            ev = rec.event
-            if isinstance(ev, CancelRequested) and ev.run_id == run.run_id:
-                run.cancel.set()
+    try:
+        after = run.store.last_seq()
+        while not stop.is_set() and not run.cancel.is_set():
+            for rec in run.store.follow(after, timeout=0.25):
+                after = rec.seq
+                ev = rec.event
+                if isinstance(ev, CancelRequested) and ev.run_id == run.run_id:
+                    run.cancel.set()
+    except StoreError:  # the flow meets the same error on its next append and ends the run
+        return
 
 
 def _register_checkpoints(run: _Run, step: str, after: int) -> int:
@@ -162,7 +165,7 @@ def _self_checkpoint(run: _Run, step: Step) -> tuple[tuple[str, ...], SelfCheckp
         resume=plan.resume,
         signal=plan.signal,
         recipe=plan.recipe,
-        restore_from=tuple(d / step.name / "files" for d in run.resume_dirs),
+        restore_from=tuple(join_under(d, step.name, "files") for d in run.resume_dirs),
         poll=settings.capture_poll,
         pipeline=run.pipeline.name,
     )

@@ -517,7 +517,7 @@ class Agent:
             if not h.ended:
                 took = now - h.started_at if h.started_at is not None else 0.0
                 why = f"lost: its process and its requester (pid {req_pid}) are gone"
-                out.append(StepFailed(now, run_id, step, 0, max(0.0, took), why))
+                out.append(StepFailed(now, run_id, step, h.attempt, max(0.0, took), why))
         for key, r in self.book.requests.items():
             if r.pid > 0 and not liveness.alive(r.pid, r.pid_started):
                 why = f"lost: the process that requested it (pid {r.pid}) is gone"

@@ -91,6 +91,7 @@ def test_a_restarted_agent_readopts_live_steps_and_releases_lost_ones(
         released = [e for e in after if isinstance(e, ev.LeaseReleased) and e.step == "lost"]
         failed = [e for e in after if isinstance(e, ev.StepFailed) and e.step == "lost"]
         assert len(released) == 1 and len(failed) == 1 and "lost" in failed[0].reason
+        assert failed[0].attempt == started("lost")[0].attempt  # the attempt that was lost
         # the live step keeps its lease and GPU: the next step gets the freed GPU only
         live_gpus = next(
             e.gpus for e in _events(store) if isinstance(e, ev.LeaseGranted) and e.step == "live"

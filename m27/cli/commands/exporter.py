@@ -61,10 +61,11 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prometheus_client import generate_latest, start_http_server
+    from prometheus_client import generate_latest
 
     from m27.gpu import detect
     from m27.monitoring.exporter import DEFAULT_LISTEN, Sampler, build_registry
+    from m27.monitoring.server import serve
     from m27.store.sqlite import open_store
 
     host, port = parse_listen(args.listen or DEFAULT_LISTEN)
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             sys.stdout.write(generate_latest(registry).decode())
             return 0
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        server, thread = serve(registry, host, port)
         print(f"m27 exporter: http://{host}:{port}/metrics ({backend.kind} GPUs)", flush=True)
         stop = threading.Event()
 

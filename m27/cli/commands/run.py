@@ -12,6 +12,7 @@ from types import FrameType
 from typing import Any
 
 from m27 import runids
+from m27._exceptions import StoreError
 from m27.cli.commands import _common
 from m27.cli.commands._options import add_set_option
 from m27.cli.commands._progress import Progress
@@ -157,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
                 pipeline_name=pipeline.name,
                 return_state=True,
             )
+    except StoreError as exc:  # a full disk, say: one message, and the run's end recorded
+        print(f"m27: run {run_id} stopped: {exc}", file=sys.stderr)
+        _end_truthfully(store, run_id, f"the event log failed: {exc}")
+        return 1
     except BaseException as exc:
         state = _common.load_state(store)
         if run_id in state.runs and state.runs[run_id].status == "running":
@@ -182,10 +187,43 @@ def run(args: argparse.Namespace) -> int:
         print(f"m27: run {run_id} did not start: {message}", file=sys.stderr)
         return 1
     result = state.runs[run_id]
+    if result.status == "running":  # the flow ended without recording it (a store error)
+        message = getattr(flow_state, "message", "") or "the flow ended without an end event"
+        print(f"m27: run {run_id} stopped: {message}", file=sys.stderr)
+        if _end_truthfully(store, run_id, message):
+            result = _common.load_state(store).runs[run_id]
     progress.summary(result)
     if waited >= 0.05:
         print(f"(before the run: {waited:.1f}s starting the node service)")
     return 0 if result.status == "succeeded" else 1
+
+
+#: Tries (one second apart) to record a run's end after a store error: space may come back.
+END_TRIES = 5
+
+
+def _end_truthfully(store: Any, run_id: str, reason: str) -> bool:
+    """Record the end of a run that stopped on a store error: its steps' processes are
+    stopped and every step left running gets StepFailed, then RunCrashed with `reason`
+    (m27.node.crash.finalize). When the log still cannot be written, say so; the node
+    service records the run crashed once it can (its process is gone by then)."""
+    from m27.node.crash import finalize
+
+    last: StoreError | None = None
+    for attempt in range(END_TRIES):
+        try:
+            finalize(store, run_id, reason)
+            return True
+        except StoreError as exc:
+            last = exc
+            if attempt + 1 < END_TRIES:
+                time.sleep(1.0)
+    print(
+        f"m27: could not record the end of run {run_id} ({last}); it is recorded as "
+        "crashed when the event log can be written again",
+        file=sys.stderr,
+    )
+    return False
 
 
 def _start_notifier(store: Any) -> Any:

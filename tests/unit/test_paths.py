@@ -1,0 +1,98 @@
+"""Names never lead a path out of its root (issue 15): m27.paths and every place m27
+builds a path from a step name or run id."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from m27._exceptions import PathError, SpecError
+from m27.checkpoint import artifact_key
+from m27.node.agent import channel_path
+from m27.paths import NAME_MAX, join_under, name_problem, slug
+from m27.spec import parse_pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=80), st.text(max_size=20))
+def test_random_step_names_never_make_a_path_outside_its_root(name: str, run: str) -> None:
+    root = "/srv/m27-home"
+    for parts in [("checkpoints", run, name), ("runs", run, f"{name}.log"), (f"{name}.slurm",)]:
+        try:
+            path = join_under(root, *parts)
+        except PathError:
+            continue
+        real = os.path.realpath(path)
+        assert real.startswith(root + "/"), (parts, real)
+        assert os.path.dirname(real) != os.path.realpath(root) or len(parts) == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_a_name_the_spec_accepts_is_always_one_plain_path_part(name: str) -> None:
+    text = f"pipeline:\n  - {{name: {_quoted(name)}, type: cpu, command: echo}}\n"
+    try:
+        step = parse_pipeline(text, "p.yaml").steps[0]
+    except SpecError:
+        return
+    assert name_problem(step.name) is None and len(step.name) <= NAME_MAX
+    assert join_under("/h", "checkpoints", "r1", step.name).parent == Path("/h/checkpoints/r1")
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.encode("unicode_escape").decode("ascii").replace('"', '\\"') + '"'
+
+
+@pytest.mark.parametrize("bad", ["..", ".", "a/b", "", "a\0b", "x" * 256])
+def test_join_under_refuses_a_part_that_is_not_one_plain_component(bad: str) -> None:
+    with pytest.raises(PathError):
+        join_under("/h", "checkpoints", bad)
+
+
+def test_join_under_refuses_a_link_that_leads_out(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "evil").symlink_to("/etc")
+    with pytest.raises(PathError, match="outside"):
+        join_under(tmp_path / "root", "evil", "passwd")
+
+
+def test_channel_and_artifact_names_stay_confined() -> None:
+    assert channel_path(Path("/h"), ("r1", "a.b")) == Path("/h/channels/r1/a.b.chan")
+    with pytest.raises(PathError):
+        channel_path(Path("/h"), ("..", "a"))
+    assert artifact_key("My Pipe!", "Step_1.x") == "m27-ckpt-my-pipe-step-1-x"
+    assert re.fullmatch(r"[a-z0-9-]+", slug("../..//ÄÖ x"))
+
+
+#: Every module that builds a path from a step name or run id, and what it must call.
+CALL_SITES = {
+    "flows/pipeline.py": 5,
+    "m27/node/agent.py": 1,
+    "m27/executors/local.py": 1,
+    "m27/executors/slurm/__init__.py": 1,
+    "m27/cli/commands/checkpoints.py": 2,
+    "m27/cli/commands/logs.py": 1,
+}
+#: What a hand-built path from a name looks like: `x / step`, `/ f"{step}...`, `/ run_id`.
+_HAND_BUILT = re.compile(
+    r"/ (?:f\"\{(?:step|launch\.step|step\.name|args\.step)\b|(?:step|run_id|run\.run_id|"
+    r"self\.run_id|current)\b)"
+)
+
+
+def test_every_place_a_name_becomes_a_path_goes_through_join_under() -> None:
+    offenders = []
+    for path in sorted((ROOT / "m27").rglob("*.py")) + sorted((ROOT / "flows").rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if _HAND_BUILT.search(line) and "join_under" not in line:
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, "build these paths with m27.paths.join_under:\n" + "\n".join(offenders)
+    for rel, count in CALL_SITES.items():
+        assert (ROOT / rel).read_text().count("join_under(") >= count, rel
