@@ -22,6 +22,10 @@ class RunIdError(RunError):
     exit_code = 2
 
 
+#: How many of the runs an ambiguous prefix matches its error lists.
+SHOWN_MATCHES = 20
+
+
 def new_run_id(now: float | None = None) -> str:
     """A new id: local time of submission plus 16 random bits."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
@@ -53,7 +57,10 @@ def resolve(prefix: str, known: Iterable[str]) -> str:
         return matches[0]
     if not matches:
         raise RunIdError(f"no run matches {prefix!r} (see `m27 runs`)", run_id=prefix, matches=[])
-    shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+    # every match, so the user can pick one (a long list is cut, saying how many are left)
+    shown = ", ".join(matches[:SHOWN_MATCHES])
+    if len(matches) > SHOWN_MATCHES:
+        shown += f" and {len(matches) - SHOWN_MATCHES} more"
     raise RunIdError(
         f"{prefix!r} matches {len(matches)} runs: {shown}; type more of the id",
         run_id=prefix,

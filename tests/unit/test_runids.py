@@ -5,7 +5,7 @@ import re
 import pytest
 
 from m27 import RunError
-from m27.runids import from_flow_run, new_run_id, resolve
+from m27.runids import RunIdError, from_flow_run, new_run_id, resolve
 
 
 def test_new_run_ids_sort_by_time_and_are_unique() -> None:
@@ -37,3 +37,14 @@ def test_flow_runs_created_in_the_same_millisecond_get_distinct_run_ids() -> Non
     b = "01a231a9-34af-7637-9b4f-6e2d3c4b5a02"
     assert from_flow_run(a) != from_flow_run(b)
     assert from_flow_run(a) == from_flow_run(a)
+
+
+def test_an_ambiguous_prefix_lists_every_run_it_matches() -> None:
+    ids = [f"20261201-1200{i:02d}-abcd" for i in range(6)]
+    with pytest.raises(RunIdError) as err:
+        resolve("20261201-12", ids)
+    assert f"matches 6 runs: {', '.join(ids)}; type more" in str(err.value)
+    many = [f"20261201-12{i:04d}-abcd" for i in range(25)]
+    with pytest.raises(RunIdError) as err:
+        resolve("20261201-12", many)
+    assert "matches 25 runs:" in str(err.value) and "and 5 more" in str(err.value)
