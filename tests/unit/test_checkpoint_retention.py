@@ -143,3 +143,10 @@ def test_cli_accepts_a_checkpoint_directory(
 ) -> None:
     assert main(["checkpoints", "verify", str(run_dir)]) == 0
     assert "4 ok" in capsys.readouterr().out
+
+
+def test_cli_verify_without_a_run_says_what_it_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["checkpoints", "verify"]) == 2
+    err = capsys.readouterr().err
+    assert "`m27 checkpoints verify RUN [STEP]`" in err and "m27 runs" in err
+    assert "no run matches" not in err

@@ -49,6 +49,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     words = list(args.words)
+    if len(words) == 1 and words[0] in _ACTIONS[1:]:
+        print(
+            f"m27 checkpoints {words[0]}: give the run to {words[0]}: "
+            f"`m27 checkpoints {words[0]} RUN [STEP]` (RUN: a run id, a unique prefix, `last`, "
+            "or a checkpoint directory; `m27 runs` lists the runs)",
+            file=sys.stderr,
+        )
+        return 2
     action = words.pop(0) if words[0] in _ACTIONS and len(words) > 1 else "list"
     if not 1 <= len(words) <= 2:
         print("m27 checkpoints: expected [verify|gc] RUN [STEP]", file=sys.stderr)
