@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
+from m27 import liveness
 from m27.events import Event
 from m27.executors.local import StepLaunch
 from m27.store.memory import MemoryEventStore
@@ -27,11 +27,7 @@ def of(store: MemoryEventStore, kind: type[Event]) -> list[Event]:
 
 def running(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie nobody reaps counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
+    return liveness.alive(pid)
 
 
 def collect(lines: list[tuple[str, str]]) -> Callable[[str, str], None]:

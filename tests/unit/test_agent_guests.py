@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
+from m27 import liveness
 from m27.node.lease import AgentLease
 from m27.policy import Decision
 from m27.step._channel import Channel
@@ -71,10 +72,9 @@ def _granted(node: Node, step: str) -> Callable[[], bool]:
     return lambda: any(getattr(e, "step", "") == step for e in node.of(ev.LeaseGranted))
 
 
-def _proc_state(pid: int) -> str:
-    """The kernel's one-letter state of `pid` ("T" when stopped by a signal)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rfind(")") + 2]
+def _stopped(pid: int) -> bool:
+    """Whether `pid` is stopped by a signal (SIGSTOP)."""
+    return liveness.status(pid) in liveness.STOPPED
 
 
 def _of_step(node: Node, cls: type[ev.Event], step: str) -> list[ev.Event]:
@@ -114,7 +114,7 @@ def test_guest_computes_only_while_the_primary_waits_on_io_and_is_promoted_witho
         pid = started.pid  # type: ignore[attr-defined]
 
         def held() -> bool:
-            return channel.at_gate() or _proc_state(pid) == "T"
+            return channel.at_gate() or _stopped(pid)
 
         wait_until(held, what="the guest held at its gate or stopped")
         ticks.wait()
@@ -180,7 +180,7 @@ def test_a_guest_without_a_gate_is_stopped_by_signal_and_continued_when_promoted
     pid = started.pid  # type: ignore[attr-defined]
 
     # stopped while the primary computes (SIGSTOP lands when the kernel next runs it)
-    wait_until(lambda: _proc_state(pid) == "T", timeout=30.0)
+    wait_until(lambda: _stopped(pid), timeout=30.0)
     seen_stopped = time.time()
     flag.write_text("done")
     p, g = prim.wait(), guest.wait()
