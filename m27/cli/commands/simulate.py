@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from m27._exceptions import SpecError
 from m27.units import parse_duration
@@ -85,12 +85,8 @@ def _load(args: argparse.Namespace) -> Trace:
 
     kind = sniff(args.trace)
     if kind == "lab":
-        opts = dict(kv.split("=", 1) for kv in args.trace.partition(":")[2].split(",") if kv)
-        return lab_week(
-            seed=int(opts.get("seed", 0)),
-            gpus=args.gpus or 4,
-            load=float(opts.get("load", 1.0)),
-        )
+        seed, load = _lab_options(args.trace)
+        return lab_week(seed=seed, gpus=args.gpus or 4, load=load)
     path = Path(args.trace)
     if not path.exists():
         raise SpecError(f"no such trace: {path}", file=str(path))
@@ -102,7 +98,48 @@ def _load(args: argparse.Namespace) -> Trace:
 
         store = SqliteEventStore(path)
         try:
-            return trace_from_events(store.read(), gpus=args.gpus or 4)
+            records = store.read()
         finally:
             store.close()
+        return trace_from_events(records, gpus=args.gpus or _node_gpus(records) or 4)
     return load_trace(path)
+
+
+def _node_gpus(records: list[Any]) -> int | None:
+    """The GPU count of the node that wrote the log (its last ``AgentStarted``)."""
+    from m27.events import AgentStarted
+
+    counts = [r.event.gpus for r in records if isinstance(r.event, AgentStarted)]
+    return counts[-1] if counts and counts[-1] > 0 else None
+
+
+_LAB_KEYS = {"seed": "a whole number, e.g. lab:seed=3", "load": "a number > 0, e.g. lab:load=1.2"}
+
+
+def _lab_options(text: str) -> tuple[int, float]:
+    """``lab[:seed=N,load=X]`` -> (seed, load), with a clean message for a bad option."""
+    import difflib
+
+    seed, load = 0, 1.0
+    for item in text.partition(":")[2].split(","):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        if key not in _LAB_KEYS:
+            close = difflib.get_close_matches(key, list(_LAB_KEYS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else " (known: seed, load)"
+            raise SpecError(f"{text}: unknown option {key!r}{hint}", value=text)
+        try:
+            if not eq:
+                raise ValueError
+            if key == "seed":
+                seed = int(value)
+            else:
+                load = float(value)
+                if not load > 0:
+                    raise ValueError
+        except ValueError:
+            raise SpecError(
+                f"{text}: {key} must be {_LAB_KEYS[key]}, not {value!r}", value=text
+            ) from None
+    return seed, load
