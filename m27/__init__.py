@@ -17,6 +17,7 @@ from m27._exceptions import (
     GpuError,
     M27Error,
     NotifyError,
+    PathError,
     RunError,
     RunnerError,
     SpecError,
@@ -26,7 +27,6 @@ from m27._exceptions import (
 from m27.clock import Clock, FakeClock, SystemClock
 from m27.step import gate, io_wait
 
-__all__ = [
 if _typing.TYPE_CHECKING:
     from m27.checkpoint import Checkpointer
     from m27.config import Settings, load_settings
@@ -56,6 +56,7 @@ def __getattr__(name: str) -> object:
     return value
 
 
+__all__ = [
     "CheckpointError",
     "Checkpointer",
     "Clock",
@@ -65,6 +66,7 @@ def __getattr__(name: str) -> object:
     "GpuError",
     "M27Error",
     "NotifyError",
+    "PathError",
     "Pipeline",
     "Problem",
     "RunError",
