@@ -33,6 +33,7 @@ def _env(home: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PREFECT_API_URL", None)
     env["M27_HOME"] = str(home)
+    (home / "no-m2config").write_text("")
     env["M27_CONFIG"] = str(home / "no-m2config")
     env.setdefault("M27_GPUS", "sim:1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

@@ -25,6 +25,7 @@ mkdir -p "$OUT"
 cd "$ROOT" || exit 2
 export PYTHONUNBUFFERED=1 PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1
 export M27_HOME="$OUT/m27home" M27_CONFIG="$OUT/no-m2config" M27_GPUS=nvml
+: > "$M27_CONFIG"  # an empty settings file (a missing $M27_CONFIG file is an error)
 started=$(date +%s)
 declare -A status
 

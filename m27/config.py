@@ -143,9 +143,10 @@ def load_settings(env: Mapping[str, str] | None = None, path: Path | str | None 
     first bad entry, with the accepted form or a "did you mean".
     """
     env = os.environ if env is None else env
-    # A missing ~/.m2config or $M27_CONFIG file means "defaults" (tests point M27_CONFIG at
-    # a missing file to ignore the user's); a path passed in by code must exist.
-    explicit = path is not None
+    # A missing ~/.m2config means "defaults"; a file the user named ($M27_CONFIG) or code
+    # passed must exist: a typo in its path would otherwise silently drop every setting.
+    named = path is None and bool(env.get("M27_CONFIG"))
+    explicit = path is not None or named
     file = Path(path).expanduser() if path is not None else config_path(env)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -156,6 +157,10 @@ def load_settings(env: Mapping[str, str] | None = None, path: Path | str | None 
 
     if file.exists():
         _load_file(file, _display(file, env), values, sources)
+    elif named:
+        raise ConfigError(
+            f"config file {file} (named by M27_CONFIG) does not exist", file=str(file)
+        )
     elif explicit:
         raise ConfigError(f"config file {file} does not exist", file=str(file))
 

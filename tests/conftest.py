@@ -28,7 +28,9 @@ def m27_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = tmp_path / "m27home"
     home.mkdir()
     monkeypatch.setenv("M27_HOME", str(home))
-    monkeypatch.setenv("M27_CONFIG", str(tmp_path / "no-m2config"))
+    empty = tmp_path / "no-m2config"  # an empty settings file: the user's is not read
+    empty.write_text("")
+    monkeypatch.setenv("M27_CONFIG", str(empty))
     yield home
     _stop_node_service(home)
 

@@ -125,6 +125,7 @@ def start_worker(
 ) -> subprocess.Popen[bytes]:
     """An m27 worker standing for node `node` (its own M27_HOME and simulated GPUs)."""
     home.mkdir(parents=True, exist_ok=True)
+    (home / "no-m2config").write_text("")  # an empty settings file (a missing one is an error)
     env = lab.client_env(
         M27_HOME=str(home),
         M27_NODE=node,

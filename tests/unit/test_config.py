@@ -101,10 +101,19 @@ def test_m27_config_names_another_file(tmp_path: Path) -> None:
     assert settings.sources["keep_last"] == f"{other}:2"
 
 
-def test_missing_file_named_by_m27_config_means_defaults(tmp_path: Path) -> None:
-    settings = load_settings({"M27_CONFIG": str(tmp_path / "missing.ini")})
+def test_missing_file_named_by_m27_config_is_an_error(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.ini"
+    with pytest.raises(ConfigError, match=r"missing\.ini \(named by M27_CONFIG\) does not exist"):
+        load_settings({"M27_CONFIG": str(missing)})
+    missing.write_text("")  # an empty file: the defaults
+    settings = load_settings({"M27_CONFIG": str(missing)})
     assert settings == Settings()
     assert set(settings.sources.values()) == {"default"}
+
+
+def test_a_missing_home_m2config_means_defaults(tmp_path: Path) -> None:
+    settings = load_settings({"HOME": str(tmp_path / "nohome")})
+    assert settings == Settings()
 
 
 def test_missing_file_passed_by_code_is_an_error(tmp_path: Path) -> None:
