@@ -85,11 +85,26 @@ def _join(lines: list[str]) -> str:
     return "\n".join(line for line in lines if line)
 
 
+def _run_line(run_id: str, run: RunFacts) -> str:
+    """How a message names a run: its id (tap to copy) and its pipeline."""
+    return f"<code>{esc(run_id)}</code> · {esc(run.pipeline or '?')}"
+
+
+def _step_line(run_id: str, step: str) -> str:
+    """How a message names a step: its run's id and the step in bold."""
+    return f"<code>{esc(run_id)}</code> / <b>{esc(step)}</b>"
+
+
+def _resume_line(run_id: str) -> str:
+    """The command that resumes the run, ready to copy."""
+    return f"Resume: <code>{esc(resume_command(run_id))}</code>"
+
+
 def _run_succeeded(e: ev.RunSucceeded, run: RunFacts, node: str) -> Message:
     total = len(run.steps)
     lines = [
         _header("✅", "Run succeeded", node),
-        f"<code>{esc(e.run_id)}</code> · {esc(run.pipeline or '?')}",
+        _run_line(e.run_id, run),
         f"{run.steps_done}/{total} steps · {format_duration(e.duration_s)}",
         f"{run.gpu_seconds / 3600:.2f} GPU-h{_energy(run.energy_j)}"
         if run.gpu_seconds or run.energy_j is not None
@@ -104,8 +119,7 @@ def _run_failed(e: ev.RunFailed, run: RunFacts, node: str) -> Message:
     crashed = failure is not None and failure.signal is not None
     lines = [
         _header("💥" if crashed else "❌", "Run crashed" if crashed else "Run failed", node),
-        f"<code>{esc(e.run_id)}</code> · {esc(run.pipeline or '?')} · "
-        f"{format_duration(e.duration_s)}",
+        f"{_run_line(e.run_id, run)} · {format_duration(e.duration_s)}",
     ]
     steps = list(e.failed_steps) or ([failure.step] if failure else [])
     if failure is not None:
@@ -121,7 +135,7 @@ def _run_failed(e: ev.RunFailed, run: RunFacts, node: str) -> Message:
         lines.append(esc(e.reason))
     tail_lines = [
         f"log: <code>{esc(failure.log_path)}</code>" if failure and failure.log_path else "",
-        f"Resume: <code>{esc(resume_command(e.run_id))}</code>",
+        _resume_line(e.run_id),
         *_prefect_link(run),
     ]
     if failure is not None and failure.log_tail:
@@ -135,10 +149,10 @@ def _run_crashed(e: ev.RunCrashed, run: RunFacts, node: str) -> Message:
     running = [name for name, s in run.steps.items() if s.status == "running"]
     lines = [
         _header("💥", "Run crashed", node),
-        f"<code>{esc(e.run_id)}</code> · {esc(run.pipeline or '?')}",
+        _run_line(e.run_id, run),
         esc(e.reason) if e.reason else "",
         ("was running: " + ", ".join(f"<b>{esc(s)}</b>" for s in running)) if running else "",
-        f"Resume: <code>{esc(resume_command(e.run_id))}</code>",
+        _resume_line(e.run_id),
         *_prefect_link(run),
     ]
     return Message("run_failed", _join(lines))
@@ -148,10 +162,10 @@ def _run_cancelled(e: ev.RunCancelled, run: RunFacts, node: str) -> Message:
     by = run.cancel_requested_by
     lines = [
         _header("⏹", "Run cancelled", node),
-        f"<code>{esc(e.run_id)}</code> · {esc(run.pipeline or '?')}",
+        _run_line(e.run_id, run),
         f"by {esc(by)}" if by else "",
         esc(e.reason) if e.reason else "",
-        f"Resume: <code>{esc(resume_command(e.run_id))}</code>",
+        _resume_line(e.run_id),
     ]
     return Message("run_cancelled", _join(lines))
 
@@ -159,7 +173,7 @@ def _run_cancelled(e: ev.RunCancelled, run: RunFacts, node: str) -> Message:
 def _step_retried(e: ev.StepFailed, node: str) -> Message:
     lines = [
         _header("🔁", "Step retried", node),
-        f"<code>{esc(e.run_id)}</code> / <b>{esc(e.step)}</b>",
+        _step_line(e.run_id, e.step),
         f"attempt {e.attempt} failed after {format_duration(e.duration_s)}: "
         f"{esc(_how_it_ended(e.exit_code, e.signal))}",
         f"reason: {esc(e.reason)}" if e.reason else "",
@@ -171,7 +185,7 @@ def _step_retried(e: ev.StepFailed, node: str) -> Message:
 def _checkpoint_restored(e: ev.CheckpointRestored, node: str) -> Message:
     lines = [
         _header("♻️", "Checkpoint restored", node),
-        f"<code>{esc(e.run_id)}</code> / <b>{esc(e.step)}</b>",
+        _step_line(e.run_id, e.step),
         f"resumed at step {e.sim_step} from <code>{esc(e.path)}</code>",
     ]
     return Message("checkpoint_restored", _join(lines))
