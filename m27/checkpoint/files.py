@@ -182,6 +182,28 @@ class FileGuard:
             self._ckpt.close()
 
 
+def newer_than_captures(
+    directories: Sequence[Path], workdir: Path, patterns: Sequence[str], validate: Validator
+) -> bool:
+    """Whether the program's files in `workdir` are complete and newer than every capture.
+
+    That happens when the program wrote a checkpoint after the last capture and m27 was
+    gone before it could capture it (kill -9 of `m27 run`, then the node service stopped
+    the program with its checkpoint signal). Only with captures to resume from at all: a
+    fresh start never picks up files left in the workdir.
+    """
+    found = [m for d in directories for m in manifests(d)]
+    names = matched(workdir, patterns)
+    if not found or not names:
+        return False
+    try:
+        newest = max(m.stat().st_mtime_ns for m in found)
+        oldest_file = min((workdir / n).stat().st_mtime_ns for n in names)
+    except OSError:
+        return False
+    return oldest_file > newest and all(validate(workdir / n) is None for n in names)
+
+
 def restore_files(
     directories: Sequence[Path],
     workdir: Path,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from m27.checkpoint.files import FileGuard, restore_files
+from m27.checkpoint.files import FileGuard, newer_than_captures, restore_files
 from m27.clock import Clock
 from m27.executors import _proc
 from m27.executors.engines import recipe_named
@@ -119,6 +119,22 @@ def open_guard(
     recipe = recipe_named(spec.recipe)
     validate = recipe.valid_file if recipe is not None else None
     own = capture_dir(checkpoint_dir)
+    guard = FileGuard(
+        own,
+        where,
+        spec.files,
+        store=store,
+        run_id=run_id,
+        step=step,
+        pipeline=spec.pipeline,
+        validate=validate,
+        clock=clock,
+    )
+    if validate is not None and newer_than_captures(
+        [own, *spec.restore_from], where, spec.files, validate
+    ):
+        note(f"{', '.join(spec.files)} in the workdir is complete and newer than the last capture")
+        guard.poll(final=True)
     restored = restore_files(
         [own, *spec.restore_from],
         where,
@@ -140,17 +156,6 @@ def open_guard(
         )
         argv = (*argv, *resume)
         resume_path = str(restored.path)
-    guard = FileGuard(
-        own,
-        where,
-        spec.files,
-        store=store,
-        run_id=run_id,
-        step=step,
-        pipeline=spec.pipeline,
-        validate=validate,
-        clock=clock,
-    )
     if restored is not None:
         guard.adopt(restored)
     sig = signal.Signals[f"SIG{spec.signal}"]

@@ -88,3 +88,47 @@ def test_restore_with_no_capture_leaves_the_workdir_alone(tmp_path: Path) -> Non
     (tmp_path / "x.cpt").write_bytes(b"keep")
     assert restore_files([tmp_path / "none"], tmp_path) is None
     assert (tmp_path / "x.cpt").read_bytes() == b"keep"
+
+
+def test_a_complete_newer_file_in_the_workdir_is_captured_and_used(tmp_path: Path) -> None:
+    """kill -9 of m27 run, then mdrun wrote its checkpoint on SIGTERM: that one is newest."""
+    from dataclasses import dataclass
+
+    from m27.clock import SystemClock
+    from m27.executors._guard import SelfCheckpoint, open_guard
+
+    store = MemoryEventStore()
+    guard = _guard(tmp_path, store)
+    work = guard.workdir
+    _cpt(work / "sim.cpt", b"1")
+    guard.poll(final=True)
+    guard.stop()
+    newer = _cpt(work / "sim.cpt", b"2")
+    stamp = (tmp_path / "ckpt").stat().st_mtime_ns + 10**9
+    os.utime(work / "sim.cpt", ns=(stamp, stamp))
+
+    spec = SelfCheckpoint(files=("sim.cpt",), resume=("--resume", "sim.cpt"), recipe="gromacs")
+
+    @dataclass(frozen=True)
+    class Launch:
+        run_id: str = "r1"
+        step: str = "md"
+        workdir: Path = work
+        checkpoint_dir: Path = tmp_path
+        self_checkpoint: SelfCheckpoint = spec
+
+    (tmp_path / "files").symlink_to(tmp_path / "ckpt")  # capture_dir(tmp_path)
+    notes: list[str] = []
+    g = open_guard(Launch(), ("prog",), store, SystemClock(), notes.append)
+    assert g.guard is not None
+    g.guard.stop()
+    assert g.argv == ("prog", "--resume", "sim.cpt")
+    assert (work / "sim.cpt").read_bytes() == newer
+    assert any("newer than the last capture" in n for n in notes)
+    # a torn newer file is not: the capture wins
+    (work / "sim.cpt").write_bytes(HEAD + b"x")
+    os.utime(work / "sim.cpt", ns=(stamp * 2, stamp * 2))
+    g = open_guard(Launch(), ("prog",), store, SystemClock(), notes.append)
+    assert g.guard is not None
+    g.guard.stop()
+    assert (work / "sim.cpt").read_bytes() == newer
