@@ -265,7 +265,7 @@ def policy_input(
                 queued_at=req.at if req else h.granted_at,
                 started_at=h.started_at if h.started_at is not None else h.granted_at,
                 time_limit=req.time_limit if req else None,
-                io_waiting=role == "primary" and io_waiting(key),
+                io_waiting=role != "cpu" and io_waiting(key),
             )
         )
     return PolicyInput(

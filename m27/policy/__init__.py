@@ -172,7 +172,20 @@ def decide(inp: PolicyInput) -> Decision:
         granted: set[StepKey] = set()
         if not cfg.fifo:
             outrank(ranked, gpus, usable, cfg, now, actions, granted)
-        promote(gpus, usable, actions)
+        first_wide_ranked: Ranked | None = None
+        if not cfg.fifo:
+            first_wide_ranked = next(
+                (
+                    r
+                    for r in ranked
+                    if r.pending.type == "gpu"
+                    and not r.background
+                    and 1 < r.pending.gpus <= len(usable)
+                    and r.pending.key not in granted
+                ),
+                None,
+            )
+        promote(gpus, usable, actions, first_wide_ranked, cfg)
         _place(ranked, _Pass(gpus, usable, cfg, now, actions, notes, granted), cpu_busy)
     standby: dict[int, StepKey] = {}
     next_check = run_or_pause(gpus, usable, cfg, now, actions, standby)

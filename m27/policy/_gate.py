@@ -20,12 +20,29 @@ from m27.policy._model import (
 from m27.policy._state import GpuState, Ranked, Slot, is_bg_host, room_beside
 
 
-def promote(gpus: dict[int, GpuState], usable: list[int], actions: list[Action]) -> None:
-    """A primary that ended: its best guest takes over in place, before anyone new."""
+def promote(
+    gpus: dict[int, GpuState],
+    usable: list[int],
+    actions: list[Action],
+    wide: Ranked | None = None,
+    cfg: PolicyConfig | None = None,
+) -> None:
+    """A primary that ended: its best guest takes over in place, before anyone new.
+
+    Except for the first multi-GPU step by rank (`wide`), when it outranks that guest and
+    fits beside the guests: the GPU stays free for its reservation (the guests stay
+    loaded and paused) instead of being held by one guest after another."""
     for i in usable:
         st = gpus[i]
         if st.primary is None and st.guests:
             best = min(st.guests, key=Slot.guest_rank)
+            if (
+                wide is not None
+                and cfg is not None
+                and wide.eff > best.eff
+                and room_beside(st, wide.pending.gpu_memory, cfg)
+            ):
+                continue
             st.guests.remove(best)
             best.fresh = True
             best.paused = False
@@ -174,8 +191,10 @@ def gate(
             g.paused = True
         return next_check
     order = sorted(guests, key=Slot.guest_rank)
-    standby[i] = order[0].key
-    best = order[0] if io else None
+    # a guest in its own I/O wait (its hint) would leave the gap unused: the next one fills it
+    ready = next((g for g in order if not g.io_waiting), order[0])
+    standby[i] = ready.key
+    best = ready if io else None
     for g in order:
         if g is best and g.paused:
             actions.append(ResumeGuest(g.key, i))

@@ -64,8 +64,8 @@ def first_wide(
     if not candidates:
         return None, too_wide
     if one_owner:
-        best = min(candidates, key=lambda t: (t[0], t[1].queued_at, t[1].key))
-        return best[1], too_wide
+        first = min(candidates, key=lambda t: (t[0], t[1].queued_at, t[1].key))
+        return first[1], too_wide
     # fair share: an owner's n-th waiting step (same effective priority) counts as if the
     # owner held n more GPUs; n is its place among that owner's steps at that priority
     before: dict[tuple[int, str], list[tuple[float, StepKey]]] = {

@@ -250,7 +250,8 @@ class _Engine:
         lv.phase_started = now
         if lv.phase < len(lv.job.phases):
             lv.remaining = lv.job.phases[lv.phase][1]
-            self.go(lv, now)
+            if lv.role != "guest" or not lv.paused or _io_goes_on(lv):
+                self.go(lv, now)
             return
         self.finish(lv, now)
 
@@ -316,7 +317,7 @@ class _Engine:
                 if lv.role != "guest":
                     raise SimulationError(f"{a.key} is not a guest", step=a.key)
                 lv.paused = isinstance(a, PauseGuest)
-                if lv.paused:
+                if lv.paused and not _io_goes_on(lv):
                     self.stop(lv, now)
                 else:
                     self.go(lv, now)
@@ -345,6 +346,12 @@ class _Engine:
                 lv.role, lv.paused = "guest", True
                 changed = True
         return changed
+
+
+def _io_goes_on(lv: Live) -> bool:
+    """A paused guest that marks its I/O (``m27.io_wait``, so it has a gate) keeps doing
+    its I/O: only its gate is closed, and it stops there when the I/O ends."""
+    return lv.in_io and lv.job.io_hint
 
 
 def simulate(trace: Trace, scheduler: Scheduler, gpus: int | None = None) -> SimResult:

@@ -140,7 +140,7 @@ def _running(lv: Live) -> Running:
         queued_at=lv.queued_at,
         started_at=lv.started_at or 0.0,
         time_limit=lv.job.time_limit,
-        io_waiting=lv.job.io_hint and lv.role == "primary" and lv.in_io,
+        io_waiting=lv.job.io_hint and lv.role != "cpu" and lv.in_io,
     )
 
 
