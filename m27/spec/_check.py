@@ -75,6 +75,7 @@ class Checker(Reader):
         self.priority = 0
         self.executor = "local"
         self.workdir: str | None = None
+        self.declared: set[str] = set()
 
     # -- top level -------------------------------------------------------------------
 
@@ -113,6 +114,7 @@ class Checker(Reader):
         if isinstance(root, MappingNode):
             steps_node, list_key = self._steps_node(root, top)
         drafts = self._steps(steps_node, list_key)
+        self._unused_sets()
         if self.problems:
             return None
         return Pipeline(
@@ -154,6 +156,16 @@ class Checker(Reader):
                     self._file_problem(f"--set {key}=...: bad variable name {key!r}")
                 )
         self.values = {**defaults, **self.overrides}
+        self.declared = set(mapping or {})
+
+    def _unused_sets(self) -> None:
+        """`--set STEP=5000` for a pipeline with `STEPS`: an error, not a value ignored."""
+        undefined = self.used - set(self.values)  # those are reported at their use
+        for key in sorted(set(self.overrides) - self.declared - self.used):
+            if VAR_NAME.match(key) and not suggest(key, undefined):
+                hint = suggest(key, self.declared | self.used)
+                message = f"--set {key}=...: the pipeline has no variable {key!r}{hint}"
+                self.problems.append(self._file_problem(message))
 
     def _steps_node(self, root: Node, top: dict[str, tuple[Node, Node]]) -> tuple[Node | None, str]:
         if "pipeline" in top and "steps" in top:

@@ -80,6 +80,7 @@ class Reader:
     values: dict[str, str] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     broken: set[str] = field(default_factory=set)  # variables whose definition was invalid
+    used: set[str] = field(default_factory=set)  # variables some {{placeholder}} names
     source: str = ""  # the file's text: marks index into it (the C loader keeps no buffer)
     dropped: int = 0  # problems found beyond MAX_PROBLEMS, counted and not kept
 
@@ -229,6 +230,7 @@ class Reader:
             self.add(node, where, bad.message, bad.offset)
         ok = not malformed
         for ph in placeholders:
+            self.used.add(ph.name)
             if ph.name in self.broken:
                 ok = False
             elif ph.name not in self.values:
