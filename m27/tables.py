@@ -6,9 +6,10 @@ up the same way everywhere and no command aligns f-strings by hand.
 
 Two rules shape the output:
 
-- In a terminal the table fits its width: columns marked ``wrap`` (free text: notes,
-  reasons, paths) wrap inside their cell, the others keep their values whole, so the table
-  stays readable at 80 columns.
+- In a terminal the table fits its width, so it stays readable at 80 columns: cells wrap
+  inside their column instead of a column being dropped. Columns marked ``wrap`` (free
+  text and names: notes, reasons, run and step names) may break anywhere and lose no
+  character; the others break at spaces and cut a longer word with "…".
 - Anywhere else (a pipe, a file, a test) a row is one line, however long, so ``grep`` and
   ``awk`` keep working; lines carry no trailing blanks, no colour and no box drawing.
 
@@ -38,8 +39,9 @@ UNBOUNDED = 100_000
 
 @dataclass(frozen=True)
 class Col:
-    """A column: its header, right-aligned (numbers) or not, and whether its cells may
-    wrap in a narrow terminal (free text); values longer than `max_width` are cut with …"""
+    """A column: its header, right-aligned (numbers) or not, and whether it holds free
+    text that may break anywhere in a narrow terminal; values longer than `max_width`
+    are cut with …"""
 
     header: str
     right: bool = False
@@ -58,12 +60,15 @@ def render(
     the ``wrap`` columns allow it. Cell values are shown as ``str(value)``, never as rich
     markup, so ``[brackets]`` in a path stay as they are; None shows as an empty cell."""
     table = Table(box=None, pad_edge=False, show_edge=False, padding=(0, 1), header_style="")
+    # Unbounded: nothing needs to wrap and nothing may (a value over max_width is cut).
+    # Bounded (a terminal): every cell may wrap, so rich never drops a column to fit.
+    one_line = width >= UNBOUNDED
     for c in cols:
         col = Col(c) if isinstance(c, str) else c
         table.add_column(
             col.header,
             justify="right" if col.right else "left",
-            no_wrap=not col.wrap,
+            no_wrap=one_line,
             overflow="fold" if col.wrap else "ellipsis",
             max_width=col.max_width,
         )

@@ -42,3 +42,20 @@ def test_values_are_text_not_markup_and_long_values_are_cut() -> None:
     assert "/x/[red]y[/red]" in row
     assert row.endswith("abcdefg…")
     assert render(["A", "B"], [(None, 0)]).splitlines()[1] == "   0"
+
+
+def test_a_wide_table_at_80_columns_keeps_every_column() -> None:
+    cols = [Col("GPU", right=True), Col("NAME", max_width=26), Col("UUID", max_width=14)]
+    cols += [Col(h, right=True) for h in ("UTIL", "MEMORY", "TEMP", "POWER")]
+    cols += [Col("PRIMARY", wrap=True), Col("GUESTS", wrap=True)]
+    name = "NVIDIA H100 80GB HBM3 PCIe Gen5"
+    row = ("0", name, "GPU-5d3c1a2b-7e8f", "100%", "71.3GiB / 80.0GiB", "65C", "650W")
+    row += ("20260101-000000-abcd/md_simulation", "r2/analysis (paused)")
+    head, *lines = render(cols, [row], width=80).splitlines()
+    assert max(len(line) for line in [head, *lines]) <= 80
+    assert head.split() == [c.header for c in cols]  # no column dropped to make it fit
+    start, end = head.index("PRIMARY"), head.index("GUESTS")
+    primary = "".join(line[start:end].strip() for line in lines)
+    assert primary == "20260101-000000-abcd/md_simulation"  # wrapped, every character kept
+    (one,) = render(cols, [row]).splitlines()[1:]  # in a pipe: one line, the long name cut
+    assert name[:25] + "…" in one and one.endswith("r2/analysis (paused)")

@@ -130,7 +130,7 @@ def _list(targets: list[tuple[str, Path]], as_json: bool) -> int:
         valid = "yes" if r["valid"] else f"NO: {r['problem']}"
         sim = r["sim_step"] if r["sim_step"] is not None else "?"
         table.append((r["step"], r["seq"], when, sim, written, changed, valid))
-    cols = [Col("STEP"), Col("#", right=True), Col("TIME"), Col("SIM STEP", right=True)]
+    cols = [Col("STEP", wrap=True), Col("#", right=True), Col("TIME"), Col("SIM STEP", right=True)]
     cols += [Col("WRITTEN", right=True), Col("CHANGED", right=True), Col("VALID", wrap=True)]
     tables.show(cols, table)
     return 0

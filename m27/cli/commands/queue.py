@@ -137,6 +137,6 @@ def run(args: argparse.Namespace) -> int:
         rows.append((h["step"], h["tier"], h["role"], gpus, h["priority"], h["state"]))
     for w in snap["waiting"]:
         rows.append((w["step"], "waiting", w["type"], w["gpus"], w["priority"], w["why"]))
-    cols = [Col("STEP"), Col("TIER"), Col("ROLE"), Col("GPUS"), Col("PRIO", right=True)]
+    cols = [Col("STEP", wrap=True), Col("TIER"), Col("ROLE"), Col("GPUS"), Col("PRIO", right=True)]
     tables.show([*cols, Col("STATE", wrap=True)], rows)
     return 0

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         print("no runs yet: start one with `m27 run PIPELINE.yaml`")
         return 0
     cols = [
-        Col("RUN"),
+        Col("RUN", wrap=True),
         Col("PIPELINE", max_width=18),
         Col("STATUS"),
         Col("STARTED"),

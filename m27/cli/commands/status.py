@@ -148,7 +148,7 @@ def _print_run(r: RunState, energy: _Energy) -> None:
             note = f"{note} checkpoint@{s['checkpoint_step']}".strip()
         rows.append((name, s["type"], s["status"], s["attempts"], took, where, note))
     cols = [
-        Col("STEP"),
+        Col("STEP", wrap=True),
         Col("TYPE"),
         Col("STATUS"),
         Col("TRY", right=True),
