@@ -120,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"m27: {problem}", file=sys.stderr)
         return 2
+    from m27.config import load_settings
+
+    load_settings()  # a bad ~/.m2config or M27_CONFIG: a clean error here, not in the flow
     _prefect_defaults(args.verbose)
     waited = _node_service()
     store = _common.store()
@@ -190,8 +193,9 @@ def run(args: argparse.Namespace) -> int:
     if result.status == "running":  # the flow ended without recording it (a store error)
         message = getattr(flow_state, "message", "") or "the flow ended without an end event"
         print(f"m27: run {run_id} stopped: {message}", file=sys.stderr)
-        if _end_truthfully(store, run_id, message):
-            result = _common.load_state(store).runs[run_id]
+        if not _end_truthfully(store, run_id, message):
+            return 1  # no summary: the log cannot say how the run ended
+        result = _common.load_state(store).runs[run_id]
     progress.summary(result)
     if waited >= 0.05:
         print(f"(before the run: {waited:.1f}s starting the node service)")
