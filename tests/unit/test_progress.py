@@ -115,3 +115,24 @@ def test_summary_shows_the_energy_each_step_used_when_it_was_measured(
     sim = next(line for line in out.splitlines() if line.strip().endswith("kJ"))
     assert "sim" in sim and "12.3 kJ" in sim
     assert "energy: 12.3 kJ on GPUs" in out
+
+
+def test_a_resumed_run_shows_every_step_done_naming_the_earlier_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = MemoryEventStore()
+    pipeline = parse_pipeline(SPEC, tmp_path / "demo.yaml")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, "r2", "demo", "/x/demo.yaml", ("prep", "sim"), resume_of="r1"),
+            ev.StepSkipped(1.1, "r2", "prep", "succeeded in the resumed run"),
+            ev.StepStarted(2.0, "r2", "sim", 1, 101, 101, ("echo", "sim"), (1,)),
+            ev.StepSucceeded(3.0, "r2", "sim", 1, 1.0),
+            ev.RunSucceeded(3.1, "r2", 2.1),
+        ]
+    )
+    run = fold(store.read()).runs["r2"]
+    Progress(store, "r2", pipeline, live=False).summary(run)
+    out = capsys.readouterr().out
+    assert "succeeded  prep  (in the earlier run r1)" in out
+    assert "succeeded  sim" in out and "skipped" not in out

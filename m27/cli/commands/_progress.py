@@ -233,7 +233,11 @@ class Progress:
                 extra = f"  {code} {st.reason}".rstrip()
             if st.energy_j:  # measured by the exporter from NVML energy counters
                 extra += f"  {format_energy(st.energy_j)}"
-            print(f"  {st.status:<10} {name}{extra}")
+            shown = st.status
+            if st.status == "skipped" and st.reason.startswith("succeeded"):
+                shown = "succeeded"  # done already: a resumed run shows every step done
+                extra += f"  (in the earlier run {run.resume_of})" if run.resume_of else ""
+            print(f"  {shown:<10} {name}{extra}")
         finals = [s for s in self.pipeline.steps if not self.pipeline.dependents(s.name)]
         made = [
             str(Path(s.workdir or self.pipeline.workdir) / o)  # relative to the step's folder
