@@ -32,7 +32,7 @@ from functools import cached_property, partial
 
 from m27.policy._explain import explain
 from m27.policy._gate import gate, outrank, promote, run_or_pause
-from m27.policy._hold import LazyRanking, first_wide, nothing_starts
+from m27.policy._hold import first_wide, nothing_starts
 from m27.policy._model import (
     Action,
     Demote,
@@ -111,11 +111,15 @@ class Decision:
     _ranked: Sequence[Ranked] = field(default=(), repr=False, compare=False)
     _gpus: Mapping[int, GpuState] = field(default_factory=dict, repr=False, compare=False)
     _notes: Mapping[StepKey, list[Note]] = field(default_factory=dict, repr=False, compare=False)
+    #: decided by the busy-node shortcut: the reasons come from the full pass, on demand
+    _shortcut: bool = field(default=False, repr=False, compare=False)
 
     @cached_property
     def reasons(self) -> dict[StepKey, str]:
         if self._inp is None:
             return {}
+        if self._shortcut:
+            return _decide(self._inp, shortcut=False).reasons
         started = {a.key for a in self.actions if isinstance(a, Grant | StartCpu)}
         return explain(self._inp, self._ranked, self._gpus, self._notes, started)
 
@@ -131,6 +135,10 @@ class Decision:
 
 def decide(inp: PolicyInput) -> Decision:
     """The actions that bring the node to the three-tier layout for `inp`; pure."""
+    return _decide(inp)
+
+
+def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
     if not inp.pending:
         return _gate_only(inp)
     cfg, now = inp.config, inp.now
@@ -153,20 +161,16 @@ def decide(inp: PolicyInput) -> Decision:
             gpus[r.gpus[0]].guests.append(slot)
     usable = [i for i, st in gpus.items() if not st.view.lost]
 
-    ranked: Sequence[Ranked]
-    if nothing_starts(inp, gpus, usable, cpu_busy):
+    ranked: Sequence[Ranked] = ()
+    hold_only = shortcut and nothing_starts(inp, gpus, usable, cpu_busy)
+    if hold_only:
         # a busy node: only the first multi-GPU step's reservation depends on the queue
-        ranked = LazyRanking(inp, held, cfg)
-        wide, too_wide = first_wide(inp, held, len(usable))
-        for p in too_wide:
-            notes[p.key] = [_too_wide_text(p.gpus, gpus, usable)]
+        wide = first_wide(inp, held, len(usable))
         if wide is not None:
             hold = _reservation(gpus, usable, wide.gpus, [])
             for i in hold:
                 gpus[i].reserved_for, gpus[i].reserved_gpus = wide.key, wide.gpus
             actions.append(Reserve(wide.key, tuple(hold)))
-            text = f"holds GPU {', '.join(map(str, hold))} until all {wide.gpus} are free"
-            notes[wide.key] = [text]
     else:
         ranked = order_pending(inp.pending, held, inp.usage_by_owner, now, cfg)
         granted: set[StepKey] = set()
@@ -189,7 +193,7 @@ def decide(inp: PolicyInput) -> Decision:
         _place(ranked, _Pass(gpus, usable, cfg, now, actions, notes, granted), cpu_busy)
     standby: dict[int, StepKey] = {}
     next_check = run_or_pause(gpus, usable, cfg, now, actions, standby)
-    return Decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes)
+    return Decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes, hold_only)
 
 
 def _gate_only(inp: PolicyInput) -> Decision:
