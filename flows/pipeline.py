@@ -262,7 +262,10 @@ _RUNS: dict[str, _Run] = {}
 def step_task(run_id: str, step: str) -> State:
     """One pipeline step (the task run takes the step's name)."""
     run = _RUNS[run_id]
-    return _step_body(run, run.pipeline.step(step))
+    try:
+        return _step_body(run, run.pipeline.step(step))
+    except StoreError as exc:  # the step's end could not be recorded; the run is closed later
+        return Failed(message=f"the event log failed: {exc}")
 
 
 @task(name="skipped", cache_policy=NO_CACHE, persist_result=False)
@@ -368,6 +371,8 @@ def pipeline_flow(
         outcome = _walk(run, pipeline, done)
     finally:
         stop_watch.set()
+    except StoreError as exc:  # a full disk, say: `m27 run` or the crash watcher closes the run
+        return Failed(message=f"the event log failed: {exc}")  # a state: no traceback logged
         watcher.join(timeout=2)
         _RUNS.pop(run_id, None)
         run.lease.close()
