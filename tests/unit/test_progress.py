@@ -136,3 +136,35 @@ def test_a_resumed_run_shows_every_step_done_naming_the_earlier_run(
     out = capsys.readouterr().out
     assert "succeeded  prep  (in the earlier run r1)" in out
     assert "succeeded  sim" in out and "skipped" not in out
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_live_table_is_readable_at_80_and_100_columns(tmp_path: Path, width: int) -> None:
+    spec = SPEC.replace("name: prep", "name: preprocessing").replace("[prep]", "[preprocessing]")
+    spec = spec.replace("name: sim", "name: md_simulation")
+    store = MemoryEventStore()
+    pipeline = parse_pipeline(spec, tmp_path / "demo.yaml")
+    progress = Progress(store, "20261201-131210-f68a", pipeline, live=True)
+    progress.console = Console(file=io.StringIO(), width=width, force_terminal=True)
+    progress.start()
+    run = "20261201-131210-f68a"
+    store.append(
+        [
+            ev.RunSubmitted(1.0, run, "demo", "/x/demo.yaml", ("preprocessing", "md_simulation")),
+            ev.StepStarted(1.2, run, "preprocessing", 1, 100, 100, ("echo",)),
+            ev.StepSucceeded(1.5, run, "preprocessing", 1, 0.3),
+        ]
+    )
+    progress.on_line("md_simulation", "stdout", "step 1400/2000 E=-2043.7371 T=0.7294 ok ok")
+    progress.stop()
+    screen = Console(file=io.StringIO(), width=width)
+    screen.print(progress._table())
+    lines = screen.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert all(len(line) <= width for line in lines)
+    header = next(line for line in lines if "step" in line and "status" in line)
+    for col in ("type", "where", "time", "last output"):
+        assert col in header
+    prep = next(line for line in lines if "preprocessing" in line)
+    assert "succeeded" in prep and "300ms" in prep  # nothing but the output is cut
+    sim = next(line for line in lines if "md_simulation" in line)
+    assert "step 1400/2000" in sim and "…" in sim

@@ -200,9 +200,18 @@ class Progress:
         sys.stdout.flush()
 
     def _table(self) -> Table:
-        table = Table(title=f"{self.pipeline.name} / {self.run_id}", title_justify="left")
-        for col in ("step", "type", "status", "where", "time", "last output"):
-            table.add_column(col, overflow="ellipsis", no_wrap=True)
+        # Readable at 80 columns: the fixed columns keep their full width (a step name up to
+        # 24 characters), "last output" takes what is left and is cut with an ellipsis.
+        table = Table(
+            title=f"{self.pipeline.name} / {self.run_id}", title_justify="left", expand=True
+        )
+        longest = max((len(name) for name in self.rows), default=4)
+        table.add_column("step", no_wrap=True, overflow="ellipsis", min_width=min(longest, 24))
+        table.add_column("type", no_wrap=True, min_width=len("gpu_light"))
+        table.add_column("status", no_wrap=True, min_width=len("succeeded"))
+        table.add_column("where", no_wrap=True, min_width=5)
+        table.add_column("time", no_wrap=True, min_width=6)
+        table.add_column("last output", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
         now = time.time()
         with self._lock:
             for name, row in self.rows.items():
