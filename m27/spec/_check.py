@@ -132,9 +132,9 @@ class Checker(Reader):
     def _pipeline_name(self, top: dict[str, tuple[Node, Node]]) -> str | None:
         if "name" not in top:
             return None
-        value = self.text(top["name"][1], "name")
-        if value is not None and not value.strip():
-            self.add(top["name"][1], "name", "must not be empty")
+        value = self.plain(top["name"][1], "name")
+        if value is not None and not (value.strip() and len(value) <= 200):
+            self.add(top["name"][1], "name", "must be 1 to 200 characters, not only blanks")
             return None
         return value
 
@@ -232,9 +232,9 @@ class Checker(Reader):
         if (n := get("slurm")) is not None and self.mapping(n, f"{where}.slurm", SLURM_KEYS):
             v["slurm"] = MappingProxyType(self.raw(n, f"{where}.slurm") or {})
         if (n := get("container")) is not None:
-            v["container"] = self.text(n, f"{where}.container")
+            v["container"] = self.plain(n, f"{where}.container")
         if (n := get("binds")) is not None:
-            v["binds"] = tuple(t for t, _, _ in self.texts(n, f"{where}.binds") or [])
+            v["binds"] = tuple(self.plains(n, f"{where}.binds"))
         if (n := get("allow_outside")) is not None:
             draft.allow_outside = bool(self.boolean(n, f"{where}.allow_outside"))
         if (n := get("workdir")) is not None:
@@ -355,9 +355,9 @@ class Checker(Reader):
         return os.path.normpath(self.base / Path(rendered).expanduser())
 
     def _confined(self, tpl: Template, rendered: str, folder: str | None, allow: bool) -> bool:
-        """True when the rendered path holds no NUL and stays where the file allows: under
-        the pipeline's folder or `folder` (the step's workdir), or under the absolute folder
-        the file wrote before any {{VAR}}; anywhere with allow_outside: true."""
+        """True when the rendered path holds no NUL and stays under the pipeline's folder or
+        `folder` (the step's workdir), or under the absolute folder written before any
+        {{VAR}}; anywhere with allow_outside: true (docs/pipelines.md)."""
         if "\0" in rendered:
             self.add(tpl.node, tpl.field, "a variable's value puts a NUL byte into the path")
             return False

@@ -156,6 +156,25 @@ class Reader:
         self.add(node, where, f"must be a string, got {describe(node)}")
         return None
 
+    def plain(self, node: Node, where: str) -> str | None:
+        """text() for a value used as written (a name, an image, a bind): no NUL byte, which
+        no path, argument or environment variable can carry."""
+        value = self.text(node, where)
+        if value is not None and "\0" in value:
+            self.add(node, where, "holds a NUL byte, which no path or argument can carry")
+            return None
+        return value
+
+    def plains(self, node: Node, where: str) -> list[str]:
+        """texts() for values used as written, without those holding a NUL (reported)."""
+        out = []
+        for text, item, path in self.texts(node, where) or []:
+            if "\0" in text:
+                self.add(item, path, "holds a NUL byte, which no path or argument can carry")
+            else:
+                out.append(text)
+        return out
+
     def texts(self, node: Node, where: str) -> list[tuple[str, Node, str]] | None:
         """A string or a list of strings, as (text, node, field path) triples."""
         if isinstance(node, SequenceNode):
