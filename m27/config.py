@@ -1,7 +1,7 @@
 """Node settings: defaults, then ``~/.m2config`` (INI), then environment variables.
 
-The INI file is the one the first users already wrote (DESIGN.md appendix): sections
-``[performance]`` and ``[checkpoint]``, inline ``#`` comments, values with units (``50ms``,
+The INI file is the one the first users already wrote (its format: docs/config.md):
+sections ``[performance]`` and ``[checkpoint]``, inline ``#`` comments, values with units (``50ms``,
 ``128KB``). Every effective value remembers where it came from (``Settings.sources``) so
 ``m27 config`` can answer "why is it 256 KiB?" without guessing.
 
