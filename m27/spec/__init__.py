@@ -117,6 +117,8 @@ def _error(problems: list[Problem], path: str | Path, total: int | None = None) 
     message = "\n".join(map(str, problems))
     if total > len(problems):
         message += f"\n... and {total - len(problems)} more problem(s)"
+    # a lone surrogate in a key or field path must not make printing the message fail
+    message = message.encode("utf-8", errors="backslashreplace").decode("utf-8")
     return SpecError(message, problems=problems, file=str(path), total=total)
 
 

@@ -54,6 +54,7 @@ PRINT_ARGS = f"{shlex.quote(sys.executable)} -S -c 'import sys; print(repr(sys.a
 
 def _step(command: str, value: str, *, shell: bool = False, other: str = "EXPANDED") -> Step:
     text = (
+        "vars: {OTHER: null}\n"  # declared: --set of a variable the file never names is refused
         "pipeline:\n  - name: s\n    type: cpu\n"
         f"    shell: {'true' if shell else 'false'}\n"
         f"    command: {_yaml_str(command)}\n"
