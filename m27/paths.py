@@ -9,8 +9,8 @@ another run's checkpoint), so two guards stand in the way:
   ``-``; a letter or digit first, so never ``.`` or ``..``; at most :data:`NAME_MAX`
   characters, which leaves room for suffixes within any filesystem's 255-byte limit);
 - every path built from a name goes through :func:`join_under`, which refuses a part that
-  is not one plain path component and checks that the resolved result stays under its
-  root, raising :class:`~m27._exceptions.PathError` otherwise.
+  is not one plain path component and checks that the result stays under its root,
+  raising :class:`~m27._exceptions.PathError` otherwise.
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ def join_under(root: str | os.PathLike[str], *parts: str) -> Path:
     """``root/part/...``, guaranteed to stay inside `root`; raises PathError otherwise.
 
     Each part must be one plain component: not empty, not ``.`` or ``..``, no ``/``, no
-    NUL, at most 255 bytes. The joined path is then resolved (symbolic links included)
-    and must still lie under the resolved root, so a link planted inside the tree cannot
-    lead out of it either.
+    NUL, at most 255 bytes; the normalised result must then still lie under the root.
+    Symbolic links are not resolved on purpose: a site may well put
+    ``$M27_HOME/checkpoints`` on another disk through a link, and a name alone can no
+    longer climb out of its folder.
     """
     base = Path(root)
     path = base
@@ -72,11 +73,11 @@ def join_under(root: str | os.PathLike[str], *parts: str) -> Path:
                 part=part,
             )
         path = path / part
-    real_root = os.path.realpath(base)
-    real = os.path.realpath(path)
-    if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
-        raise PathError(
-            f"{str(path)!r} resolves to {real!r}, outside {real_root!r}",
+    root_text = os.path.normpath(os.path.abspath(base))
+    joined = os.path.normpath(os.path.abspath(path))
+    if joined != root_text and not joined.startswith(root_text.rstrip(os.sep) + os.sep):
+        raise PathError(  # pragma: no cover - the part checks above already exclude this
+            f"{str(path)!r} is {joined!r}, outside {root_text!r}",
             root=str(base),
             part="/".join(parts),
         )

@@ -29,9 +29,9 @@ def test_random_step_names_never_make_a_path_outside_its_root(name: str, run: st
             path = join_under(root, *parts)
         except PathError:
             continue
-        real = os.path.realpath(path)
-        assert real.startswith(root + "/"), (parts, real)
-        assert os.path.dirname(real) != os.path.realpath(root) or len(parts) == 1
+        joined = os.path.normpath(path)
+        assert joined.startswith(root + "/"), (parts, joined)
+        assert len(Path(joined).relative_to(root).parts) == len(parts)  # one level per part
 
 
 @settings(max_examples=300, deadline=None)
@@ -56,11 +56,12 @@ def test_join_under_refuses_a_part_that_is_not_one_plain_component(bad: str) -> 
         join_under("/h", "checkpoints", bad)
 
 
-def test_join_under_refuses_a_link_that_leads_out(tmp_path: Path) -> None:
-    (tmp_path / "root").mkdir()
-    (tmp_path / "root" / "evil").symlink_to("/etc")
-    with pytest.raises(PathError, match="outside"):
-        join_under(tmp_path / "root", "evil", "passwd")
+def test_a_site_may_move_a_folder_under_the_root_elsewhere_by_a_link(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "home" / "checkpoints").symlink_to(tmp_path / "scratch")
+    path = join_under(tmp_path / "home", "checkpoints", "r1", "a")
+    assert path == tmp_path / "home" / "checkpoints" / "r1" / "a"
 
 
 def test_channel_and_artifact_names_stay_confined() -> None:
