@@ -27,7 +27,7 @@ from m27.notify.config import NotifyConfig
 from m27.notify.delivery import Deliverer, Sender
 from m27.notify.facts import NodeFacts
 from m27.notify.messages import render
-from m27.notify.outbox import Draft, Outbox, outbox_path
+from m27.notify.outbox import PENDING, Draft, Outbox, outbox_path
 from m27.notify.telegram import TelegramClient, scrub
 from m27.store import EventStore
 
@@ -108,12 +108,18 @@ class Notifier:
         if close is not None:
             close()
 
-    def run(self, stop: threading.Event) -> None:
-        """Loop until `stop` is set; errors are logged and retried, never raised."""
+    def run(self, stop: threading.Event, progress: Progress | None = None) -> None:
+        """Loop until `stop` is set; errors are logged and retried, never raised.
+
+        With `progress`, each pass reports how far it got, and a pause ends early when
+        someone waits for that (:meth:`NotifierHandle.drain`).
+        """
         real = isinstance(self.clock, SystemClock)
         while not stop.is_set():
             try:
                 wake = self.step()
+                if progress is not None:
+                    progress.passed(self.outbox.cursor(CURSOR), self.outbox.counts()[PENDING])
             except Exception as exc:  # store or Telegram trouble: log, wait, try again
                 log.error("notifier: %s; retrying", scrub(f"{type(exc).__name__}: {exc}"))
                 wake = None
@@ -121,10 +127,13 @@ class Notifier:
             wait = self.config.poll_interval_s
             if wake is not None:
                 wait = max(0.0, min(wait, wake - now))
-            if real:
-                stop.wait(wait)
-            else:
+            if not real:
                 self.clock.sleep(wait)
+            elif progress is not None:
+                progress.nudge.wait(wait)
+                progress.nudge.clear()
+            else:
+                stop.wait(wait)
 
 
 def open_notifier(
@@ -148,19 +157,64 @@ def open_notifier(
     )
 
 
-class NotifierHandle:
-    """What `start_embedded_notifier` returns: a thread you can stop."""
+class Progress:
+    """How far an embedded notifier has got: told by its thread after every pass,
+    awaited by :meth:`NotifierHandle.drain`."""
 
-    def __init__(self, thread: threading.Thread | None, stop: threading.Event) -> None:
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self.nudge = threading.Event()  # cuts the notifier's pause short
+        self._cond = threading.Condition()
+        self._cursor = -1
+        self._pending = 0
+
+    def passed(self, cursor: int, pending: int) -> None:
+        with self._cond:
+            self._cursor, self._pending = cursor, pending
+            self._cond.notify_all()
+
+    def wait_drained(self, timeout: float, alive: Callable[[], bool]) -> bool:
+        target = self.store.last_seq()
+        self.nudge.set()
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: (self._cursor >= target and self._pending == 0) or not alive(), timeout
+            )
+
+
+class NotifierHandle:
+    """What `start_embedded_notifier` returns: a thread you can drain and stop."""
+
+    def __init__(
+        self,
+        thread: threading.Thread | None,
+        stop: threading.Event,
+        progress: Progress | None = None,
+    ) -> None:
         self.thread = thread
         self._stop = stop
+        self.progress = progress
 
     @property
     def running(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
 
+    def drain(self, timeout: float) -> bool:
+        """Wait until every event appended so far is read and its messages are sent.
+
+        True once drained (or when no notifier runs here); False after `timeout` seconds,
+        when Telegram is slow or down: the messages stay in the durable outbox for the
+        next notifier. `m27 run` calls this before it stops its notifier, so the run's
+        outcome goes out with it, instead of a fixed pause that is too long or too short.
+        """
+        if self.progress is None or not self.running:
+            return True
+        return self.progress.wait_drained(timeout, lambda: self.running)
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        if self.progress is not None:
+            self.progress.nudge.set()
         if self.thread is not None:
             self.thread.join(timeout)
 
@@ -214,11 +268,16 @@ def start_embedded_notifier(
     thread-safe).
     """
 
+    progress = Progress(store)
+
     def serve(where: Path, stop: threading.Event) -> None:
         notifier = open_notifier(store, config, home=where, clock=clock)
         try:
-            notifier.run(stop)
+            notifier.run(stop, progress)
         finally:
             notifier.close()
 
-    return start_embedded("notifier", config, home, NOTIFY_LOCK, serve)
+    handle = start_embedded("notifier", config, home, NOTIFY_LOCK, serve)
+    if handle.thread is not None:
+        handle.progress = progress
+    return handle
