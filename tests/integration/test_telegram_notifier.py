@@ -192,6 +192,26 @@ def test_embedded_notifier_delivers_in_the_background_and_stops(
     assert len(api.sent()) == 1 and not handle.running
 
 
+def test_draining_the_embedded_notifier_returns_once_the_logs_messages_are_sent(
+    api: FakeBotApi, tmp_path: Path
+) -> None:
+    store = MemoryEventStore()
+    # A pause far longer than the test: only drain()'s nudge gets the messages out.
+    handle = start_embedded_notifier(
+        store, config(api.base_url, chat_ids=(11,), poll_interval_s=600), home=tmp_path
+    )
+    try:
+        store.append(run_events("r1") + run_events("r2", ok=False))
+        assert handle.drain(timeout=60)
+        assert len(api.sent(11)) == 2  # both outcomes were at Telegram when drain returned
+        api.fail("500", "sendMessage", times=10**6)  # Telegram now refuses everything
+        store.append(run_events("r3"))
+        assert not handle.drain(timeout=1.0)  # bounded: the message waits in the outbox
+    finally:
+        handle.stop(timeout=30)
+    assert not handle.running
+
+
 def test_embedded_notifier_never_blocks_or_raises_when_telegram_is_down(tmp_path: Path) -> None:
     store = MemoryEventStore()
     with running(TOKEN) as api:
