@@ -2,8 +2,9 @@
 
     python prepare.py --nsteps 20000 --out out [--box 2.5]
 
-Writes out/md.mdp (nsteps filled in), out/topol.top, out/water.gro and
-out/simulation.tpr, which `gmx mdrun -deffnm simulation` in out/ runs.
+Writes out/md.mdp (nsteps filled in), out/topol.top, out/water.gro, a short energy
+minimization (out/em.*) and out/simulation.tpr, which `gmx mdrun -deffnm simulation` in
+out/ runs.
 """
 
 from __future__ import annotations
@@ -52,10 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     box = [args.box] * 3
     gmx("solvate", "-cs", "spc216.gro", "-box", *box, "-o", "water.gro", "-p", "topol.top",
         cwd=out)  # fmt: skip
-    gmx("grompp", "-f", "md.mdp", "-c", "water.gro", "-p", "topol.top", "-o", "simulation.tpr",
+    # A fresh box has overlapping waters: minimize first, or MD starts at ~1,000 K.
+    shutil.copy(HERE / "files" / "em.mdp", out / "em.mdp")
+    gmx("grompp", "-f", "em.mdp", "-c", "water.gro", "-p", "topol.top", "-o", "em.tpr",
         "-maxwarn", "2", cwd=out)  # fmt: skip
-    for backup in out.glob("#*#"):
-        backup.unlink()
+    gmx("mdrun", "-deffnm", "em", "-ntmpi", "1", "-ntomp", "1", cwd=out)
+    gmx("grompp", "-f", "md.mdp", "-c", "em.gro", "-p", "topol.top", "-o", "simulation.tpr",
+        "-maxwarn", "2", cwd=out)  # fmt: skip
+    for leftover in [*out.glob("#*#"), *out.glob("step*.pdb")]:  # backups, EM snapshots
+        leftover.unlink()
     print(f"system ready: {out / 'simulation.tpr'} ({args.nsteps} steps)")
     return 0
 
