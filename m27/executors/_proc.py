@@ -202,6 +202,13 @@ def supervise(
                 gone_at = now
             if gone_at is not None and (not splitters or now >= gone_at + DRAIN_S):
                 break
+            if not splitters and rc is None and term_at is None:
+                # Both pipes are closed but the leader still runs (or is not reaped yet):
+                # wait on the process itself, not a select() over nothing that would sleep
+                # a whole POLL_S (up to 50 ms per short step).
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(POLL_S)
+                continue
             for key, _ in sel.select(POLL_S):
                 fd = int(key.fd)
                 name, splitter = splitters[fd]
