@@ -163,3 +163,26 @@ def test_gromacs_dump_output_list_is_parsed() -> None:
 def test_checkpointer_heuristic_reads_python_c_and_scripts(tmp_path: Path) -> None:
     assert uses_checkpointer(["python", "-c", "import m27; m27.Checkpointer()"], tmp_path)
     assert not uses_checkpointer(["python", "missing.py"], tmp_path)
+
+
+def test_slurm_script_of_a_gromacs_step_passes_term_requeues_and_resumes(tmp_path: Path) -> None:
+    import subprocess
+
+    from m27.executors.slurm._script import ScriptInput, parse_options, render_script
+
+    plan = plan_checkpoint(["gmx", "mdrun", "-deffnm", "simulation"], 300.0)
+    text = render_script(
+        ScriptInput(
+            run_id="r1", step="md", attempt=1, argv=plan.argv, job_dir=tmp_path,
+            workdir=tmp_path, python="/usr/bin/python3",
+            options=parse_options({"time": 2}, site={}), resume_args=plan.resume,
+            child_signal=plan.signal, requeue_on_clean_exit=True,
+        )
+    )  # fmt: skip
+    assert "trap 'm27_usr1=1; m27_pass TERM' USR1" in text
+    assert "then m27_extra=(-cpi simulation.cpt); fi" in text
+    assert 'gmx mdrun -cpt 5 -deffnm simulation ${m27_extra[@]+"${m27_extra[@]}"} &' in text
+    assert 'if [ "$m27_usr1" = 1 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt 20 ]' in text
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
