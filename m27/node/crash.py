@@ -25,9 +25,9 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from m27 import liveness
 from m27.clock import Clock, SystemClock
@@ -191,6 +191,23 @@ def _stop_step(
     if not target:
         return None
     return stop(target, step.pid or 0, grace_s, clock)
+
+
+T = TypeVar("T")
+
+
+def with_prefect(work: Callable[[PrefectClient], Awaitable[T]]) -> T:
+    """Run `work` with a Prefect client of ``PREFECT_API_URL`` and return its result
+    (blocking): how the node service and `m27 cancel` reach Prefect."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    async def main() -> T:
+        async with get_client() as client:
+            return await work(client)
+
+    return asyncio.run(main())
 
 
 async def mark_prefect_crashed(client: PrefectClient, flow_run_id: str, message: str) -> bool:

@@ -20,22 +20,25 @@ its own Prefect client at it; with it (a lab server) it starts none.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from m27 import liveness
 from m27.events.state import NodeState, fold
 from m27.locks import NodeLock
 from m27.node import service
-from m27.node.crash import close_task_runs, dead_runs, sweep
+from m27.node.crash import close_task_runs, dead_runs, sweep, with_prefect
 from m27.node.embed import build_agent
 from m27.node.prefect_server import PrefectServer
 from m27.store.sqlite import open_store
+
+if TYPE_CHECKING:
+    from prefect.client.orchestration import PrefectClient
 
 __all__ = ["busy", "serve"]
 
@@ -85,34 +88,27 @@ class _Watcher:
         if busy(self.state):
             self.last_busy = now
         if dead_runs(self.state, self.host):
-            asyncio.run(self._sweep())
+            with_prefect(self._sweep)
             self.state = fold(self.store.read(self.state.last_seq), self.state)
         elif self.recheck and now >= self.recheck_at:
             self.recheck_at = now + RECHECK_EVERY_S
-            asyncio.run(self._recheck(now))
+            with_prefect(self._recheck)
 
-    async def _sweep(self) -> None:
-        from prefect.client.orchestration import get_client
-
-        async with get_client() as client:
-            closed = await sweep(
-                self.store, client, host=self.host, log=self.log, grace_s=STOP_GRACE_S
-            )
+    async def _sweep(self, client: PrefectClient) -> None:
+        closed = await sweep(self.store, client, host=self.host, log=self.log, grace_s=STOP_GRACE_S)
         for finding in closed:
             if finding.flow_run_id:
                 self.recheck[finding.flow_run_id] = (time.time() + RECHECK_FOR_S, finding.reason)
 
-    async def _recheck(self, now: float) -> None:
+    async def _recheck(self, client: PrefectClient) -> None:
         """Task runs of a crashed flow run that Prefect recorded only after it was closed
         (their states arrive as events, seconds late) are closed too."""
-        from prefect.client.orchestration import get_client
-
-        async with get_client() as client:
-            for flow_run_id, (until, reason) in list(self.recheck.items()):
-                if now > until:
-                    del self.recheck[flow_run_id]
-                    continue
-                await close_task_runs(client, flow_run_id, "crashed", reason)
+        now = time.time()
+        for flow_run_id, (until, reason) in list(self.recheck.items()):
+            if now > until:
+                del self.recheck[flow_run_id]
+                continue
+            await close_task_runs(client, flow_run_id, "crashed", reason)
 
 
 def _used_at(home: Path) -> float:

@@ -65,10 +65,8 @@ def _prefect_cancelled(flow_run_id: str | None) -> None:
     or the lab's); the log already says so, Prefect is told at best effort."""
     if not flow_run_id:
         return
-    import asyncio
-
     from m27.config import m27_home
-    from m27.node.crash import mark_prefect_cancelled
+    from m27.node.crash import mark_prefect_cancelled, with_prefect
     from m27.node.service import ensure_service
 
     try:
@@ -77,14 +75,9 @@ def _prefect_cancelled(flow_run_id: str | None) -> None:
         print(f"m27 cancel: Prefect not updated: {exc}", file=sys.stderr)
         return
     os.environ["PREFECT_API_URL"] = info.url
-    from prefect.client.orchestration import get_client
-
-    async def mark() -> None:
-        async with get_client() as client:
-            await mark_prefect_cancelled(client, flow_run_id, "cancelled after its run crashed")
-
+    why = "cancelled after its run crashed"
     try:
-        asyncio.run(mark())
+        with_prefect(lambda client: mark_prefect_cancelled(client, flow_run_id, why))
     except Exception as exc:  # Prefect unreachable: the log is the truth
         print(f"m27 cancel: Prefect not updated: {exc}", file=sys.stderr)
 
