@@ -54,9 +54,9 @@ from m27.events import (
     StepStarted,
 )
 from m27.gpu import GpuBackend, GpuSample
-from m27.node import procs as proc
 from m27.node.book import Book, Held, policy_input
 from m27.node.follow import IoWatch, arm_standby
+from m27.node.guests import GuestControl
 from m27.node.memory import PeakMemory
 from m27.node.report import Health, Sampler, remove_snapshot, snapshot, write_snapshot
 from m27.paths import join_under
@@ -101,7 +101,7 @@ def channel_path(home: Path, key: StepKey) -> Path:
     return join_under(home, "channels", run, f"{step}.chan")
 
 
-class Agent:
+class Agent(GuestControl):
     """The node loop. ``start()`` replays the log; ``tick()`` is one pass; ``run(stop)``
     loops until `stop` is set. Not thread-safe: one thread drives it."""
 
@@ -115,8 +115,8 @@ class Agent:
         clock: Clock | None = None,
         tick: float | None = None,
         gate_grace: float | None = None,
-        check_every: float = 0.5,
         start_grace: float = 1.0,
+        check_every: float = 0.5,
         on_decision: Callable[[Decision, Sequence[Event]], None] | None = None,
         health: Health | None = None,
         snapshot_every: float | None = 1.0,
@@ -128,10 +128,10 @@ class Agent:
         self.clock = clock or SystemClock()
         self.tick_s = tick if tick is not None else self.config.io_timeout
         self.gate_grace = gate_grace if gate_grace is not None else 4 * self.config.io_timeout
-        self.check_every = check_every
         #: a guest whose step has not opened its channel yet is still starting (an
         #: interpreter, imports): it is not stopped by signal for that long
         self.start_grace = start_grace
+        self.check_every = check_every
         self.on_decision = on_decision
         self.health = health or Health()
         self.snapshot_every = snapshot_every
@@ -148,11 +148,11 @@ class Agent:
         self._memory = {d.index: d.memory_total or 0 for d in backend.devices()}
         self._attach = getattr(backend, "attach", None)
         self._watch = IoWatch(self.config)
-        self._paused_now: dict[StepKey, bool] = {}
         self._peaks = PeakMemory()
         self._later: list[Event] = []  # appended with the next tick's batch
-
+        self._paused_now: dict[StepKey, bool] = {}
         self._detach = getattr(backend, "detach", None)
+
     # -- life ---------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -230,8 +230,8 @@ class Agent:
             if io != watch.seen:
                 return 0
 
-        """Apply the events appended since the last pass; waits up to `timeout` for one."""
     def poll(self, timeout: float = 0.0) -> int:
+        """Apply the events appended since the last pass; waits up to `timeout` for one."""
         if timeout > 0:
             records = self.store.follow(self.book.last_seq, timeout)
         else:
@@ -245,10 +245,10 @@ class Agent:
         now = self.clock.now()
         out: list[Event] = []
         samples = self._sampler.sample(now)
-        out += self.health.check(samples, now)
         out += self._later
         self._later = []
         self._peaks.observe(samples, self.book.held, self._pgid)
+        out += self.health.check(samples, now)
         for s in samples:
             if s.lost and s.index not in self.book.lost_gpus:
                 out.append(GpuLost(at=now, gpu=s.index, uuid=s.uuid or "", reason="lost"))
@@ -272,8 +272,8 @@ class Agent:
         acted: set[StepKey] = set()
         out += self._act(decision, now, acted)
         self._follow(decision, now)
-        if out:
         out += self._escalate(now, acted, samples)
+        if out:
             self.store.append(out)
         if self.snapshot_every is not None and now - self._snapshot_at >= self.snapshot_every:
             self._snapshot_at = now
@@ -295,8 +295,8 @@ class Agent:
         e = rec.event
         if isinstance(e, LeaseReleased):
             key = (e.run_id, e.step)
-            self._detach_step(key)
             self._later += self._peaks.released(key, e.at)
+            self._detach_step(key)
             ch = self._channels.pop(key, None)
             if ch is not None:
                 ch.close()
@@ -350,8 +350,8 @@ class Agent:
         ch = self._channels.get(key)
         return ch is not None and ch.io_count() > 0
 
-        primaries = self.book.primaries()
     def _views(self, samples: list[GpuSample], now: float) -> list[GpuView]:
+        primaries = self.book.primaries()
         views = []
         for s in samples:
             h = primaries.get(s.index)
@@ -395,8 +395,8 @@ class Agent:
     def _act(self, d: Decision, now: float, acted: set[StepKey]) -> list[Event]:
         out: list[Event] = []
         self._paused_now = paused_now = {}
-        for a in d.actions:
         primary_of: dict[int, StepKey] = {g: h.key for g, h in self.book.primaries().items()}
+        for a in d.actions:
             if isinstance(a, Grant):
                 as_guest = a.tier == "ready" or (
                     a.tier == "background" and any(g in primary_of for g in a.gpus)
@@ -423,8 +423,8 @@ class Agent:
                     continue
                 how = self._pause(a.key, h, now)
                 paused_now[a.key] = True
-                    primary_of.pop(a.gpu, None)
                 if isinstance(a, Demote):
+                    primary_of.pop(a.gpu, None)
                     out.append(GuestStarted(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu))
                 out.append(GuestPaused(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu, how=how))
             elif isinstance(a, ResumeGuest | Promote):
@@ -433,70 +433,13 @@ class Agent:
                     continue
                 self._resume(a.key, h)
                 paused_now[a.key] = False
-                out.append(cls(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu))
                 cls = Promoted if isinstance(a, Promote) else GuestResumed
+                out.append(cls(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu))
                 if isinstance(a, Promote):
                     primary_of[a.gpu] = a.key
             else:
                 continue  # Reserve: nothing to do but hold, which the next decision repeats
             acted.add(a.key)
-        return out
-
-    def _pause(self, key: StepKey, h: Held, now: float) -> str:
-        ch = self._channels.get(key)
-        if ch is not None:
-            ch.set_gate(False)
-        gateless = ch is None or not ch.uses_gate()
-        settled = h.started_at is not None and now - h.started_at >= self.gate_grace
-        may_stop = h.pid is not None and gateless and (settled or ch is None)
-        settled = settled and not self._starting(ch, h, now)
-        if may_stop and key not in self._stopped and proc.stop(h.pgid, h.pid):
-            self._stopped.add(key)
-            return "signal"
-        return "signal" if key in self._stopped else "gate"
-
-    def _resume(self, key: StepKey, h: Held) -> None:
-    def _starting(self, ch: Channel | None, h: Held, now: float) -> bool:
-        young = h.started_at is not None and now - h.started_at < self.start_grace
-        return young and ch is not None and ch.pid() is None
-
-        ch = self._channels.get(key)
-        if ch is not None:
-            ch.set_gate(True)
-        if key in self._stopped:
-            proc.cont(h.pgid, h.pid)
-            self._stopped.discard(key)
-
-    def _busy(self, h: Held, samples: list[GpuSample]) -> bool:
-        for s in samples:
-            if h.gpus and s.index == h.gpus[0]:
-                util = self._util(s, h)
-                return util is not None and util >= self.config.io_util_threshold
-        return False
-
-    def _escalate(self, now: float, acted: set[StepKey], samples: list[GpuSample]) -> list[Event]:
-        """Stop by signal the paused guests that keep computing past ``gate_grace``."""
-        out: list[Event] = []
-        for key, h in self.book.held.items():
-            if not (h.guest and h.paused) or key in acted or key in self._stopped:
-                continue
-            if not liveness.alive(h.pid, h.pid_started):
-                continue
-            ch = self._channels.get(key)
-            if ch is not None and (ch.at_gate() or ch.io_waiting() or ch.following()):
-                continue  # a following guest computes only in its primary's I/O wait
-            since = max(h.paused_at or 0.0, h.started_at or 0.0)
-            if self._starting(ch, h, now):
-                continue
-            # A guest that never used its gate and shows compute is stopped at once; a gate
-            # user gets gate_grace to reach its gate (it may be between two gate calls).
-            gateless_busy = (ch is None or not ch.uses_gate()) and self._busy(h, samples)
-            if now - since < self.gate_grace and not gateless_busy:
-                continue
-            if proc.stop(h.pgid, h.pid):
-                self._stopped.add(key)
-                gpu = h.gpus[0] if h.gpus else -1
-                out.append(GuestPaused(at=now, run_id=key[0], step=key[1], gpu=gpu, how="signal"))
         return out
 
     def _check_lost(self, now: float) -> list[Event]:

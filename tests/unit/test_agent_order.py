@@ -165,7 +165,8 @@ def test_memory_admission_decides_which_real_step_starts_as_a_guest(
 def test_aging_lets_a_real_low_priority_step_through_a_stream_of_higher_ones(
     hands: Callable[..., Hand],
 ) -> None:
-    h = hands(aging_per_s=1 / 3600)  # one point an hour
+    # one point an hour; no guests: undeclared steps would be guests, this is about order
+    h = hands(aging_per_s=1 / 3600, guests_per_gpu=0)
     h.submit("holder")
     h.cycle()
     h.submit("low", priority=0)
@@ -188,7 +189,7 @@ def test_aging_lets_a_real_low_priority_step_through_a_stream_of_higher_ones(
 def test_equal_priorities_alternate_between_owners_with_real_steps(
     hands: Callable[..., Hand],
 ) -> None:
-    h = hands()
+    h = hands(guests_per_gpu=0)  # no guests: undeclared steps would be guests (issue 16.3)
     h.submit("x", owner="carol")
     h.cycle()
     for name in ["a1", "a2", "a3"]:
@@ -211,7 +212,7 @@ def test_a_real_multi_gpu_step_gets_its_gpus_together_and_the_narrow_one_waits(
     hands: Callable[..., Hand], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("M27_GPUS", "sim:2")
-    h = hands(gpus=2)
+    h = hands(gpus=2, guests_per_gpu=0)  # no guests: undeclared steps would be guests
     h.submit("h0")
     h.submit("h1")
     h.cycle()
@@ -237,7 +238,7 @@ def test_bump_moves_a_waiting_real_step_ahead_and_queue_why_says_why(
     hands: Callable[..., Hand], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("M27_GPUS", "sim:1")
-    h = hands()
+    h = hands(guests_per_gpu=0)  # no guests: undeclared steps would be guests
     h.submit("holder")
     h.cycle()
     h.started("holder")

@@ -67,7 +67,8 @@ def test_overprovision_admits_a_guest_that_fits_only_with_it(m27_home: Path) -> 
 
 
 def test_aging_lets_a_low_priority_step_through_a_stream_of_higher_ones(m27_home: Path) -> None:
-    node = _started(m27_home, aging_per_s=1 / 3600)  # one point an hour
+    # one point an hour; no guests: undeclared steps would be guests (issue 16.3)
+    node = _started(m27_home, aging_per_s=1 / 3600, guests_per_gpu=0)
     clock = node.agent.clock
     assert isinstance(clock, FakeClock)
     _request(node, "holder", at=clock.now())
@@ -90,7 +91,7 @@ def test_aging_lets_a_low_priority_step_through_a_stream_of_higher_ones(m27_home
 
 
 def test_equal_priorities_alternate_between_owners(m27_home: Path) -> None:
-    node = _started(m27_home)
+    node = _started(m27_home, guests_per_gpu=0)  # undeclared steps would be guests
     clock = node.agent.clock
     assert isinstance(clock, FakeClock)
     t0 = clock.now()
@@ -114,7 +115,7 @@ def test_equal_priorities_alternate_between_owners(m27_home: Path) -> None:
 
 
 def test_a_multi_gpu_step_reserves_the_gpus_that_free_first(m27_home: Path) -> None:
-    node = _started(m27_home, gpus=2)
+    node = _started(m27_home, gpus=2, guests_per_gpu=0)  # undeclared steps would be guests
     now = node.agent.clock.now()
     _request(node, "h0", at=now)
     _request(node, "h1", at=now + 1)

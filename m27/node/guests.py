@@ -1,0 +1,92 @@
+"""Pausing and resuming guests: the gate first, SIGSTOP/SIGCONT where it must.
+
+Part of the node agent (:class:`m27.node.agent.Agent` mixes it in), apart because it is
+one concern: a guest is paused at its gate (``m27.gate()``); one that does not reach its
+gate within ``gate_grace`` (it has none, or computes between gate calls) is stopped with
+SIGSTOP on its process group, and continued with SIGCONT when it may compute again. A
+guest whose step has not opened its channel yet is still starting and is left alone for
+``start_grace``; a following guest (m27.node.follow) computes only in its primary's I/O.
+"""
+
+from __future__ import annotations
+
+from m27 import liveness
+from m27.events import Event, GuestPaused
+from m27.gpu import GpuSample
+from m27.node import procs as proc
+from m27.node.book import Book, Held
+from m27.policy import PolicyConfig, StepKey
+from m27.step import Channel
+
+__all__ = ["GuestControl"]
+
+
+class GuestControl:
+    """The agent's guest pausing; the attributes are the agent's own."""
+
+    book: Book
+    config: PolicyConfig
+    gate_grace: float
+    start_grace: float
+    _channels: dict[StepKey, Channel]
+    _stopped: set[StepKey]
+
+    def _util(self, s: GpuSample, h: Held) -> float | None:
+        raise NotImplementedError
+
+    def _pause(self, key: StepKey, h: Held, now: float) -> str:
+        ch = self._channels.get(key)
+        if ch is not None:
+            ch.set_gate(False)
+        gateless = ch is None or not ch.uses_gate()
+        settled = h.started_at is not None and now - h.started_at >= self.gate_grace
+        settled = settled and not self._starting(ch, h, now)
+        may_stop = h.pid is not None and gateless and (settled or ch is None)
+        if may_stop and key not in self._stopped and proc.stop(h.pgid, h.pid):
+            self._stopped.add(key)
+            return "signal"
+        return "signal" if key in self._stopped else "gate"
+
+    def _starting(self, ch: Channel | None, h: Held, now: float) -> bool:
+        young = h.started_at is not None and now - h.started_at < self.start_grace
+        return young and ch is not None and ch.pid() is None
+
+    def _resume(self, key: StepKey, h: Held) -> None:
+        ch = self._channels.get(key)
+        if ch is not None:
+            ch.set_gate(True)
+        if key in self._stopped:
+            proc.cont(h.pgid, h.pid)
+            self._stopped.discard(key)
+
+    def _busy(self, h: Held, samples: list[GpuSample]) -> bool:
+        for s in samples:
+            if h.gpus and s.index == h.gpus[0]:
+                util = self._util(s, h)
+                return util is not None and util >= self.config.io_util_threshold
+        return False
+
+    def _escalate(self, now: float, acted: set[StepKey], samples: list[GpuSample]) -> list[Event]:
+        """Stop by signal the paused guests that keep computing past ``gate_grace``."""
+        out: list[Event] = []
+        for key, h in self.book.held.items():
+            if not (h.guest and h.paused) or key in acted or key in self._stopped:
+                continue
+            if not liveness.alive(h.pid, h.pid_started):
+                continue
+            ch = self._channels.get(key)
+            if ch is not None and (ch.at_gate() or ch.io_waiting() or ch.following()):
+                continue  # a following guest computes only in its primary's I/O wait
+            if self._starting(ch, h, now):
+                continue
+            since = max(h.paused_at or 0.0, h.started_at or 0.0)
+            # A guest that never used its gate and shows compute is stopped at once; a gate
+            # user gets gate_grace to reach its gate (it may be between two gate calls).
+            gateless_busy = (ch is None or not ch.uses_gate()) and self._busy(h, samples)
+            if now - since < self.gate_grace and not gateless_busy:
+                continue
+            if proc.stop(h.pgid, h.pid):
+                self._stopped.add(key)
+                gpu = h.gpus[0] if h.gpus else -1
+                out.append(GuestPaused(at=now, run_id=key[0], step=key[1], gpu=gpu, how="signal"))
+        return out
