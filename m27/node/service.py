@@ -236,9 +236,16 @@ def ensure_service(
     Returns it with the seconds this call waited for it (0 when it was already running).
     Raises M27Error naming ``service.log`` when it does not come up within `timeout`.
     """
-    home = Path(home)
+    try:
+        return _ensure(Path(home), stream, timeout, dict(os.environ if env is None else env))
+    except OSError as exc:  # a full disk, a read-only home: say so, no traceback
+        raise M27Error(f"cannot start the node service in {home}: {exc}", home=str(home)) from exc
+
+
+def _ensure(
+    home: Path, stream: IO[str] | None, timeout: float, env: dict[str, str]
+) -> tuple[ServiceInfo, float]:
     home.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ if env is None else env)
     lab = lab_url(env)
     touch(home)
     info = find_service(home)
@@ -321,12 +328,18 @@ def _wait_ready(
         time.sleep(0.1)
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def _tail(path: Path, lines: int = 8) -> str:
+    """The log's last lines that say something (no traceback frames: they are in the log)."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    said = [
+        line
+        for line in text.splitlines()
+        if line.strip() and not line.startswith((" ", "\t", "Traceback", "starting the node"))
+    ]
+    return "\n".join(said[-lines:])
 
 
 def stop_service(home: Path, timeout: float = 60.0) -> ServiceInfo | None:

@@ -103,14 +103,18 @@ def run(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    return serve(
-        home,
-        stop,
-        port=args.port,
-        idle_s=idle_s,
-        on_decision=_printer if args.verbose else None,
-        warn=lambda line: print(line, file=sys.stderr, flush=True),
-    )
+    try:
+        return serve(
+            home,
+            stop,
+            port=args.port,
+            idle_s=idle_s,
+            on_decision=_printer if args.verbose else None,
+            warn=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except OSError as exc:  # a full disk, a read-only home: one clear line
+        print(f"m27 agent: cannot serve {home}: {exc}", file=sys.stderr, flush=True)
+        return 1
 
 
 def _runs_served(home: Path, info: ServiceInfo) -> int:
