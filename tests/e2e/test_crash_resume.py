@@ -58,6 +58,7 @@ def _artifact_keys(prefect_api: str) -> set[str]:
         return asyncio.run(fetch())
 
 
+@pytest.mark.timeout(600)  # two MD runs and a node service start on a loaded 2-core machine
 def test_power_cut_mid_step_then_resume_continues_from_the_checkpoint(
     m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
 ) -> None:
