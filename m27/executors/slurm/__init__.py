@@ -56,6 +56,7 @@ from m27.executors.slurm._script import (
     parse_options,
     render_script,
 )
+from m27.paths import join_under
 from m27.store import EventStore
 
 #: Exit code for a step that saved a checkpoint on USR1/TERM and wants to be requeued
@@ -153,7 +154,7 @@ class _Job(StepJobs):
             return opened
         g = open_guard(launch, opened[0], self.store, self.clock, sink.note)
         argv, resume = g.argv, opened[1] or g.resume_path
-        job_dir = self.log_path.parent / f"{launch.step}.slurm" / f"attempt-{attempt}"
+        job_dir = join_under(self.log_path.parent, f"{launch.step}.slurm", f"attempt-{attempt}")
         try:
             script = self._write_script(job_dir, attempt, argv, g.resume_path is None)
         except OSError as exc:
