@@ -371,10 +371,10 @@ def pipeline_flow(
     watcher.start()
     try:
         outcome = _walk(run, pipeline, done)
-    finally:
-        stop_watch.set()
     except StoreError as exc:  # a full disk, say: `m27 run` or the crash watcher closes the run
         return Failed(message=f"the event log failed: {exc}")  # a state: no traceback logged
+    finally:
+        stop_watch.set()
         watcher.join(timeout=2)
         _RUNS.pop(run_id, None)
         run.lease.close()
