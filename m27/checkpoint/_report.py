@@ -108,9 +108,10 @@ def artifact_for(event: CheckpointWritten) -> tuple[str, str]:
             f"| step | `{event.step}` |",
             f"| sim step | {event.sim_step} |",
             f"| time | {when} |",
-            f"| bytes written | {event.bytes_written} ({format_size(event.bytes_written)}, "
+            # sizes as the run log and `m27 checkpoints` print them (format_size), bytes after
+            f"| written | {format_size(event.bytes_written)} ({event.bytes_written} bytes, "
             f"{share:.1f}% of the state) |",
-            f"| state size | {event.bytes_total} ({format_size(event.bytes_total)}) |",
+            f"| state size | {format_size(event.bytes_total)} ({event.bytes_total} bytes) |",
             f"| durable after | {format_duration(event.duration_s)} |",
             f"| path | `{event.path}` |",
             "",

@@ -213,6 +213,9 @@ def test_artifact_key_and_markdown_describe_the_checkpoint() -> None:
     key, text = artifact_for(event)
     assert key == "m27-ckpt-protein-folding-v2-md-simulation"
     assert "50000" in text and "1048576" in text and event.path in text
+    # one size format everywhere (run log, `m27 checkpoints`, this artifact): format_size
+    assert "| written | 1.0MiB (1048576 bytes, 0.1% of the state) |" in text
+    assert "| state size | 1.0GiB (1073741824 bytes) |" in text
     assert "2023-11-14 22:13:20 UTC" in text
     assert artifact_key("", "__x__") == "m27-ckpt-x"
 
