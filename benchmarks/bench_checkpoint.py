@@ -212,6 +212,7 @@ def with_ratios(rows: list[Row], baseline: Row) -> list[Row]:
     for row in rows:
         row["durable_ratio"] = row["durable"] / baseline["durable"]
         row["restore_gbps"] = row["nbytes"] / row["restore"] / 1e9
+        row["restore_ratio"] = row["restore"] / baseline["restore"]  # vs np.load
         row["stall_ms_per_gib"] = row["stall"] * 1000 * (1 << 30) / row["nbytes"]
     return rows
 
