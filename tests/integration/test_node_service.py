@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from m27 import liveness
-from m27.events import AgentStarted
+from m27.events import AgentStarted, RunSubmitted
 from m27.node.service import find_service, healthy, read_info
 from m27.store.sqlite import SqliteEventStore
 from tests.e2e._helpers import call_m27, m27_env, node_state
@@ -235,3 +236,36 @@ def test_an_on_demand_service_stops_itself_when_idle(
     assert "idle for 2s (no runs, no steps); stopping" in out
     assert out.rstrip().endswith("m27 agent: stopped")
     assert not (m27_home / "service.json").exists()
+
+
+def test_a_run_that_died_with_no_service_is_closed_when_the_next_command_starts_it(
+    m27_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _lab_env(monkeypatch)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a flow process that is gone, as after kill -9 with no service running
+    store = SqliteEventStore(m27_home / "events.db")
+    try:
+        store.append(
+            [
+                RunSubmitted(
+                    at=1.0,
+                    run_id="20261201-120000-dead",
+                    pipeline="p",
+                    spec_path="p.yaml",
+                    steps=("a",),
+                    pid=dead.pid,
+                    host=socket.gethostname(),
+                )
+            ]
+        )
+    finally:
+        store.close()
+    shown = call_m27("status", "20261201-120000-dead", timeout=240)
+    assert "crashed" in shown.stdout, shown.stdout + shown.stderr
+    assert find_service(m27_home) is not None  # status needed crash truth: it started it
+    wait_until(
+        lambda: node_state(m27_home).runs["20261201-120000-dead"].reason.startswith("crashed"),
+        timeout=60,
+        what="the crash watcher closing the run",
+    )
