@@ -48,7 +48,7 @@ def _flow_run_state(url: str, flow_run_id: str) -> str:
         return str(json.load(resp)["state"]["type"])
 
 
-def _task_run_states(url: str, flow_run_id: str) -> dict[str, str]:
+def _task_run_states(url: str, flow_run_id: str) -> dict[str, str | None]:
     runs = _api(url, "task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
     return {r["name"]: (r.get("state") or {}).get("type") for r in runs}
 
