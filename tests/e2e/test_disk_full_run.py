@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._helpers import M27, node_state
+from tests.e2e._helpers import M27, call_m27, node_state
 from tests.waiting import wait_until
 
 FILL = (
@@ -46,6 +46,7 @@ def full_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     try:
         yield home
     finally:
+        call_m27("agent", "stop", timeout=60)  # the node service the run started
         subprocess.run(["umount", "-l", str(home)], check=False)
 
 
