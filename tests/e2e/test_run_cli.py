@@ -7,12 +7,12 @@ import json
 import os
 import signal
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.e2e._helpers import M27, node_state, spawn_m27
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.service
 
@@ -149,15 +149,6 @@ def test_bad_input_exits_2_and_leaves_nothing_in_the_log(
     assert node_state(m27_home).runs == {}
 
 
-def _wait_for(predicate: object, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
-
-
 SLEEPER = textwrap.dedent("""\
     name: sleeper
     pipeline:
@@ -191,7 +182,7 @@ def _wait_running(home: Path) -> tuple[str, int]:
         except LookupError:
             return False
 
-    _wait_for(started)
+    wait_until(started, timeout=60, interval=0.1)
     return found[0]
 
 
@@ -223,7 +214,7 @@ def test_m27_cancel_stops_the_step_process_group_and_records_the_run_cancelled(
     assert run.status == "cancelled"
     assert run.steps["long"].status == "cancelled"
     assert run.steps["after"].status in ("cancelled", "skipped")
-    _wait_for(lambda: not _group_alive(pgid), timeout=15)
+    wait_until(lambda: not _group_alive(pgid), timeout=15)
 
 
 def test_ctrl_c_cancels_the_run(m27: M27, tmp_path: Path, m27_home: Path) -> None:
@@ -238,4 +229,4 @@ def test_ctrl_c_cancels_the_run(m27: M27, tmp_path: Path, m27_home: Path) -> Non
     assert proc.returncode == 1, out
     assert node_state(m27_home).runs[run_id].status == "cancelled"
     assert "cancelling" in out
-    _wait_for(lambda: not _group_alive(pgid), timeout=15)
+    wait_until(lambda: not _group_alive(pgid), timeout=15)

@@ -14,7 +14,6 @@ import re
 import subprocess
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from m27.gpu.sim import BUSY_W
 from tests.e2e._helpers import call_m27, node_state
 from tests.integration.conftest import PROMETHEUS_DIR, ROOT, Prometheus, require_binary
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.service
 
@@ -189,10 +188,15 @@ def test_boards_and_rules_evaluate_on_a_real_prometheus_while_a_pipeline_runs(
     assert train.ended_at - train.started_at > 3.0
     at = train.ended_at - 0.3  # the GPU step is running and has checkpointed
 
-    # The exporter recorded the step's GPU energy when its lease was released: a simulated
-    # GPU draws 300 W while the step's process computes (60 W idle), sampled every 0.5 s.
-    seconds = train.ended_at - train.started_at
-    assert 0.5 * BUSY_W * (seconds - 1.5) < train.energy_j < BUSY_W * (seconds + 2.0)
+    # The exporter recorded the step's GPU energy when its lease was released. How many
+    # joules depends on when the passes ran (a loaded machine samples late), so the test
+    # holds it to what cannot depend on timing: the only GPU step got a share, and never
+    # more than the simulated GPUs' energy counters counted in all (60-300 W integrated).
+    assert train.energy_j > 0
+    assert not run.steps["prep"].energy_j and not run.steps["broken"].energy_j
+    with exporter.sampler.lock:
+        counted = sum(s.energy_j or 0.0 for s in exporter.sampler.last.samples)
+    assert train.energy_j <= counted
     # Prometheus has scraped the run's end.
     prometheus.wait_for(f'm27_runs_total{{instance="{instance}", outcome="failed"}} == 1')
 
@@ -227,13 +231,12 @@ def test_boards_and_rules_evaluate_on_a_real_prometheus_while_a_pipeline_runs(
                 return str(alert["state"])
         return None
 
-    deadline = time.monotonic() + 15
-    while alert_state("M27RunFailed") != "firing":
-        assert time.monotonic() < deadline, "M27RunFailed never fired"
-        time.sleep(0.25)
+    wait_until(lambda: alert_state("M27RunFailed") == "firing", 60, 0.25, "M27RunFailed firing")
 
     exporter.close()
-    deadline = time.monotonic() + 15
-    while alert_state("M27ExporterDown") not in ("pending", "firing"):
-        assert time.monotonic() < deadline, "M27ExporterDown never went pending"
-        time.sleep(0.25)
+    wait_until(
+        lambda: alert_state("M27ExporterDown") in ("pending", "firing"),
+        60,
+        0.25,
+        "M27ExporterDown pending",
+    )
