@@ -51,11 +51,13 @@ RECHECK_EVERY_S = 3.0
 HEALTH_TIMEOUT_S = 180.0
 
 
-def busy(state: NodeState) -> bool:
-    """True while the node has work: a running run, a held lease or a waiting request."""
+def busy(state: NodeState, host: str | None = None) -> bool:
+    """True while the node has work: a held lease, a waiting request, or a running run of
+    this host (a run of an old log with no recorded process never ends: it does not count)."""
     if state.leases or state.requests:
         return True
-    return any(r.status == "running" for r in state.runs.values())
+    host = host or socket.gethostname()
+    return any(r.status == "running" and r.pid and r.host == host for r in state.runs.values())
 
 
 class _Watcher:
@@ -85,7 +87,7 @@ class _Watcher:
     def step(self) -> None:
         self.state = fold(self.store.read(self.state.last_seq), self.state)
         now = time.time()
-        if busy(self.state):
+        if busy(self.state, self.host):
             self.last_busy = now
         if dead_runs(self.state, self.host):
             with_prefect(self._sweep)
@@ -225,7 +227,7 @@ def _supervise(
             service.write_info(home, info)
         if idle_s is not None:
             quiet_since = max(watcher.last_busy, _used_at(home))
-            if time.time() - quiet_since >= idle_s and not busy(watcher.state):
+            if time.time() - quiet_since >= idle_s and not busy(watcher.state, watcher.host):
                 log(f"m27 agent: idle for {idle_s:.0f}s (no runs, no steps); stopping")
                 return 0
     return 0

@@ -1,0 +1,35 @@
+"""When the node service counts the node as busy (so it does not stop for idleness)."""
+
+from __future__ import annotations
+
+import socket
+
+from m27.events import LeaseGranted, RunSubmitted, RunSucceeded
+from m27.events.state import fold
+from m27.node.serve import busy
+
+HOST = socket.gethostname()
+
+
+def _submitted(run_id: str, pid: int = 4242, host: str = HOST) -> RunSubmitted:
+    return RunSubmitted(
+        at=1.0, run_id=run_id, pipeline="p", spec_path="p.yaml", steps=("a",), pid=pid, host=host
+    )
+
+
+def test_a_running_run_of_this_host_keeps_the_node_busy_until_it_ends() -> None:
+    state = fold([_submitted("r1")])
+    assert busy(state, HOST)
+    state = fold([RunSucceeded(at=2.0, run_id="r1", duration_s=1.0)], state)
+    assert not busy(state, HOST)
+
+
+def test_runs_without_a_process_here_do_not_count() -> None:
+    # an old log's run with no recorded process, and another host's run, never end here
+    state = fold([_submitted("old", pid=0), _submitted("far", host="elsewhere")])
+    assert not busy(state, HOST)
+
+
+def test_a_held_lease_counts() -> None:
+    state = fold([LeaseGranted(at=1.0, run_id="r1", step="a", gpus=(0,), tier="immediate")])
+    assert busy(state, HOST)
