@@ -10,12 +10,16 @@ attributes instead of parsing a message::
     ├── StoreError           the event log cannot be read or written
     │   └── UnknownEventError   a stored event kind or version this code does not know
     ├── RunnerError          a step could not be started or supervised
+    │   └── SlurmError          sbatch/scontrol/scancel failed (m27.executors.slurm)
     ├── CheckpointError      a checkpoint could not be written or restored
     │   └── CorruptCheckpointError  a manifest or pack failed its hash check
     ├── GpuError             a GPU backend failed in a way that is not "unknown"
     ├── PathError            a name would build a path outside its root (m27.paths)
     ├── NotifyError          Telegram configuration or delivery failed
     └── RunError             a run failed, was cancelled, or cannot be resumed
+        └── RunIdError          no run, or several, match a run id (m27.runids; exit 2)
+
+An error that is the user's input carries ``exit_code = 2``: the CLI exits with it.
 """
 
 from __future__ import annotations
