@@ -18,6 +18,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import orjson
+
 from m27._exceptions import UnknownEventError
 
 #: kind name -> event class; filled by the @event decorator.
@@ -101,7 +103,7 @@ def decode(kind: str, version: int, payload: str | dict[str, Any]) -> Event:
             kind=kind,
             version=version,
         )
-    data = json.loads(payload) if isinstance(payload, str) else dict(payload)
+    data = _loads(payload) if isinstance(payload, str) else dict(payload)
     spec = _spec(cls)
     for name in spec.tuples:
         value = data.get(name)
@@ -137,6 +139,18 @@ def decode(kind: str, version: int, payload: str | dict[str, Any]) -> Event:
         return cls(**kwargs)
     except TypeError as exc:
         raise UnknownEventError(f"event {kind} payload does not fit: {exc}", kind=kind) from exc
+
+
+def _loads(payload: str) -> Any:
+    """json.loads, through orjson (~2x faster per payload) where it parses the text.
+
+    ``json.dumps`` writes NaN and Infinity, and Python ints of any size; orjson refuses
+    those, and the standard parser then reads the payload as it always did.
+    """
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return json.loads(payload)
 
 
 _FIELDS: dict[str, tuple[tuple[str, bool], ...]] = {}
