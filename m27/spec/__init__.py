@@ -9,8 +9,10 @@ arguments: see docs/pipelines.md and :mod:`m27.spec._template`.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -66,6 +68,25 @@ def parse_pipeline(
 ) -> Pipeline:
     """Validate and render pipeline `text`; `path` names it in problems and anchors
     relative paths and the default name. Raises SpecError listing every problem."""
+    with _collector_paused():
+        return _parse(text, path, overrides)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a document's nodes are built and read:
+    a million live YAML nodes make each full collection slower, which made 100,000 steps
+    take 2.6 times as long. The nodes are freed by reference counting afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _parse(text: str, path: str | Path, overrides: Mapping[str, str] | None) -> Pipeline:
     checker = Checker(str(path), Path(path), overrides or {})
     checker.source = text
     try:
