@@ -11,12 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
+from m27.events.state import StepState
 from tests.e2e._helpers import M27, ROOT, m27_env, node_state
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
@@ -70,16 +71,15 @@ def test_power_cut_mid_step_then_resume_continues_from_the_checkpoint(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 120
-    step = None
-    while time.monotonic() < deadline:
-        runs = node_state(m27_home).runs
-        run = next(iter(runs.values()), None)
+
+    def checkpointed() -> StepState | None:
+        run = next(iter(node_state(m27_home).runs.values()), None)
         step = run.steps["md_simulation"] if run else None
-        if step is not None and step.checkpoint_step and step.checkpoint_step >= 400:
-            break
-        time.sleep(0.2)
-    assert step is not None and step.last_checkpoint, "no checkpoint was written in time"
+        ok = step is not None and step.checkpoint_step and step.checkpoint_step >= 400
+        return step if ok else None
+
+    step = wait_until(checkpointed, timeout=600, interval=0.2, what="a checkpoint at step 400")
+    assert step.last_checkpoint
     # the power cut: m27 run and the step's own process group die at once
     os.killpg(proc.pid, signal.SIGKILL)
     os.killpg(step.pgid, signal.SIGKILL)

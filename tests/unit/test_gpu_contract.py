@@ -22,6 +22,7 @@ from m27.gpu import THROTTLE_REASONS, GpuBackend, detect, parse_gpus_env
 from m27.gpu.nvml import NvmlBackend
 from m27.gpu.sim import BUSY_W, IDLE_W, SimBackend
 from m27.step._channel import Channel
+from tests.waiting import wait_until
 
 try:  # the fake lives with the NVML tests; the import path depends on pytest's rootdir mode
     from tests.unit.test_gpu_nvml import FakeNvml
@@ -235,11 +236,8 @@ def test_sim_utilization_follows_a_real_child_using_io_wait(tmp_path: Path) -> N
         assert _read_line(proc) == "computing"
         assert sim.sample(2.0)[0].utilization_gpu == 100.0
         proc.send_signal(signal.SIGSTOP)
-        for _ in range(200):  # the kernel marks it stopped asynchronously
-            if sim.sample(3.0)[0].utilization_gpu == 0.0:
-                break
-            time.sleep(0.01)
-        assert sim.sample(3.0)[0].utilization_gpu == 0.0
+        # the kernel marks it stopped asynchronously (when it next schedules it)
+        wait_until(lambda: sim.sample(3.0)[0].utilization_gpu == 0.0, what="SIGSTOP to land")
         proc.send_signal(signal.SIGCONT)
     finally:
         proc.kill()

@@ -151,7 +151,7 @@ HANDSHAKE = """
 import os, sys, time
 def say(stream, text, ack):
     print(text, file=stream, flush=True)
-    end = time.monotonic() + 10
+    end = time.monotonic() + 120  # a bound for a broken parent, not a speed claim
     while not os.path.exists(ack):
         if time.monotonic() > end:
             sys.exit(9)
