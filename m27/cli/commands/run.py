@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import signal
 import sys
@@ -115,6 +116,7 @@ def _check_resources(pipeline: Pipeline) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    atexit.register(_fast_exit)
     pipeline, overrides, resume_of = _prepare(args)
     problem = _check_resources(pipeline)
     if problem:
@@ -199,7 +201,27 @@ def run(args: argparse.Namespace) -> int:
     progress.summary(result)
     if waited >= 0.05:
         print(f"(before the run: {waited:.1f}s starting the node service)")
-    return 0 if result.status == "succeeded" else 1
+    code = 0 if result.status == "succeeded" else 1
+    _FAST_EXIT.append(code)
+    return code
+
+
+#: The exit status of a run that ended normally; set, it lets `_fast_exit` skip teardown.
+_FAST_EXIT: list[int] = []
+
+
+def _fast_exit() -> None:
+    """Registered before Prefect is imported, so it runs after Prefect's own exit handlers
+    (log and event flushes): flush what is left and end the process at once, skipping the
+    interpreter's teardown of Prefect's and pydantic's objects (0.7-1.5 s here)."""
+    if not _FAST_EXIT:
+        return  # an error path: the normal exit reports it
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_FAST_EXIT[-1])
 
 
 #: Tries (one second apart) to record a run's end after a store error: space may come back.
