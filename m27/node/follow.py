@@ -38,20 +38,27 @@ def arm_standby(
 ) -> None:
     """Set each standby guest's gate to follow its primary; close it on the others.
 
-    Only a gate user that is not held by SIGSTOP follows, and only behind a primary that
-    gives hints. A guest resumed on an *inferred* I/O wait (its primary is not inside
-    ``io_wait()``) keeps its open gate: following would stop it at once.
+    Only a gate user that is not held by SIGSTOP follows. Behind a primary that gives no
+    hints it follows nothing (its gate stays closed, but it looks every 1 ms, so the
+    agent's word on an inferred I/O wait reaches it at once). A guest resumed on an
+    *inferred* I/O wait (its primary is not inside ``io_wait()``) keeps its open gate:
+    following would stop it at once.
     """
     chosen: set[StepKey] = set()
     for gpu, key in standby.items():
         h, prim = held.get(key), primaries.get(gpu)
         ch = channels.get(key)
         pch = channels.get(prim.key) if prim is not None else None
-        if h is None or prim is None or ch is None or pch is None or key in stopped:
-            continue
-        if not ch.uses_gate() or not hints(prim.key):
+        if h is None or prim is None or ch is None or key in stopped or not ch.uses_gate():
             continue
         paused = paused_now.get(key, h.paused)
+        if pch is None or not hints(prim.key):
+            # a primary without hints: its I/O is inferred, and the agent opens the gate;
+            # a paused standby waits on a follow with no target (closed, polled every 1 ms)
+            if paused:
+                ch.set_follow("")
+                chosen.add(key)
+            continue
         if not paused and not pch.io_waiting():
             continue
         ch.set_follow(pch.path)

@@ -34,6 +34,12 @@ class GuestControl:
     def _util(self, s: GpuSample, h: Held) -> float | None:
         raise NotImplementedError
 
+    def _primary_in_io(self, guest: Held) -> bool:
+        """Whether the primary on the guest's GPU is inside ``io_wait()`` now."""
+        prim = self.book.primaries().get(guest.gpus[0]) if guest.gpus else None
+        ch = self._channels.get(prim.key) if prim is not None else None
+        return ch is not None and ch.io_waiting()
+
     def _pause(self, key: StepKey, h: Held, now: float) -> str:
         ch = self._channels.get(key)
         if ch is not None:
@@ -75,8 +81,10 @@ class GuestControl:
             if not liveness.alive(h.pid, h.pid_started):
                 continue
             ch = self._channels.get(key)
-            if ch is not None and (ch.at_gate() or ch.io_waiting() or ch.following()):
-                continue  # a following guest computes only in its primary's I/O wait
+            if ch is not None and (ch.at_gate() or ch.io_waiting()):
+                continue
+            if ch is not None and ch.following() and self._primary_in_io(h):
+                continue  # a following guest computes in its primary's I/O wait
             if self._starting(ch, h, now):
                 continue
             since = max(h.paused_at or 0.0, h.started_at or 0.0)
