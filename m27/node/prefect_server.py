@@ -34,7 +34,7 @@ _PR_SET_PDEATHSIG = 1
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 def server_env(prefect_home: Path, base: dict[str, str] | None = None) -> dict[str, str]:
