@@ -202,6 +202,7 @@ def main(argv: list[str]) -> int:
         "M27_CONFIG": str(root / "no-m2config"),
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
+    (root / "no-m2config").write_text("")  # an empty settings file: the defaults
     server, url = start_server(env, root / "server.log")
     env["PREFECT_API_URL"] = url
     res: dict[str, Any] = {"steps": steps}

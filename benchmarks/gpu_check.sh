@@ -3,6 +3,8 @@
 #
 #   bash benchmarks/gpu_check.sh            # from the repository root, on the GPU machine
 #   OUT=/some/dir bash benchmarks/gpu_check.sh
+#   DRY_RUN=1 PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh   # CPU: no install, no
+#       GPU tests, every helper with --dry-run (what tests/unit/test_gpu_check.py runs)
 #
 # 1. a venv that sees the machine's own CuPy/NumPy (--system-site-packages), with the repo
 #    installed as `pip install -e '.[gpu,test,bench]'`; the device machine of this
@@ -26,6 +28,14 @@ cd "$ROOT" || exit 2
 export PYTHONUNBUFFERED=1 PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1
 export M27_HOME="$OUT/m27home" M27_CONFIG="$OUT/no-m2config" M27_GPUS=nvml
 : > "$M27_CONFIG"  # an empty settings file (a missing $M27_CONFIG file is an error)
+DRY_RUN=${DRY_RUN:-0}
+DRY=()
+SIZE=1GiB
+if [ "$DRY_RUN" = 1 ]; then
+    DRY=(--dry-run)
+    SIZE=8MiB
+    export M27_GPUS=sim:1
+fi
 started=$(date +%s)
 declare -A status
 
@@ -55,16 +65,31 @@ install() {
     fi
     "$VENV/bin/python" -c 'import m27, cupy, pynvml; print("m27", m27.__file__, "cupy", cupy.__version__)'
 }
-step install 150 install
-PY="$VENV/bin/python"
-[ -x "$PY" ] || PY=$PYTHON
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.csv" 2>&1
+# `timeout` runs programs, not shell functions: the function goes to a child bash.
+export PYTHON VENV
+export -f install
+if [ "$DRY_RUN" = 1 ]; then
+    status[install]=0
+    PY=$PYTHON
+else
+    step install 150 bash -c install
+    PY="$VENV/bin/python"
+    [ -x "$PY" ] || PY=$PYTHON
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.csv" 2>&1 ||
+    echo "no nvidia-smi" >"$OUT/nvidia-smi.csv"
 
 # --- 2-5. the checks -------------------------------------------------------------------
-step pytest_gpu 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" tests/unit
-step checkpoint 90 "$PY" benchmarks/gpu_check.py checkpoint --size 1GiB
-step exporter 30 "$PY" benchmarks/gpu_check.py exporter
-step colocate 60 "$PY" benchmarks/gpu_check.py colocate --cycles 6 --compute 0.3 --io 0.3
+if [ "$DRY_RUN" = 1 ]; then
+    status[pytest_gpu]=0
+else
+    step pytest_gpu 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+        --junitxml="$OUT/pytest-gpu.xml" tests/unit
+fi
+step checkpoint 90 "$PY" benchmarks/gpu_check.py checkpoint --size "$SIZE" "${DRY[@]}"
+step exporter 30 "$PY" benchmarks/gpu_check.py exporter "${DRY[@]}"
+step colocate 60 "$PY" benchmarks/gpu_check.py colocate --cycles 6 --compute 0.3 --io 0.3 \
+    "${DRY[@]}"
 
 # --- summary ---------------------------------------------------------------------------
 for name in checkpoint exporter colocate; do
@@ -77,7 +102,8 @@ done
     for name in install pytest_gpu checkpoint exporter colocate; do
         echo "  \"rc_$name\": ${status[$name]:-null},"
     done
-    echo "  \"gpu\": \"$(tail -n 1 "$OUT/nvidia-smi.csv" | tr -d '"')\""
+    echo "  \"dry_run\": $([ "$DRY_RUN" = 1 ] && echo true || echo false),"
+    echo "  \"gpu\": \"$(tail -n 1 "$OUT/nvidia-smi.csv" | tr -d '"\\')\""
     echo "}"
 } >"$OUT/gpu_check.json"
 cat "$OUT/gpu_check.json"

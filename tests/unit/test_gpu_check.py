@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,7 @@ def gpu_check() -> ModuleType:
 def test_the_script_parses_and_runs_every_part() -> None:
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
     text = SCRIPT.read_text()
-    for part in ("pytest -q -m gpu", "checkpoint --size 1GiB", "exporter", "colocate"):
+    for part in ("pytest -q -m gpu", "SIZE=1GiB", "checkpoint --size", "exporter", "colocate"):
         assert part in text
     assert "$OUT/gpu_check.json" in text
 
@@ -74,3 +75,21 @@ def test_the_helper_prints_json_and_exits_0_on_success() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ok"] is True
+
+
+def test_the_whole_script_runs_on_the_cpu_with_dry_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", str(SCRIPT)],
+        env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(out)},
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "gpu_check.json").read_text())
+    assert summary["dry_run"] is True
+    assert all(summary[f"rc_{part}"] == 0 for part in ("checkpoint", "exporter", "colocate"))
+    for part in ("checkpoint", "exporter", "colocate"):
+        assert json.loads((out / f"{part}.json").read_text())["ok"] is True
