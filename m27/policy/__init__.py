@@ -33,6 +33,7 @@ from functools import cached_property, partial
 from m27.policy._explain import explain
 from m27.policy._gate import gate, outrank, promote, run_or_pause
 from m27.policy._hold import first_wide, nothing_starts
+from m27.policy._memory import _no_fit_text, _unknown_host, _unknown_text
 from m27.policy._model import (
     Action,
     Demote,
@@ -449,44 +450,6 @@ def _guests(queue: list[Ranked], pa: _Pass) -> None:
         granted.add(p.key)
 
 
-def _unknown_host(
-    hosts: list[int],
-    gpus: dict[int, GpuState],
-    cap: dict[int, float],
-    used: dict[int, int],
-    cfg: PolicyConfig,
-) -> int | None:
-    """The host with the most observed free memory, if it keeps ``guest_memory_margin``
-    of the GPU free; None when no host reports its memory in use."""
-    best: int | None = None
-    for i in hosts:
-        if gpus[i].view.memory_used is None or cap[i] <= 0:
-            continue
-        if cap[i] - used[i] > cfg.guest_memory_margin * cap[i] and (
-            best is None or cap[i] - used[i] > cap[best] - used[best]
-        ):
-            best = i
-    return best
-
-
-def _unknown_text(seen: tuple[tuple[int, int, float], ...], cfg: PolicyConfig) -> str:
-    parts = ", ".join(f"GPU {i} {_gib(max(0.0, c - u))} free of {_gib(c)}" for i, u, c in seen)
-    return (
-        "declares no gpu_memory and has no measured peak: a guest only where observed free"
-        f" memory exceeds {cfg.guest_memory_margin:.0%} of the GPU ({parts or 'no host'};"
-        " memory in use not observed counts as no room)"
-    )
-
-
-def _no_fit_text(memory: int, over: float, seen: tuple[tuple[int, int, int], ...]) -> str:
-    free = ", ".join(
-        f"GPU {i} has {_gib(max(0.0, total * over - used))} free of {_gib(total)}"
-        f" × overprovision {over}"
-        for i, used, total in seen
-    )
-    return f"does not fit as a guest: needs {_gib(memory)}, {free}"
-
-
 def _background_on_free(queue: list[Ranked], pa: _Pass) -> None:
     """Background work on GPUs that no gpu step took (nor holds by reservation)."""
     gpus, usable, now, actions, granted = pa.gpus, pa.usable, pa.now, pa.actions, pa.granted
@@ -502,7 +465,3 @@ def _background_on_free(queue: list[Ranked], pa: _Pass) -> None:
                 gpus[i].primary = Slot.of_pending(p, r.eff, "background", started_at=now)
             actions.append(Grant(p.key, tuple(take), "background"))
             granted.add(p.key)
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
