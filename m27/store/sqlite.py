@@ -20,6 +20,7 @@ them a total order with no server to run. Promises:
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sqlite3
 import threading
@@ -266,16 +267,40 @@ class SqliteEventStore:
                 (after, -1 if limit is None else limit),
             ).fetchall()
         out: list[Recorded] = []
-        for seq, kind, version, payload in rows:
-            try:
-                ev = decode(kind, version, payload)
-            except UnknownEventError as exc:
-                raise UnknownEventError(
-                    f"{exc.message} (seq {seq} in {self.path})",
-                    **{**exc.context, "seq": seq, "file": str(self.path)},
-                ) from exc
-            out.append(Recorded(seq, ev))
+        with _collector_paused(len(rows) >= _MANY_ROWS):
+            for seq, kind, version, payload in rows:
+                try:
+                    ev = decode(kind, version, payload)
+                except UnknownEventError as exc:
+                    raise UnknownEventError(
+                        f"{exc.message} (seq {seq} in {self.path})",
+                        **{**exc.context, "seq": seq, "file": str(self.path)},
+                    ) from exc
+                out.append(Recorded(seq, ev))
         return out
+
+
+#: Reads of at least this many rows decode with the cyclic garbage collector paused.
+_MANY_ROWS = 10_000
+
+
+@contextlib.contextmanager
+def _collector_paused(pause: bool) -> Iterator[None]:
+    """Pause Python's cyclic collector while a big read builds its events.
+
+    Decoding a million rows makes a few million new objects; each 700 of them trigger a
+    collection, and the older generations are rescanned over the growing list again and
+    again: replaying 300k events took 1.5-2.5x longer with it running. Events hold no
+    reference cycles, so nothing is left for the collector to find; it runs again after.
+    """
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _rows(events: Sequence[Event], last: int) -> Iterator[tuple[Any, ...]]:
