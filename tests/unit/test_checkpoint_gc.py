@@ -104,9 +104,12 @@ KILLED_IN_GC = textwrap.dedent(
 
     real = _retention.collect_garbage
     def killed(directory):
-        referenced = {int(k) for m in manifests(directory) for k in read_manifest(m)["packs"]}
+        found = manifests(directory)
+        referenced = {int(k) for m in found for k in read_manifest(m)["packs"]}
+        newest = max(int(m.name[5:15]) for m in found)
         on_disk = {int(p.name[5:15]) for p in Path(directory).glob("ckpt-*.pack")}
-        if on_disk - referenced:
+        # (a pack past the newest manifest is a save being written, not garbage)
+        if {n for n in on_disk - referenced if n < newest}:
             # an old manifest is deleted, its pack is not yet: die like kill -9 here
             os.kill(os.getpid(), signal.SIGKILL)
         return real(directory)
