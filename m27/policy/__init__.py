@@ -178,7 +178,9 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
         if not cfg.fifo:
             outrank(ranked, gpus, usable, cfg, now, actions, granted)
         first_wide_ranked: Ranked | None = None
-        if not cfg.fifo:
+        # only a GPU about to promote a guest asks (the scan is O(queue) per decision)
+        promoting = any(gpus[i].primary is None and gpus[i].guests for i in usable)
+        if promoting and not cfg.fifo:
             first_wide_ranked = next(
                 (
                     r
@@ -401,6 +403,7 @@ def _guests(queue: list[Ranked], pa: _Pass) -> None:
     used = {i: gpus[i].used_memory() for i in hosts}
     room = max(cap[i] - used[i] for i in hosts)
     seen: tuple[tuple[int, int, int], ...] | None = None
+    unknown_seen: tuple[tuple[int, int, float], ...] | None = None
     for r in queue:
         if not hosts:
             return
@@ -416,9 +419,9 @@ def _guests(queue: list[Ranked], pa: _Pass) -> None:
             # is taken to use all of that free memory (nobody else joins it this time).
             i = _unknown_host(hosts, gpus, cap, used, cfg)
             if i is None:
-                notes.setdefault(p.key, []).append(
-                    partial(_unknown_text, tuple((j, used[j], cap[j]) for j in hosts), cfg)
-                )
+                if unknown_seen is None:  # one snapshot per layout, not one per step
+                    unknown_seen = tuple((j, used[j], cap[j]) for j in hosts)
+                notes.setdefault(p.key, []).append(partial(_unknown_text, unknown_seen, cfg))
                 continue
             memory = max(1, int(cap[i] - used[i]))
             fitting = [i]
@@ -445,7 +448,7 @@ def _guests(queue: list[Ranked], pa: _Pass) -> None:
             hosts.remove(i)
         if hosts:
             room = max(cap[j] - used[j] for j in hosts)
-        seen = None
+        seen = unknown_seen = None
         actions.append(Grant(p.key, (i,), tier))
         granted.add(p.key)
 
