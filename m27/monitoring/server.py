@@ -54,9 +54,7 @@ def _only_metrics(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable
     return routed
 
 
-def serve(
-    registry: CollectorRegistry, host: str, port: int
-) -> tuple[WSGIServer, threading.Thread]:
+def serve(registry: CollectorRegistry, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
     """Serve `registry` on host:port from a daemon thread; `server.shutdown()` stops it."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, sockaddr = infos[0]
