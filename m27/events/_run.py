@@ -1,0 +1,85 @@
+"""Events about a run as a whole: submitted, admitted by a worker, ended, crashed, cancelled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from m27.events._base import RunEvent, event
+
+# --- runs -----------------------------------------------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class RunSubmitted(RunEvent):
+    """A pipeline run was accepted: the spec validated and its steps are known."""
+
+    pipeline: str
+    spec_path: str
+    steps: tuple[str, ...]
+    vars: dict[str, str] = field(default_factory=dict)
+    owner: str = ""
+    priority: int = 0
+    resume_of: str | None = None
+    flow_run_id: str | None = None
+    prefect_url: str | None = None
+    pid: int = 0
+    host: str = ""
+    #: the flow process's start time (:func:`m27.liveness.start_time`), so a reused pid is
+    #: not taken for it; None in logs written before it was recorded
+    pid_started: float | None = None
+
+
+@event
+@dataclass(frozen=True)
+class RunSucceeded(RunEvent):
+    duration_s: float
+
+
+@event
+@dataclass(frozen=True)
+class RunFailed(RunEvent):
+    duration_s: float
+    failed_steps: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class RunCancelled(RunEvent):
+    reason: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class CancelRequested(RunEvent):
+    """Someone (`m27 cancel`, Ctrl-C, the bot, Prefect) asked a run to stop."""
+
+    by: str = ""
+
+
+# --- scale: the m27 worker and crash truth ---------------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class RunAdmitted(RunEvent):
+    """An m27 worker took a Prefect flow run for this node, on a seat of `tier`; the run
+    holds that seat until it ends (RunSubmitted follows from the flow's own process)."""
+
+    flow_run_id: str
+    tier: str
+    node: str = ""
+    host: str = ""
+    worker_pid: int = 0
+    #: the worker's start time (see ``RunSubmitted.pid_started``); None: unknown
+    worker_pid_started: float | None = None
+
+
+@event
+@dataclass(frozen=True)
+class RunCrashed(RunEvent):
+    """The run's process died without recording an end (kill -9, OOM, power cut); the
+    watchdog stopped its orphaned steps and set the Prefect flow run to Crashed."""
+
+    reason: str

@@ -1,0 +1,120 @@
+"""Events about one step: its demand, its attempts, what it reports, its checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from m27.events._base import StepEvent, event
+
+# --- steps ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepDemand(StepEvent):
+    """Base of the events that say what a step needs: its type (cpu, gpu, gpu_light), its
+    priority, how many GPUs and how much GPU memory (bytes)."""
+
+    type: str
+    priority: int = 0
+    gpus: int = 0
+    gpu_memory: int = 0
+
+
+@event
+@dataclass(frozen=True)
+class StepQueued(StepDemand):
+    """A step is waiting for its dependencies and a slot (CPU or GPUs)."""
+
+    depends_on: tuple[str, ...] = ()
+
+
+@event
+@dataclass(frozen=True)
+class StepStarted(StepEvent):
+    """The step's process was started in its own process group."""
+
+    attempt: int
+    pid: int
+    pgid: int
+    command: tuple[str, ...]
+    gpus: tuple[int, ...] = ()
+    log_path: str = ""
+    resume_from: str | None = None
+    host: str = ""
+    #: the step process's start time (see ``RunSubmitted.pid_started``); None: unknown
+    pid_started: float | None = None
+
+
+@event
+@dataclass(frozen=True)
+class StepSucceeded(StepEvent):
+    attempt: int
+    duration_s: float
+    outputs: tuple[str, ...] = ()
+
+
+@event
+@dataclass(frozen=True)
+class StepFailed(StepEvent):
+    """An attempt failed; ``will_retry`` says whether another attempt follows."""
+
+    attempt: int
+    duration_s: float
+    reason: str
+    exit_code: int | None = None
+    signal: int | None = None
+    log_tail: str = ""
+    will_retry: bool = False
+
+
+@event
+@dataclass(frozen=True)
+class StepSkipped(StepEvent):
+    """A step did not run: an upstream step failed, or it already succeeded (resume)."""
+
+    reason: str
+
+
+@event
+@dataclass(frozen=True)
+class StepCancelled(StepEvent):
+    reason: str = ""
+
+
+# --- exporter: what a step reports about its own work -----------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class StepFlopsReported(StepEvent):
+    """A step counted `flops` floating-point operations (``report_flops``); reports
+    add up, and the Energy board divides them by the step's joules into TFLOPS/W."""
+
+    flops: float
+
+
+# --- checkpoints ------------------------------------------------------------------------
+
+
+@event
+@dataclass(frozen=True)
+class CheckpointWritten(StepEvent):
+    """A checkpoint was committed durably (manifest renamed into place)."""
+
+    path: str
+    sim_step: int
+    bytes_written: int
+    bytes_total: int
+    duration_s: float
+    pipeline: str = ""
+    #: "arrays" (m27.Checkpointer) or "files" (a self-checkpointing program's files,
+    #: captured by the runner); `files` names them
+    source: str = "arrays"
+    files: tuple[str, ...] = ()
+
+
+@event
+@dataclass(frozen=True)
+class CheckpointRestored(StepEvent):
+    path: str
+    sim_step: int
