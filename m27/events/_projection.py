@@ -1,0 +1,148 @@
+"""What the projection holds: the state of each step, each run and the node.
+
+Only :func:`m27.events.state.apply` changes these objects (through the handlers in
+``_handlers.py``); everything else reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from m27 import events as ev
+
+StepStatus = Literal["pending", "queued", "running", "succeeded", "failed", "skipped", "cancelled"]
+RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
+
+STEP_DONE: frozenset[str] = frozenset({"succeeded", "failed", "skipped", "cancelled"})
+
+
+@dataclass
+class StepState:
+    """One step of one run, as the log tells it."""
+
+    name: str
+    run_id: str = ""
+    type: str = ""
+    status: StepStatus = "pending"
+    attempts: int = 0
+    pid: int | None = None
+    #: the step process's start time (StepStarted.pid_started): tells it from a reused pid
+    pid_started: float | None = None
+    pgid: int | None = None
+    gpus: tuple[int, ...] = ()
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    log_path: str = ""
+    log_tail: str = ""
+    last_checkpoint: str | None = None
+    checkpoint_step: int | None = None
+    checkpoints: int = 0
+    priority: int = 0
+    depends_on: tuple[str, ...] = ()
+    gpus_wanted: int = 0
+    gpu_memory: int = 0
+    queued_at: float | None = None
+    duration_s: float | None = None
+    outputs: tuple[str, ...] = ()
+    resume_from: str | None = None
+    restored_from: str | None = None
+    host: str = ""
+    tier: str | None = None
+    guest_gpu: int | None = None
+    paused: bool = False
+    energy_j: float = 0.0
+    #: the most GPU memory its processes held on one GPU (StepMemoryMeasured), 0: unknown
+    gpu_memory_peak: int = 0
+    #: Floating-point operations the step reported (report_flops), for TFLOPS/W.
+    flops: float = 0.0
+    #: Set for steps run through Slurm (m27.executors.slurm): the job id and its last Slurm state.
+    slurm_job_id: str = ""
+    slurm_state: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.status in STEP_DONE
+
+
+@dataclass
+class RunState:
+    """One pipeline run; ``steps`` keeps the pipeline's order."""
+
+    run_id: str
+    pipeline: str
+    spec_path: str = ""
+    vars: dict[str, str] = field(default_factory=dict)
+    owner: str = ""
+    status: RunStatus = "running"
+    submitted_at: float = 0.0
+    ended_at: float | None = None
+    steps: dict[str, StepState] = field(default_factory=dict)
+    priority: int = 0
+    cancel_requested: bool = False
+    cancel_requested_by: str = ""
+    resume_of: str | None = None
+    flow_run_id: str | None = None
+    prefect_url: str | None = None
+    failed_steps: tuple[str, ...] = ()
+    reason: str = ""
+    pid: int = 0
+    host: str = ""
+    #: the flow process's start time (RunSubmitted.pid_started): tells it from a reused pid
+    pid_started: float | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        """Wall time from submission to the run's end; None while it is running."""
+        if self.ended_at is None:
+            return None
+        return max(0.0, self.ended_at - self.submitted_at)
+
+    def step(self, name: str) -> StepState:
+        """The step called `name`, created (pending, at the end) if the log adds one."""
+        found = self.steps.get(name)
+        if found is None:
+            found = self.steps[name] = StepState(
+                name=name, run_id=self.run_id, priority=self.priority
+            )
+        return found
+
+
+@dataclass
+class AgentInfo:
+    pid: int
+    host: str
+    gpus: int
+    backend: str
+    started_at: float
+
+
+@dataclass
+class NodeState:
+    """Everything the log says about the node; ``runs`` keeps submission order."""
+
+    runs: dict[str, RunState] = field(default_factory=dict)
+    last_seq: int = 0
+    last_at: float | None = None
+    leases: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
+    lease_tiers: dict[tuple[str, str], str] = field(default_factory=dict)
+    requests: dict[tuple[str, str], ev.StepRequested] = field(default_factory=dict)
+    guests: dict[tuple[str, str], int] = field(default_factory=dict)
+    lost_gpus: set[int] = field(default_factory=set)
+    #: Last alert per GPU (temperature reached; throttle reasons). No event clears them
+    #: yet, so they read "last alerted", not "currently".
+    overheated: dict[int, float] = field(default_factory=dict)
+    throttled: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    agent: AgentInfo | None = None
+    #: Runs an m27 worker took from Prefect for this node, by run id (scale issue); a run
+    #: holds its tier's seat while it is admitted and not ended.
+    admitted: dict[str, ev.RunAdmitted] = field(default_factory=dict)
+    unknown_run_events: int = 0
+    unhandled_kinds: set[str] = field(default_factory=set)
+
+    def step(self, run_id: str, step: str) -> StepState | None:
+        run = self.runs.get(run_id)
+        return None if run is None else run.steps.get(step)
