@@ -1,0 +1,188 @@
+"""What a step run is given and what it gives back: the launch, the results, the child's
+environment and the sink its output lines go to (used by the local and Slurm executors).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from m27._exceptions import RunnerError
+from m27.config import m27_home
+from m27.executors._guard import SelfCheckpoint
+from m27.paths import join_under
+
+# The runner's logger, as before this module was split out of m27.executors.local.
+log = logging.getLogger("m27.executors.local")
+
+#: Lines of output kept in :attr:`StepResult.log_tail`.
+TAIL_LINES = 50
+
+#: Variables that describe one step; inherited values are dropped so a step started from
+#: inside another m27 step does not write into its parent's checkpoints.
+STEP_VARS = (
+    "M27_RUN_ID",
+    "M27_STEP",
+    "M27_ATTEMPT",
+    "M27_CHECKPOINT_DIR",
+    "M27_CHECKPOINT_INTERVAL",
+    "M27_RESUME_FROM",
+)
+
+
+@dataclass(frozen=True)
+class StepLaunch:
+    """Everything needed to start one step; ``argv`` is already rendered (no shell)."""
+
+    run_id: str
+    step: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: Path | None = None
+    timeout: float | None = None
+    retries: int = 0
+    outputs: tuple[str, ...] = ()
+    gpus: tuple[int, ...] = ()
+    checkpoint_dir: Path | None = None
+    checkpoint_interval: float | None = None
+    log_path: Path | None = None
+    grace: float = 10.0
+    retry_delay: float = 0.0
+    #: a program that checkpoints itself: its files are guarded (m27.executors._guard)
+    self_checkpoint: SelfCheckpoint | None = None
+
+    def __post_init__(self) -> None:
+        ctx = {"run_id": self.run_id, "step": self.step}
+        if not self.argv or not self.argv[0]:
+            raise RunnerError("a step needs a command", **ctx)
+        if self.timeout is not None and self.timeout <= 0:
+            raise RunnerError(f"timeout must be positive, got {self.timeout}", **ctx)
+        if self.retries < 0:
+            raise RunnerError(f"retries must be 0 or more, got {self.retries}", **ctx)
+        if self.grace < 0 or self.retry_delay < 0:
+            raise RunnerError("grace and retry_delay must be 0 or more", **ctx)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """How the step ended, after all attempts."""
+
+    ok: bool
+    attempts: int
+    exit_code: int | None
+    signal: int | None
+    duration_s: float
+    reason: str
+    log_tail: str
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How one attempt ended."""
+
+    ok: bool
+    reason: str
+    exit_code: int | None = None
+    signal: int | None = None
+    retryable: bool = True
+    cancelled: bool = False
+
+
+def _home() -> Path:
+    # Absolute: the child may run in another working directory.
+    return m27_home().absolute()
+
+
+def default_log_path(run_id: str, step: str) -> Path:
+    """``$M27_HOME/runs/<run>/<step>.log``, where ``m27 logs`` looks."""
+    return join_under(_home(), "runs", run_id, f"{step}.log")
+
+
+def resolve_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """A bare ``python``/``python3`` means this interpreter.
+
+    The pyenv shim costs ~80 ms per start and may resolve to another interpreter than the
+    one m27 (and the step's imports) were installed into.
+    """
+    if argv[0] in ("python", "python3") and sys.executable:
+        return (sys.executable, *argv[1:])
+    return argv
+
+
+def child_env(launch: StepLaunch, attempt: int, resume_from: str | None) -> dict[str, str]:
+    """os.environ, then the step's own env, then the m27 variables (which win)."""
+    env = {k: v for k, v in os.environ.items() if k not in STEP_VARS}
+    env.update(launch.env)
+    env["M27_RUN_ID"] = launch.run_id
+    env["M27_STEP"] = launch.step
+    env["M27_ATTEMPT"] = str(attempt)
+    env["M27_HOME"] = str(_home())
+    if launch.checkpoint_dir is not None:
+        env["M27_CHECKPOINT_DIR"] = str(launch.checkpoint_dir)
+    if launch.checkpoint_interval is not None:
+        env["M27_CHECKPOINT_INTERVAL"] = repr(float(launch.checkpoint_interval))
+    if resume_from is not None:
+        env["M27_RESUME_FROM"] = resume_from
+    else:
+        env.pop("M27_RESUME_FROM", None)
+    # A step without GPUs gets an empty list so CUDA cannot pick one behind the agent's back.
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in launch.gpus)
+    return env
+
+
+class Sink:
+    """Where one attempt's lines go: the log file, the tail and the caller's callback.
+
+    A failing callback or a full disk is logged once and then ignored: losing log lines is
+    better than abandoning a process that may have days of work in it.
+    """
+
+    def __init__(self, file: IO[str] | None, on_line: Callable[[str, str], None] | None) -> None:
+        self.file = file
+        self.on_line = on_line
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._warned: set[str] = set()
+
+    def write(self, text: str) -> None:
+        if self.file is None:
+            return
+        try:
+            self.file.write(text)
+        except OSError as exc:
+            self._warn("log", f"cannot write the step log: {exc}")
+
+    def emit(self, stream: str, lines: list[str]) -> None:
+        """Lines reach the file (flushed, for `m27 logs -f`) before the slower callback."""
+        self.tail.extend(lines)
+        self.write("".join(line + "\n" for line in lines))
+        self.flush()
+        if self.on_line is not None:
+            for line in lines:
+                try:
+                    self.on_line(stream, line)
+                except Exception as exc:
+                    self._warn("on_line", f"on_line callback failed: {exc!r}")
+
+    def note(self, line: str) -> None:
+        """A line from m27 itself (spawn errors), shown like the step's stderr."""
+        self.emit("stderr", [f"m27: {line}"])
+
+    def flush(self) -> None:
+        if self.file is None:
+            return
+        try:
+            self.file.flush()
+        except OSError as exc:
+            self._warn("log", f"cannot write the step log: {exc}")
+
+    def _warn(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("%s", message)
