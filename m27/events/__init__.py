@@ -15,6 +15,8 @@ from __future__ import annotations
 from m27.events._agent import (
     AgentStarted,
     GpuLost,
+    GpuOverheated,
+    GpuThrottled,
     GuestPaused,
     GuestResumed,
     GuestStarted,
@@ -36,7 +38,6 @@ from m27.events._base import (
     encode,
     event,
 )
-from m27.events._gpu import GpuOverheated, GpuThrottled
 from m27.events._run import (
     CancelRequested,
     RunAdmitted,
@@ -46,10 +47,11 @@ from m27.events._run import (
     RunSubmitted,
     RunSucceeded,
 )
-from m27.events._slurm import SlurmJobStateChanged, SlurmJobSubmitted
 from m27.events._step import (
     CheckpointRestored,
     CheckpointWritten,
+    SlurmJobStateChanged,
+    SlurmJobSubmitted,
     StepCancelled,
     StepDemand,
     StepFailed,

@@ -1,4 +1,5 @@
-"""Events between a step and the node agent: leases, guests on shared GPUs, measurements."""
+"""Events of the node agent: leases, guests on shared GPUs, GPU facts and health alerts,
+measurements."""
 
 from __future__ import annotations
 
@@ -104,3 +105,24 @@ class StepMemoryMeasured(StepEvent):
 
     gpu: int
     peak_bytes: int
+
+
+@event
+@dataclass(frozen=True)
+class GpuOverheated(Event):
+    """A GPU's temperature reached the alert threshold (once per crossing, not per sample)."""
+
+    gpu: int
+    temperature_c: float
+    threshold_c: float
+    uuid: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class GpuThrottled(Event):
+    """A GPU started clocking down for a reason other than idling (thermal, power, ...)."""
+
+    gpu: int
+    reasons: tuple[str, ...]
+    uuid: str = ""

@@ -1,4 +1,5 @@
-"""Events about one step: its demand, its attempts, what it reports, its checkpoints."""
+"""Events about one step: its demand, its attempts (local or as Slurm jobs), what it
+reports, its checkpoints."""
 
 from __future__ import annotations
 
@@ -118,3 +119,22 @@ class CheckpointWritten(StepEvent):
 class CheckpointRestored(StepEvent):
     path: str
     sim_step: int
+
+
+@event
+@dataclass(frozen=True)
+class SlurmJobSubmitted(StepEvent):
+    """sbatch accepted a step's attempt as Slurm job `job_id` (kept across requeues)."""
+
+    job_id: str
+    attempt: int
+
+
+@event
+@dataclass(frozen=True)
+class SlurmJobStateChanged(StepEvent):
+    """The job's Slurm state changed (PENDING, RUNNING, TIMEOUT, ...); `reason` is Slurm's."""
+
+    job_id: str
+    state: str
+    reason: str = ""
