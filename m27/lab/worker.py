@@ -117,6 +117,8 @@ class M27Worker(HookedProcessWorker):
         #: run ids whose flow-run process this worker is running (their end is ours to check).
         self._busy: set[str] = set()
         self._published: dict[str, Any] | None = None
+        #: due run ids this worker said it leaves waiting (told once per run, not per poll).
+        self._told_waiting: set[str] = set()
 
     # --- the node -----------------------------------------------------------------------
 
@@ -187,8 +189,26 @@ class M27Worker(HookedProcessWorker):
         plan = plan_admissions(candidates, self._state, self._gpus or 0, self._cpu_slots, starting)
         for cand in plan:
             self._starting[cand.run_id] = (cand.tier, time.monotonic())
+        self._tell_waiting(candidates, {c.run_id for c in plan})
         await self._publish()
         return [by_run[c.run_id] for c in plan]
+
+    def _tell_waiting(self, candidates: list[Candidate], planned: set[str]) -> None:
+        """Log once per run that a due run stays in Prefect's queue (no free seat of its
+        tier here): why a run does not start is then in the worker's log, and tests wait
+        for this line instead of sleeping through polls."""
+        due = {c.run_id for c in candidates}
+        self._told_waiting &= due
+        for cand in candidates:
+            if cand.run_id not in planned and cand.run_id not in self._told_waiting:
+                self._told_waiting.add(cand.run_id)
+                self.logger.info(
+                    "m27: run %s (%s) waits: no free %s seat on node %s",
+                    cand.run_id,
+                    cand.tier,
+                    cand.tier,
+                    self.node,
+                )
 
     async def refused(self, flow_run: FlowRun) -> None:
         self._starting.pop(runids.from_flow_run(str(flow_run.id)), None)

@@ -290,7 +290,16 @@ def test_busy_nodes_take_nothing_then_start_waiting_runs_in_tier_order(
     with sync_client(lab["lab"]) as client:
         # Queued lowest tier first, while both nodes are busy.
         runs = {tier: _run(client, f"t-{tier}") for tier in ("background", "ready", "immediate")}
-        time.sleep(4)  # several polls of both workers
+        # Ordered, not timed: both workers saw every run due and left it waiting.
+        for node in lab["nodes"].values():
+            for tier, fr in runs.items():
+                line = f"m27: run {runids.from_flow_run(str(fr))} ({tier}) waits"
+                wait_until(
+                    lambda node=node, line=line: line in tail(node.home / "worker.log", 10**6),
+                    timeout=60,
+                    interval=0.3,
+                    what=f"worker {node.name} to leave the {tier} run waiting\n{_debug(lab)}",
+                )
         assert {t: _state(client, r) for t, r in runs.items()} == dict.fromkeys(runs, "SCHEDULED")
         a, b = lab["nodes"]["a"], lab["nodes"]["b"]
         a.release()
