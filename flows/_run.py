@@ -1,0 +1,128 @@
+"""One run's shared context in the flow process, and what each step task starts.
+
+Split out of :mod:`flows.pipeline`: ``_Run`` (what the step tasks of a run share), the
+cancel watcher, the checkpoint artifacts, and the step's launch (engine recipe, container).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefect import get_run_logger
+
+from m27 import StoreError
+from m27.checkpoint import artifact_for, latest_checkpoint
+from m27.config import load_settings
+from m27.events import CancelRequested, CheckpointWritten, Event
+from m27.executors.container import wrap_argv
+from m27.executors.engines import plan_for_step
+from m27.executors.local import SelfCheckpoint, StepLaunch
+from m27.node.lease import AgentLease
+from m27.paths import join_under
+from m27.spec import Pipeline, Step
+from m27.store import EventStore
+
+
+@dataclass
+class _Run:
+    """Everything the step tasks of one run share (never passed through Prefect)."""
+
+    run_id: str
+    pipeline: Pipeline
+    store: EventStore
+    home: Path
+    lease: AgentLease
+    resume_dirs: list[Path]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    #: the log's last sequence number before this run's RunSubmitted (for its summary)
+    first_seq: int = 0
+
+    def append(self, *events: Event) -> None:
+        self.store.append(list(events))
+
+    def checkpoint_dir(self, step: str) -> Path:
+        return join_under(self.home, "checkpoints", self.run_id, step)
+
+    def resume_from(self, step: str) -> str | None:
+        """Newest valid checkpoint of `step`: this run's own first (retries), then the runs
+        it resumes, newest first."""
+        for base in [join_under(self.home, "checkpoints", self.run_id), *self.resume_dirs]:
+            found = latest_checkpoint(join_under(base, step))
+            if found is not None:
+                return str(found)
+        return None
+
+
+def _watch_cancel(run: _Run, stop: threading.Event) -> None:
+    """Turn a CancelRequested for this run (from any process) into the cancel flag."""
+    try:
+        after = run.store.last_seq()
+        while not stop.is_set() and not run.cancel.is_set():
+            for rec in run.store.follow(after, timeout=0.25):
+                after = rec.seq
+                ev = rec.event
+                if isinstance(ev, CancelRequested) and ev.run_id == run.run_id:
+                    run.cancel.set()
+    except StoreError:  # the flow meets the same error on its next append and ends the run
+        return
+
+
+def _register_checkpoints(run: _Run, step: str, after: int) -> int:
+    """Create a Prefect artifact for each checkpoint this step committed since `after`."""
+    from prefect.artifacts import create_markdown_artifact
+
+    for rec in run.store.read(after):
+        after = rec.seq
+        ev = rec.event
+        if isinstance(ev, CheckpointWritten) and ev.run_id == run.run_id and ev.step == step:
+            key, markdown = artifact_for(ev)
+            try:
+                create_markdown_artifact(markdown, key=key, description=f"checkpoint of {step}")
+            except Exception as exc:  # the checkpoint is durable; the UI entry is a bonus
+                get_run_logger().warning("could not register checkpoint artifact: %s", exc)
+    return after
+
+
+def _launch(run: _Run, step: Step, gpus: tuple[int, ...]) -> StepLaunch:
+    """What the runner (or Slurm) starts; a `container:` step runs inside its image."""
+    env = dict(step.env)
+    env["M27_PIPELINE"] = run.pipeline.name
+    argv, guarded, grace = _self_checkpoint(run, step)
+    if step.container:
+        argv = wrap_argv(argv, step.container, step.binds, gpus=step.uses_gpu)
+    return StepLaunch(
+        run_id=run.run_id,
+        step=step.name,
+        argv=argv,
+        env=env,
+        workdir=Path(step.workdir) if step.workdir else run.pipeline.workdir,
+        timeout=step.timeout,
+        retries=step.retries,
+        outputs=tuple(step.outputs),
+        gpus=gpus,
+        checkpoint_dir=run.checkpoint_dir(step.name),
+        checkpoint_interval=step.checkpoint,
+        log_path=join_under(run.home, "runs", run.run_id, f"{step.name}.log"),
+        grace=grace,
+        self_checkpoint=guarded,
+    )
+
+
+def _self_checkpoint(run: _Run, step: Step) -> tuple[tuple[str, ...], SelfCheckpoint | None, float]:
+    """The command with its engine recipe's options, what guards its files, the stop grace."""
+    plan = plan_for_step(step)
+    if plan is None or not plan.files:
+        return (plan.argv if plan else tuple(step.argv)), None, 10.0
+    settings = load_settings()
+    guarded = SelfCheckpoint(
+        files=plan.files,
+        resume=plan.resume,
+        signal=plan.signal,
+        recipe=plan.recipe,
+        restore_from=tuple(join_under(d, step.name, "files") for d in run.resume_dirs),
+        poll=settings.capture_poll,
+        pipeline=run.pipeline.name,
+    )
+    return plan.argv, guarded, settings.checkpoint_grace
