@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -18,6 +17,7 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 
 from m27.paths import name_problem
 from m27.spec._checkpoint import CheckpointField, read_checkpoint
+from m27.spec._draft import Draft, cross_check
 from m27.spec._limits import (
     GPUS_MAX,
     PRIORITY_LIMIT,
@@ -27,7 +27,7 @@ from m27.spec._limits import (
     under,
     written_absolute,
 )
-from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Problem, Step, find_cycles
+from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Problem, Step
 from m27.spec._nodes import Reader, Template, describe, is_null, representable, suggest
 from m27.spec._shell import unsafe_placeholders
 from m27.spec._template import (
@@ -46,23 +46,6 @@ _STEP_KEYS_TEXT = (
 STEP_KEYS = tuple(_STEP_KEYS_TEXT.split())
 ENV_NAME = VAR_NAME
 SHELL = "/bin/sh"
-
-
-@dataclass
-class _Draft:
-    """What one step's entry said, as far as it could be read."""
-
-    index: int
-    node: Node
-    where: str
-    name: str | None = None
-    name_node: Node | None = None
-    deps: list[tuple[str, Node, str]] = field(default_factory=list)
-    deps_node: Node | None = None
-    outputs: list[tuple[str, Node, str]] = field(default_factory=list)
-    workdir: str | None = None
-    allow_outside: bool = False
-    values: dict[str, Any] = field(default_factory=dict)
 
 
 class Checker(Reader):
@@ -176,7 +159,7 @@ class Checker(Reader):
         self.add(root, "", "missing `pipeline:` (the list of steps)")
         return None, "pipeline"
 
-    def _steps(self, node: Node | None, key: str) -> list[_Draft]:
+    def _steps(self, node: Node | None, key: str) -> list[Draft]:
         if node is None:
             return []
         if not isinstance(node, SequenceNode):
@@ -185,16 +168,16 @@ class Checker(Reader):
         if not node.value:
             self.add(node, key, "the pipeline has no steps")
         drafts = [self._step(item, i, f"{key}[{i}]") for i, item in enumerate(node.value)]
-        self._cross_checks([d for d in drafts if d is not None])
+        cross_check(self, [d for d in drafts if d is not None], self.workdir or str(self.base))
         return [d for d in drafts if d is not None]
 
     # -- one step --------------------------------------------------------------------
 
-    def _step(self, node: Node, index: int, where: str) -> _Draft | None:
+    def _step(self, node: Node, index: int, where: str) -> Draft | None:
         keys = self.mapping(node, where, STEP_KEYS)
         if keys is None:
             return None
-        draft = _Draft(index, node, where)
+        draft = Draft(index, node, where)
         v = draft.values
         for required in ("name", "type", "command"):
             if required not in keys:
@@ -414,60 +397,7 @@ class Checker(Reader):
                 out[key] = rendered
         return out
 
-    # -- across steps ----------------------------------------------------------------
-
-    def _cross_checks(self, drafts: list[_Draft]) -> None:
-        first: dict[str, _Draft] = {}
-        for d in drafts:
-            if d.name is None or d.name_node is None:
-                continue
-            if d.name in first:
-                line = first[d.name].node.start_mark.line + 1
-                message = f"duplicate step name {d.name!r} (first defined on line {line})"
-                self.add(d.name_node, f"{d.where}.name", message)
-            else:
-                first[d.name] = d
-        graph: dict[str, tuple[str, ...]] = {}
-        for d in drafts:
-            deps: list[str] = []
-            for dep, node, path in d.deps:
-                if dep == d.name:
-                    self.add(node, path, f"step {dep!r} cannot depend on itself")
-                elif dep not in first:
-                    hint = suggest(dep, first) or (f" (steps: {', '.join(first)})" if first else "")
-                    self.add(node, path, f"unknown dependency {dep!r}{hint}")
-                elif dep not in deps:
-                    deps.append(dep)
-            d.values["depends_on"] = tuple(deps)
-            if d.name is not None and first.get(d.name) is d:
-                graph[d.name] = tuple(deps)
-        for cycle in find_cycles(graph):
-            d = first[cycle[0]]
-            self.add(
-                d.deps_node or d.node,
-                f"{d.where}.depends_on",
-                "dependency cycle: " + " -> ".join(cycle),
-            )
-        self._output_clashes(drafts)
-
-    def _output_clashes(self, drafts: list[_Draft]) -> None:
-        writers: dict[str, tuple[_Draft, Node]] = {}
-        for d in drafts:
-            base = d.workdir or self.workdir or str(self.base)
-            for out, node, path in d.outputs:
-                key = os.path.normpath(os.path.join(base, os.path.expanduser(out)))
-                if key in writers and writers[key][0] is not d:
-                    other, other_node = writers[key]
-                    self.add(
-                        node,
-                        path,
-                        f"output {out!r} is also written by step "
-                        f"{other.name!r} (line {other_node.start_mark.line + 1}); "
-                        "two steps cannot write the same output",
-                    )
-                writers.setdefault(key, (d, node))
-
-    def _build(self, d: _Draft) -> Step:
+    def _build(self, d: Draft) -> Step:
         v = d.values
         ckpt: CheckpointField | None = v.get("checkpoint")
         return Step(
