@@ -74,9 +74,10 @@ def test_channel_and_artifact_names_stay_confined() -> None:
 
 #: Every module that builds a path from a step name or run id, and what it must call.
 CALL_SITES = {
-    "flows/pipeline.py": 5,
+    "flows/_run.py": 5,
+    "flows/pipeline.py": 1,
     "m27/node/agent.py": 1,
-    "m27/executors/local.py": 1,
+    "m27/executors/_launch.py": 1,
     "m27/executors/slurm/__init__.py": 1,
     "m27/cli/commands/checkpoints.py": 2,
     "m27/cli/commands/logs.py": 1,
