@@ -62,6 +62,7 @@ from m27.policy._state import (
     is_bg_host,
     order_pending,
     room_beside,
+    split_queues,
 )
 
 #: A reason fragment: text, or a function that builds it when someone asks.
@@ -193,10 +194,12 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
                 None,
             )
         promote(gpus, usable, actions, first_wide_ranked, cfg)
-        _place(ranked, _Pass(gpus, usable, cfg, now, actions, notes, granted), cpu_busy)
+        pa = _Pass(gpus, usable, cfg, now, actions, notes, granted, fast=shortcut)
+        _place(ranked, pa, cpu_busy)
     standby: dict[int, StepKey] = {}
     next_check = run_or_pause(gpus, usable, cfg, now, actions, standby)
-    return Decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes, hold_only)
+    # a fast pass (shortcut) writes no notes: the reasons come from a full pass, on demand
+    return Decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes, shortcut)
 
 
 def _gate_only(inp: PolicyInput) -> Decision:
@@ -252,29 +255,23 @@ class _Pass:
     actions: list[Action]
     notes: Notes
     granted: set[StepKey]
+    #: actions only: skip what only feeds the notes (the reasons redo the pass in full)
+    fast: bool = False
 
 
 def _place(ranked: list[Ranked], pa: _Pass, cpu_busy: int) -> None:
     """Pending steps onto GPUs (primaries, background, guests) and CPU slots, by rank."""
     cfg = pa.cfg
-    cpu_q = [r for r in ranked if r.pending.type == "cpu"]
-    gpu_q = [r for r in ranked if r.pending.type != "cpu" and not r.background]
-    bg_q = [r for r in ranked if r.pending.type != "cpu" and r.background]
+    qs = split_queues(ranked, cfg)
+    cpu_q = qs.cpu
 
-    _immediate(gpu_q, pa)
+    _immediate(qs.gpu, pa)
     if not cfg.fifo:
-        _background_on_free(bg_q, pa)
+        _background_on_free(qs.background, pa)
         # gpu_light steps are natural guests: they compete for guest slots by rank (as
         # background guests), but never take a GPU from a gpu step.
-        bg_max = cfg.background_priority_max
-        guest_q = [
-            r
-            for r in ranked
-            if r.pending.type != "cpu"
-            and (not r.background or (r.pending.type == "gpu_light" and r.eff >= bg_max))
-        ]
-        _guests(guest_q, pa)
-        _guests(bg_q, pa)
+        _guests(qs.guest, pa)
+        _guests(qs.background, pa)
     free_cpu = cfg.cpu_slots - cpu_busy
     for c in cpu_q:
         if free_cpu <= 0:
@@ -301,8 +298,8 @@ def _immediate(queue: list[Ranked], pa: _Pass) -> None:
             continue
         # Nothing can start now; only the first multi-GPU step may still need a hold.
         if not free and not bg_hosts and (reserved or cfg.fifo or k == 1):
-            if cfg.fifo:
-                break
+            if cfg.fifo or (reserved and pa.fast):
+                break  # nothing further down can start or hold (only notes would follow)
             continue
         avail = [i for i in free if gpus[i].reserved_for in (None, p.key)] if reserved else free
         demote: list[int] = []
@@ -404,7 +401,10 @@ def _guests(queue: list[Ranked], pa: _Pass) -> None:
     room = max(cap[i] - used[i] for i in hosts)
     seen: tuple[tuple[int, int, int], ...] | None = None
     unknown_seen: tuple[tuple[int, int, float], ...] | None = None
-    for r in queue:
+    # `room` only shrinks during the pass, so a step that misses it now is skipped below
+    # whatever happens before its turn: a fast pass visits only the others.
+    order = [r for r in queue if r.need - room <= 1.0] if pa.fast else queue
+    for r in order:
         if not hosts:
             return
         p = r.pending

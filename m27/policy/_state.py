@@ -6,6 +6,7 @@ from the frozen input every time), so the policy stays a pure function.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -118,11 +119,95 @@ class GpuState:
 
 
 class Ranked(NamedTuple):
-    """A pending step with its place in the queue."""
+    """A pending step with its place in the queue.
+
+    ``need`` is the memory it asks for as a guest: the declared or measured bytes,
+    ``-inf`` when unknown, ``inf`` for a multi-GPU step (never a guest)."""
 
     pending: Pending
     eff: int
     background: bool
+    need: float = 0.0
+
+
+_new = tuple.__new__
+
+
+def _ranked(p: Pending, eff: int, bg_max: int) -> Ranked:
+    if p.gpus > 1:
+        need = math.inf
+    else:
+        memory = p.gpu_memory or p.memory_peak
+        need = float(memory) if memory > 0 else -math.inf
+    return _new(Ranked, (p, eff, p.type == "gpu_light" or eff < bg_max, need))
+
+
+class _Static(NamedTuple):
+    """What the order takes from a pending tuple that does not move with the clock: each
+    step's place by (owner, queued_at, key) and by (queued_at, key), both ways round, so
+    a sort key is one integer instead of a tuple."""
+
+    owners: tuple[str, ...]
+    owner_of: list[str]
+    base: list[int]
+    queued: list[float]
+    srank: list[int]
+    sinv: list[int]
+    qrank: list[int]
+    qinv: list[int]
+
+
+def _static(pending: Sequence[Pending]) -> _Static:
+    n = len(pending)
+    sinv = sorted(range(n), key=lambda i: (pending[i].owner, pending[i].queued_at, pending[i].key))
+    qinv = sorted(range(n), key=lambda i: (pending[i].queued_at, pending[i].key))
+    srank = [0] * n
+    qrank = [0] * n
+    for r, i in enumerate(sinv):
+        srank[i] = r
+    for r, i in enumerate(qinv):
+        qrank[i] = r
+    owner_of = [p.owner for p in pending]
+    return _Static(
+        tuple(sorted(set(owner_of))),
+        owner_of,
+        [p.priority + p.bump for p in pending],
+        [p.queued_at for p in pending],
+        srank,
+        sinv,
+        qrank,
+        qinv,
+    )
+
+
+class _RankMemo(NamedTuple):
+    """The last queue order, and what it was computed from (see :func:`order_pending`)."""
+
+    pending: Sequence[Pending]
+    cfg: PolicyConfig
+    static: _Static
+    effs: list[int]
+    share: tuple[tuple[int, int], ...]
+    result: list[Ranked]
+    #: one Ranked per pending position, reused while its effective priority stays
+    by_index: list[Ranked]
+
+
+#: One entry: the agent and the simulator call decide() again and again with the same
+#: pending tuple (the same object) while only the clock and the leases move. It is keyed on
+#: that immutable tuple (held here, so its identity cannot be reused) and on everything else
+#: the order depends on, so it can never change a decision; callers never mutate the list.
+_memo: _RankMemo | None = None
+
+
+def _share_key(
+    owners: tuple[str, ...], held: Mapping[str, int], usage: Mapping[str, float]
+) -> tuple[tuple[int, int], ...]:
+    """What the fair-share sort looks at: GPUs held per owner, and how the owners' recent
+    usage compares (its rank, ties kept), not its value, which decays on every call."""
+    vals = [usage.get(o, 0.0) for o in owners]
+    levels = sorted(set(vals))
+    return tuple((held.get(o, 0), levels.index(v)) for o, v in zip(owners, vals, strict=True))
 
 
 def order_pending(
@@ -136,39 +221,70 @@ def order_pending(
 
     Fair share at equal priority interleaves owners: an owner's n-th waiting step counts as
     if the owner held n more GPUs, so two owners alternate and the one holding fewer GPUs
-    now (then the one with less recent GPU time) goes first.
+    now (then the one with less recent GPU time) goes first. The returned list is shared
+    with later calls that would compute the same order: read it, never change it.
     """
+    global _memo
     if cfg.fifo:
         return [Ranked(p, 0, False) for p in sorted(pending, key=lambda p: (p.queued_at, p.key))]
-    bg_max = cfg.background_priority_max
     rate, cap = max(0.0, cfg.aging_per_s), cfg.aging_cap
-    items = [
-        (
-            -(
-                p.priority
-                + p.bump
-                + (min(cap, int(rate * (now - p.queued_at))) if now > p.queued_at else 0)
-            ),
-            p.owner,
-            p.queued_at,
-            p.key,
-            p,
-        )
-        for p in pending
+    memo = _memo
+    bg_max = cfg.background_priority_max
+    same = memo is not None and memo.pending is pending and memo.cfg == cfg
+    st = memo.static if same and memo is not None else _static(pending)
+    effs = [
+        b + (min(cap, int(rate * (now - q))) if now > q else 0)
+        for b, q in zip(st.base, st.queued, strict=True)
     ]
-    items.sort()  # keys are unique, so the Pending objects themselves are never compared
-    if len({t[1] for t in items}) > 1:
-        keyed = []
-        prev: tuple[int, str] | None = None
-        n = 0
-        for neg, owner, queued_at, key, p in items:
-            group = (neg, owner)
-            n = n + 1 if group == prev else 0
-            prev = group
-            keyed.append((neg, held.get(owner, 0) + n, usage.get(owner, 0.0), queued_at, key, p))
-        keyed.sort()
-        return [Ranked(t[5], -t[0], t[5].type == "gpu_light" or -t[0] < bg_max) for t in keyed]
-    return [Ranked(t[4], -t[0], t[4].type == "gpu_light" or -t[0] < bg_max) for t in items]
+    owners = st.owners
+    share = _share_key(owners, held, usage) if len(owners) > 1 else ()
+    if same and memo is not None:
+        if memo.effs == effs and memo.share == share:
+            return memo.result
+        by_index = memo.by_index
+        if memo.effs != effs:
+            by_index = [
+                old if old.eff == e else _ranked(p, e, bg_max)
+                for old, e, p in zip(by_index, effs, pending, strict=True)
+            ]
+    else:
+        by_index = [_ranked(p, e, bg_max) for p, e in zip(pending, effs, strict=True)]
+    result = _rank(st, effs, share, by_index)
+    _memo = _RankMemo(pending, cfg, st, effs, share, result, by_index)
+    return result
+
+
+def _rank(
+    st: _Static, effs: list[int], share: tuple[tuple[int, int], ...], by_index: list[Ranked]
+) -> list[Ranked]:
+    """The order as integer keys: (-eff, owner, queued_at, key) is -eff * n + srank; with
+    several owners, (-eff, held + place, usage, queued_at, key) is packed the same way."""
+    n = len(effs)
+    first = sorted([-e * n + r for e, r in zip(effs, st.srank, strict=True)])
+    sinv = st.sinv
+    if not share:
+        return [by_index[sinv[k % n]] for k in first]
+    hold = {o: h for o, (h, _) in zip(st.owners, share, strict=True)}
+    level = {o: lv for o, (_, lv) in zip(st.owners, share, strict=True)}
+    width = n + max(hold.values()) + 1  # held + place < width
+    levels = max(level.values()) + 1
+    owner_of, qrank = st.owner_of, st.qrank
+    keys = []
+    prev_neg: int | None = None
+    prev_owner = ""
+    place = 0
+    for k in first:
+        neg, r = divmod(k, n)
+        i = sinv[r]
+        owner = owner_of[i]
+        if neg == prev_neg and owner == prev_owner:
+            place += 1
+        else:
+            place, prev_neg, prev_owner = 0, neg, owner
+        keys.append(((neg * width + hold[owner] + place) * levels + level[owner]) * n + qrank[i])
+    keys.sort()
+    qinv = st.qinv
+    return [by_index[qinv[k % n]] for k in keys]
 
 
 def is_bg_host(st: GpuState, cfg: PolicyConfig) -> bool:
@@ -189,3 +305,38 @@ def room_beside(st: GpuState, memory: int, cfg: PolicyConfig) -> bool:
         return False
     cap = st.view.memory_total * cfg.memory_overprovision
     return cap > 0 and st.used_memory() + memory <= cap
+
+
+class Queues(NamedTuple):
+    """The ranked queue split the way the placement pass reads it."""
+
+    cpu: list[Ranked]
+    gpu: list[Ranked]
+    background: list[Ranked]
+    guest: list[Ranked]
+
+
+#: The split of the last ranked list (the same object again when the order was reused).
+_queues_memo: tuple[list[Ranked], int, Queues] | None = None
+
+
+def split_queues(ranked: list[Ranked], cfg: PolicyConfig) -> Queues:
+    """cpu steps, gpu steps, background steps, and guest candidates (gpu steps and the
+    gpu_light steps at or above the background bound), each in rank order."""
+    global _queues_memo
+    bg_max = cfg.background_priority_max
+    memo = _queues_memo
+    if memo is not None and memo[0] is ranked and memo[1] == bg_max:
+        return memo[2]
+    cpu_q = [r for r in ranked if r.pending.type == "cpu"]
+    gpu_q = [r for r in ranked if r.pending.type != "cpu" and not r.background]
+    bg_q = [r for r in ranked if r.pending.type != "cpu" and r.background]
+    guest_q = [
+        r
+        for r in ranked
+        if r.pending.type != "cpu"
+        and (not r.background or (r.pending.type == "gpu_light" and r.eff >= bg_max))
+    ]
+    q = Queues(cpu_q, gpu_q, bg_q, guest_q)
+    _queues_memo = (ranked, bg_max, q)
+    return q
