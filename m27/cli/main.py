@@ -80,7 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
-    except (SpecError, ConfigError) as exc:
+    except SpecError as exc:
+        # bounded like `m27 validate`: the first problems, then how many more
+        from m27.spec import problem_lines  # here: `m27 --version` stays free of yaml
+
+        lines = problem_lines(exc)
+        print("m27: " + "\n".join(lines), file=sys.stderr)
+        return 2
+    except ConfigError as exc:
         print(f"m27: {exc}", file=sys.stderr)
         return 2
     except M27Error as exc:

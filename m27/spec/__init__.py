@@ -29,6 +29,7 @@ __all__ = [
     "EXECUTORS",
     "MAX_DEPTH",
     "MAX_PROBLEMS",
+    "PRINTED_PROBLEMS",
     "SLURM_KEYS",
     "STEP_TYPES",
     "Pipeline",
@@ -38,8 +39,12 @@ __all__ = [
     "load_pipeline",
     "parse_pipeline",
     "parse_set_args",
+    "problem_lines",
 ]
 
+#: Problems a person is shown as text; the rest are counted ("... and K more"), so a file
+#: with 200,000 unknown keys prints 51 lines, whichever command read it.
+PRINTED_PROBLEMS = 50
 #: Deepest nesting of lists and mappings a pipeline file may have (steps need about 4).
 MAX_DEPTH = 64
 #: libyaml when present: the pure-Python loader takes ~2.5 us per character (12 s for 5 MB).
@@ -130,6 +135,18 @@ def parse_set_args(items: Sequence[str]) -> dict[str, str]:
     if problems:
         raise _error(problems, "--set")
     return out
+
+
+def problem_lines(exc: SpecError, limit: int = PRINTED_PROBLEMS) -> list[str]:
+    """What a person sees of `exc`: its first `limit` problems, then how many more."""
+    problems: list[Problem] = list(exc.context.get("problems") or [])
+    if not problems:
+        return str(exc).splitlines()
+    total = int(exc.context.get("total", len(problems)))
+    lines = [str(p) for p in problems[:limit]]
+    if total > len(lines):
+        lines.append(f"... and {total - len(lines)} more problem(s)")
+    return lines
 
 
 def _error(problems: list[Problem], path: str | Path, total: int | None = None) -> SpecError:

@@ -139,6 +139,18 @@ def test_validate_prints_fifty_problems_then_how_many_more(
     assert len(lines) == 51 and lines[-1] == "... and 70 more problem(s)"
 
 
+def test_run_of_a_bad_file_prints_the_same_bounded_problem_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "keys.yaml"
+    keys = "".join(f"    unknown_{i}: 1\n" for i in range(120))
+    path.write_text("pipeline:\n  - name: a\n    type: cpu\n    command: echo\n" + keys)
+    assert main(["run", str(path)]) == 2  # refused before any service or log is touched
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("m27: ") and "unknown_0" in lines[0]
+    assert len(lines) == 51 and lines[-1] == "... and 70 more problem(s)"
+
+
 def test_allow_outside_and_absolute_paths_written_in_the_file_are_accepted(
     tmp_path: Path,
 ) -> None:

@@ -11,12 +11,8 @@ from m27._exceptions import ConfigError, SpecError
 from m27.cli.commands._explain import explain_checkpoint
 from m27.cli.commands._options import add_set_option
 from m27.gpu import parse_gpus_env
-from m27.spec import Pipeline, load_pipeline, parse_set_args
+from m27.spec import Pipeline, load_pipeline, parse_set_args, problem_lines
 from m27.units import format_size
-
-#: Problems printed as text; the rest are counted ("... and K more"); --json keeps the
-#: first MAX_PROBLEMS of them. A file with 200,000 unknown keys then prints 51 lines.
-PRINTED = 50
 
 
 def _safe(text: str) -> str:
@@ -71,10 +67,9 @@ def run(args: argparse.Namespace) -> int:
             found = [p.to_dict() for p in problems]
             print(_safe(json.dumps({"ok": False, "total": total, "problems": found})))
         else:
-            for problem in problems[:PRINTED]:
-                print(_safe(str(problem)))
-            if total > PRINTED:
-                print(f"... and {total - PRINTED} more problem(s)")
+            # --json keeps the first MAX_PROBLEMS; text shows PRINTED_PROBLEMS of them
+            for line in problem_lines(exc):
+                print(_safe(line))
             print(f"{total} problem(s) found", file=sys.stderr)
         return 2
     if (problem := _beyond_sim_gpus(pipeline)) is not None:
