@@ -7,6 +7,7 @@ from the frozen input every time), so the policy stays a pure function.
 from __future__ import annotations
 
 import math
+from bisect import insort
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -191,6 +192,10 @@ class _RankMemo(NamedTuple):
     result: list[Ranked]
     #: one Ranked per pending position, reused while its effective priority stays
     by_index: list[Ranked]
+    #: the packed sort key per pending position (see `_rank`)
+    key_of: list[int]
+    #: with several owners: (-eff, owner) -> the srank of its steps, in order
+    groups: dict[tuple[int, str], list[int]]
 
 
 #: One entry: the agent and the simulator call decide() again and again with the same
@@ -247,29 +252,84 @@ def order_pending(
                 old if old.eff == e else _ranked(p, e, bg_max)
                 for old, e, p in zip(by_index, effs, pending, strict=True)
             ]
+            if memo.share == share:
+                # only some steps aged: re-key them and their (priority, owner) groups
+                _memo = None  # the groups are updated in place below
+                key_of, groups = _rekey(st, memo, effs, share)
+                qinv, n = st.qinv if share else st.sinv, len(effs)
+                result = [by_index[qinv[k % n]] for k in sorted(key_of)]
+                _memo = _RankMemo(pending, cfg, st, effs, share, result, by_index, key_of, groups)
+                return result
     else:
         by_index = [_ranked(p, e, bg_max) for p, e in zip(pending, effs, strict=True)]
-    result = _rank(st, effs, share, by_index)
-    _memo = _RankMemo(pending, cfg, st, effs, share, result, by_index)
+    result, key_of, groups = _rank(st, effs, share, by_index)
+    _memo = _RankMemo(pending, cfg, st, effs, share, result, by_index, key_of, groups)
     return result
+
+
+def _packing(
+    st: _Static, share: tuple[tuple[int, int], ...]
+) -> tuple[dict[str, int], dict[str, int], int, int]:
+    hold = {o: h for o, (h, _) in zip(st.owners, share, strict=True)}
+    level = {o: lv for o, (_, lv) in zip(st.owners, share, strict=True)}
+    width = len(st.owner_of) + max(hold.values()) + 1  # held + place < width
+    return hold, level, width, max(level.values()) + 1
+
+
+def _rekey(
+    st: _Static, memo: _RankMemo, effs: list[int], share: tuple[tuple[int, int], ...]
+) -> tuple[list[int], dict[tuple[int, str], list[int]]]:
+    """The sort keys after some steps' effective priority changed, nothing else."""
+    n = len(effs)
+    key_of = memo.key_of[:]
+    old = memo.effs
+    changed = [i for i, (a, b) in enumerate(zip(effs, old, strict=True)) if a != b]
+    srank = st.srank
+    if not share:
+        for i in changed:
+            key_of[i] = -effs[i] * n + srank[i]
+        return key_of, memo.groups
+    groups = memo.groups
+    owner_of, sinv, qrank = st.owner_of, st.sinv, st.qrank
+    touched: set[tuple[int, str]] = set()
+    for i in changed:
+        owner = owner_of[i]
+        was, now = (-old[i], owner), (-effs[i], owner)
+        members = groups[was]
+        members.remove(srank[i])
+        if not members:
+            del groups[was]
+        insort(groups.setdefault(now, []), srank[i])
+        touched.add(was)
+        touched.add(now)
+    hold, level, width, levels = _packing(st, share)
+    for group in touched:
+        members = groups.get(group, [])
+        neg, owner = group
+        start = neg * width + hold[owner]
+        lv = level[owner]
+        for place, r in enumerate(members):
+            i = sinv[r]
+            key_of[i] = ((start + place) * levels + lv) * n + qrank[i]
+    return key_of, groups
 
 
 def _rank(
     st: _Static, effs: list[int], share: tuple[tuple[int, int], ...], by_index: list[Ranked]
-) -> list[Ranked]:
+) -> tuple[list[Ranked], list[int], dict[tuple[int, str], list[int]]]:
     """The order as integer keys: (-eff, owner, queued_at, key) is -eff * n + srank; with
     several owners, (-eff, held + place, usage, queued_at, key) is packed the same way."""
     n = len(effs)
-    first = sorted([-e * n + r for e, r in zip(effs, st.srank, strict=True)])
+    srank = st.srank
+    key_of = [-e * n + r for e, r in zip(effs, srank, strict=True)]
+    first = sorted(key_of)
     sinv = st.sinv
     if not share:
-        return [by_index[sinv[k % n]] for k in first]
-    hold = {o: h for o, (h, _) in zip(st.owners, share, strict=True)}
-    level = {o: lv for o, (_, lv) in zip(st.owners, share, strict=True)}
-    width = n + max(hold.values()) + 1  # held + place < width
-    levels = max(level.values()) + 1
+        return [by_index[sinv[k % n]] for k in first], key_of, {}
+    hold, level, width, levels = _packing(st, share)
     owner_of, qrank = st.owner_of, st.qrank
-    keys = []
+    groups: dict[tuple[int, str], list[int]] = {}
+    members: list[int] = []
     prev_neg: int | None = None
     prev_owner = ""
     place = 0
@@ -281,10 +341,11 @@ def _rank(
             place += 1
         else:
             place, prev_neg, prev_owner = 0, neg, owner
-        keys.append(((neg * width + hold[owner] + place) * levels + level[owner]) * n + qrank[i])
-    keys.sort()
+            members = groups[(neg, owner)] = []
+        members.append(r)
+        key_of[i] = ((neg * width + hold[owner] + place) * levels + level[owner]) * n + qrank[i]
     qinv = st.qinv
-    return [by_index[qinv[k % n]] for k in keys]
+    return [by_index[qinv[k % n]] for k in sorted(key_of)], key_of, groups
 
 
 def is_bg_host(st: GpuState, cfg: PolicyConfig) -> bool:
