@@ -252,14 +252,14 @@ def order_pending(
                 old if old.eff == e else _ranked(p, e, bg_max)
                 for old, e, p in zip(by_index, effs, pending, strict=True)
             ]
-            if memo.share == share:
-                # only some steps aged: re-key them and their (priority, owner) groups
-                _memo = None  # the groups are updated in place below
-                key_of, groups = _rekey(st, memo, effs, share)
-                qinv, n = st.qinv if share else st.sinv, len(effs)
-                result = [by_index[qinv[k % n]] for k in sorted(key_of)]
-                _memo = _RankMemo(pending, cfg, st, effs, share, result, by_index, key_of, groups)
-                return result
+        if _width(st, memo.share) == _width(st, share):
+            # some steps aged, or an owner's share changed: re-key only their groups
+            _memo = None  # the groups are updated in place below
+            key_of, groups = _rekey(st, memo, effs, share)
+            qinv, n = st.qinv if share else st.sinv, len(effs)
+            result = [by_index[qinv[k % n]] for k in sorted(key_of)]
+            _memo = _RankMemo(pending, cfg, st, effs, share, result, by_index, key_of, groups)
+            return result
     else:
         by_index = [_ranked(p, e, bg_max) for p, e in zip(pending, effs, strict=True)]
     result, key_of, groups = _rank(st, effs, share, by_index)
@@ -272,14 +272,22 @@ def _packing(
 ) -> tuple[dict[str, int], dict[str, int], int, int]:
     hold = {o: h for o, (h, _) in zip(st.owners, share, strict=True)}
     level = {o: lv for o, (_, lv) in zip(st.owners, share, strict=True)}
-    width = len(st.owner_of) + max(hold.values()) + 1  # held + place < width
-    return hold, level, width, max(level.values()) + 1
+    return hold, level, _width(st, share), len(st.owners)
+
+
+def _width(st: _Static, share: tuple[tuple[int, int], ...]) -> int:
+    """The packing room for held + place (held + place < width), the same for most shares,
+    so a change of one owner's share re-keys only that owner's steps."""
+    if not share:
+        return 0
+    return len(st.owner_of) + max(64, max(h for h, _ in share) + 1)
 
 
 def _rekey(
     st: _Static, memo: _RankMemo, effs: list[int], share: tuple[tuple[int, int], ...]
 ) -> tuple[list[int], dict[tuple[int, str], list[int]]]:
-    """The sort keys after some steps' effective priority changed, nothing else."""
+    """The sort keys after some steps' effective priority or some owners' share changed
+    (with the same packing width)."""
     n = len(effs)
     key_of = memo.key_of[:]
     old = memo.effs
@@ -302,6 +310,9 @@ def _rekey(
         insort(groups.setdefault(now, []), srank[i])
         touched.add(was)
         touched.add(now)
+    if share != memo.share:
+        moved = {o for o, a, b in zip(st.owners, share, memo.share, strict=True) if a != b}
+        touched.update(g for g in groups if g[1] in moved)
     hold, level, width, levels = _packing(st, share)
     for group in touched:
         members = groups.get(group, [])
