@@ -7,6 +7,7 @@ skipped with the reason (a developer box without Slurm, say).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, NoReturn
 
@@ -138,3 +139,22 @@ def start_prefect_server(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `where` (a small disk to fill), unmounted afterwards.
+
+    Mounting needs root, which CI has: there a failed mount fails the test."""
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        unavailable(f"cannot mount a tmpfs: {done.stderr.strip() or done.returncode}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

@@ -8,14 +8,13 @@ mounted, unless CI=true (then it fails).
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.e2e._helpers import M27, call_m27, node_state
+from tests.services import small_tmpfs
 from tests.waiting import wait_until
 
 FILL = (
@@ -29,25 +28,13 @@ FILL = (
 
 @pytest.fixture
 def full_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    home = tmp_path / "home"
-    home.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(home)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        reason = f"cannot mount a tmpfs: {done.stderr.strip() or done.returncode}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    monkeypatch.setenv("M27_HOME", str(home))
-    monkeypatch.setenv("M27_GPUS", "sim:1")
-    try:
-        yield home
-    finally:
-        call_m27("agent", "stop", timeout=60)  # the node service the run started
-        subprocess.run(["umount", "-l", str(home)], check=False)
+    with small_tmpfs(tmp_path / "home", "8m") as home:
+        monkeypatch.setenv("M27_HOME", str(home))
+        monkeypatch.setenv("M27_GPUS", "sim:1")
+        try:
+            yield home
+        finally:
+            call_m27("agent", "stop", timeout=60)  # the node service the run started
 
 
 @pytest.mark.slow

@@ -5,23 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.e2e._helpers import ROOT, call_m27
-
-SEED = """\
-pipeline:
-  - name: preprocessing
-    type: cpu
-    command: python prepare_pdb.py --input {{INPUT_FILE}}
-    output: /tmp/preprocessed.pdb
-  - name: md_simulation
-    type: gpu
-    depends_on: [preprocessing]
-    checkpoint: 300s   # save incremental state every 5 minutes
-    command: gmx mdrun -deffnm simulation -v
-  - name: analysis
-    type: gpu_light
-    depends_on: [md_simulation]
-    command: python analyze_trajectory.py
-"""
+from tests.seed import SEED
 
 
 def test_validate_explains_the_seed_checkpoint_as_cpt_5_and_cpi(tmp_path: Path) -> None:

@@ -23,27 +23,14 @@ from m27.checkpoint import Checkpointer
 from m27.cli.commands.run import _end_truthfully
 from m27.events.state import fold
 from m27.store.sqlite import SqliteEventStore
+from tests.services import small_tmpfs
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs, unmounted afterwards."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        reason = f"cannot mount a tmpfs: {done.stderr.strip() or done.returncode}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    try:
+    with small_tmpfs(tmp_path / "disk", "2m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def _fill(disk: Path, leave: int) -> None:

@@ -11,23 +11,7 @@ from m27.cli.commands import validate
 from m27.executors.engines import plan_checkpoint, uses_checkpointer
 from m27.executors.engines.gromacs import Gromacs, parse_outputs
 from m27.spec import SpecError, parse_pipeline
-
-SEED = """\
-pipeline:
-  - name: preprocessing
-    type: cpu
-    command: python prepare_pdb.py --input {{INPUT_FILE}}
-    output: /tmp/preprocessed.pdb
-  - name: md_simulation
-    type: gpu
-    depends_on: [preprocessing]
-    checkpoint: 300s   # save incremental state every 5 minutes
-    command: gmx mdrun -deffnm simulation -v
-  - name: analysis
-    type: gpu_light
-    depends_on: [md_simulation]
-    command: python analyze_trajectory.py
-"""
+from tests.seed import SEED
 
 
 def _validate(path: Path, capsys: pytest.CaptureFixture[str]) -> str:

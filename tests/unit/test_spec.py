@@ -12,23 +12,7 @@ import pytest
 from m27._exceptions import SpecError
 from m27.cli.commands import validate
 from m27.spec import Pipeline, Step, load_pipeline, parse_pipeline
-
-SEED = """\
-pipeline:
-  - name: preprocessing
-    type: cpu
-    command: python prepare_pdb.py --input {{INPUT_FILE}}
-    output: /tmp/preprocessed.pdb
-  - name: md_simulation
-    type: gpu
-    depends_on: [preprocessing]
-    checkpoint: 300s   # save incremental state every 5 minutes
-    command: gmx mdrun -deffnm simulation -v
-  - name: analysis
-    type: gpu_light
-    depends_on: [md_simulation]
-    command: python analyze_trajectory.py
-"""
+from tests.seed import SEED
 
 
 def _write(tmp_path: Path, text: str, name: str = "p.yaml") -> Path:
