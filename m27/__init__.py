@@ -5,11 +5,11 @@ The public API is what ``__all__`` lists; everything else is internal and may ch
 
 from __future__ import annotations
 
-import importlib as _importlib
 import typing as _typing
 
 __version__ = "0.1.0"
 
+from m27 import _lazy
 from m27._exceptions import (
     CheckpointError,
     ConfigError,
@@ -48,12 +48,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'm27' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return _lazy.load(__name__, _LAZY, globals(), name)
 
 
 __all__ = [

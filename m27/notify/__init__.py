@@ -6,9 +6,9 @@ answers commands from allow-listed chats. See docs/notify.md.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from m27 import _lazy
 from m27.notify.config import NotifyConfig, QuietHours, Secret, load_config
 
 if TYPE_CHECKING:
@@ -27,10 +27,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return _lazy.load(__name__, _LAZY, globals(), name)
 
 
 __all__ = [
