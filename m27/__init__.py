@@ -36,19 +36,14 @@ if _typing.TYPE_CHECKING:
 #: and ``m27.gate()`` starts without numpy, the checkpointer or the spec parser, so it
 #: reaches its gate in milliseconds (a guest still importing is computing, as far as a
 #: GPU's utilization can tell, and would be stopped by signal).
-_LAZY = {
-    "Checkpointer": "m27.checkpoint",
-    "Settings": "m27.config",
-    "load_settings": "m27.config",
-    "Pipeline": "m27.spec",
-    "Problem": "m27.spec",
-    "Step": "m27.spec",
-    "load_pipeline": "m27.spec",
-}
-
-
-def __getattr__(name: str) -> object:
-    return _lazy.load(__name__, _LAZY, globals(), name)
+__getattr__ = _lazy.module_getattr(
+    globals(),
+    {
+        "m27.checkpoint": ("Checkpointer",),
+        "m27.config": ("Settings", "load_settings"),
+        "m27.spec": ("Pipeline", "Problem", "Step", "load_pipeline"),
+    },
+)
 
 
 __all__ = [

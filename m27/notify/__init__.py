@@ -6,7 +6,7 @@ answers commands from allow-listed chats. See docs/notify.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from m27 import _lazy
 from m27.notify.config import NotifyConfig, QuietHours, Secret, load_config
@@ -17,17 +17,13 @@ if TYPE_CHECKING:
 
 #: Imported on first use: they pull in python-telegram-bot (~0.5 s), which `m27 run`
 #: without Telegram configured never needs.
-_LAZY = {
-    "CommandBot": "m27.notify.bot",
-    "start_embedded_bot": "m27.notify.bot",
-    "Notifier": "m27.notify.notifier",
-    "NotifierHandle": "m27.notify.notifier",
-    "start_embedded_notifier": "m27.notify.notifier",
-}
-
-
-def __getattr__(name: str) -> Any:
-    return _lazy.load(__name__, _LAZY, globals(), name)
+__getattr__ = _lazy.module_getattr(
+    globals(),
+    {
+        "m27.notify.bot": ("CommandBot", "start_embedded_bot"),
+        "m27.notify.notifier": ("Notifier", "NotifierHandle", "start_embedded_notifier"),
+    },
+)
 
 
 __all__ = [
