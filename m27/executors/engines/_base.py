@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+#: A command line, program first, as the recipes read and write it.
+Argv = tuple[str, ...]
+#: Where a recipe says what it decided at resume time (a line for the step's log).
+Note = Callable[[str], None]
+
 
 @dataclass(frozen=True)
 class RecipePlan:
@@ -21,18 +26,23 @@ class RecipePlan:
 
 
 class Recipe(Protocol):
-    """One engine: how it is named, how it checkpoints, how it resumes."""
+    """One engine: how it is named, how it checkpoints, how it resumes.
+
+    A recipe class may subclass this to take the defaults: every command of its programs
+    is the checkpointing mode (:meth:`matches`), and it resumes with the plan's resume
+    arguments as they are (:meth:`resume_args`).
+    """
 
     #: short name shown by `m27 validate` ("gromacs")
     name: str
     #: program basenames that start the engine (`gmx`, `gmx_mpi`, `lmp`, ...)
     programs: tuple[str, ...]
 
-    def matches(self, argv: tuple[str, ...], index: int) -> bool:
+    def matches(self, argv: Argv, index: int) -> bool:
         """Whether the command at `argv[index]` is the checkpointing mode of the engine."""
-        ...
+        return True
 
-    def plan(self, argv: tuple[str, ...], index: int, every: float | None) -> RecipePlan:
+    def plan(self, argv: Argv, index: int, every: float | None) -> RecipePlan:
         """The command with the engine's checkpoint options, its files and resume args."""
         ...
 
@@ -40,15 +50,9 @@ class Recipe(Protocol):
         """Why `path` is not a complete checkpoint file (None: it looks complete)."""
         ...
 
-    def resume_args(
-        self,
-        argv: tuple[str, ...],
-        workdir: Path,
-        resume: tuple[str, ...],
-        note: Callable[[str], None],
-    ) -> tuple[str, ...]:
+    def resume_args(self, argv: Argv, workdir: Path, resume: Argv, note: Note) -> Argv:
         """The resume arguments to use now that the capture is back in `workdir`."""
-        ...
+        return resume
 
 
 def engine_index(argv: Sequence[str], programs: Sequence[str]) -> int | None:

@@ -17,11 +17,10 @@ import hashlib
 import os
 import re
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from m27.executors.engines._base import RecipePlan, minutes, option
+from m27.executors.engines._base import Argv, Note, Recipe, RecipePlan, minutes, option
 
 #: XDR ints at the start and the end of every complete .cpt (GROMACS's CPT_MAGIC1/2).
 CPT_MAGIC1 = 171817
@@ -40,16 +39,16 @@ class OutputRecord:
     checksum: str
 
 
-class Gromacs:
+class Gromacs(Recipe):
     name = "gromacs"
     programs: tuple[str, ...] = ("gmx", "gmx_mpi", "gmx_d", "gmx_mpi_d", "mdrun", "mdrun_mpi")
 
-    def matches(self, argv: tuple[str, ...], index: int) -> bool:
+    def matches(self, argv: Argv, index: int) -> bool:
         if os.path.basename(argv[index]).startswith("mdrun"):
             return True
         return len(argv) > index + 1 and argv[index + 1] == "mdrun"
 
-    def plan(self, argv: tuple[str, ...], index: int, every: float | None) -> RecipePlan:
+    def plan(self, argv: Argv, index: int, every: float | None) -> RecipePlan:
         at = index if os.path.basename(argv[index]).startswith("mdrun") else index + 1
         notes: list[str] = []
         cpo = option(argv, "-cpo", at)
@@ -92,13 +91,7 @@ class Gromacs:
             return "incomplete GROMACS checkpoint (no footer: torn or still being written)"
         return None
 
-    def resume_args(
-        self,
-        argv: tuple[str, ...],
-        workdir: Path,
-        resume: tuple[str, ...],
-        note: Callable[[str], None],
-    ) -> tuple[str, ...]:
+    def resume_args(self, argv: Argv, workdir: Path, resume: Argv, note: Note) -> Argv:
         cpt = option(resume, "-cpi")
         if cpt is None or "-noappend" in argv or "-noappend" in resume:
             return resume

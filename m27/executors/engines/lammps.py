@@ -15,24 +15,20 @@ Command-line `-var` values are index variables, so a script's own
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
-from m27.executors.engines._base import RecipePlan
+from m27.executors.engines._base import Argv, Recipe, RecipePlan
 
 RESTART_FILE = "m27.restart"
 #: the first bytes of a LAMMPS binary restart file
 _MAGIC = b"LammpS RestartT"
 
 
-class Lammps:
+class Lammps(Recipe):
     name = "lammps"
     programs: tuple[str, ...] = ("lmp", "lmp_serial", "lmp_mpi", "lammps")
 
-    def matches(self, argv: tuple[str, ...], index: int) -> bool:
-        return True
-
-    def plan(self, argv: tuple[str, ...], index: int, every: float | None) -> RecipePlan:
+    def plan(self, argv: Argv, index: int, every: float | None) -> RecipePlan:
         extra: list[str] = ["-var", "m27_restart", RESTART_FILE]
         notes = [
             f"-var m27_restart {RESTART_FILE}: the input script writes `restart N ${{m27_restart}}`"
@@ -53,12 +49,3 @@ class Lammps:
         if _MAGIC not in head:
             return "not a LAMMPS restart file (bad magic string)"
         return None
-
-    def resume_args(
-        self,
-        argv: tuple[str, ...],
-        workdir: Path,
-        resume: tuple[str, ...],
-        note: Callable[[str], None],
-    ) -> tuple[str, ...]:
-        return resume
