@@ -16,6 +16,7 @@ from m27.clock import FakeClock
 from m27.events import CheckpointRestored, CheckpointWritten, Event
 from m27.store.memory import MemoryEventStore
 from m27.store.sqlite import open_store
+from tests.waiting import wait_until
 
 CHUNK = 1024
 
@@ -52,9 +53,12 @@ def test_save_blocks_while_max_in_flight_saves_wait_for_the_disk(
     ck = Checkpointer(tmp_path, chunk_size=CHUNK, max_in_flight=2, keep_last=10)
     ck.save(state(1), step=1)
     ck.save(state(2), step=2)
+    pool = ck._writer._pool  # the staging buffers: one per save in flight
+    assert pool.qsize() == 0, "two saves in flight must hold both buffers"
     third = threading.Thread(target=lambda: ck.save(state(3), step=3))
     third.start()
-    third.join(timeout=0.3)
+    # Event-ordered, not timed: the third save is seen waiting for a buffer.
+    wait_until(lambda: len(pool.not_empty._waiters) == 1, 60, what="the third save to wait")
     assert third.is_alive(), "saves beyond max_in_flight must wait"
     assert not list(tmp_path.glob("*.json"))
     disk.set()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from m27.checkpoint import Checkpointer
+from m27.checkpoint._format import manifests, read_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHUNK = 1024
@@ -28,10 +29,13 @@ def expected(step):
     return {"x": x, "e": np.full(10, step * 0.5), "step": step}
 """
 
-#: Preloads everything once, then forks one saver per request; once the saver has made a
-#: new checkpoint durable (so every round makes progress however loaded the machine is),
-#: it is killed after a random delay, at whatever it is doing then. No thread exists in
-#: this process when it forks (the checkpointer lives in the child).
+#: Preloads everything once, then forks one saver per request. It waits (bounded) for the
+#: saver to make two new checkpoints durable: so every round kills after at least one
+#: durable save however loaded the machine is, and the time between the two is how long
+#: one save takes right now. It then kills the saver with SIGKILL a random fraction of that
+#: time later, i.e. somewhere inside the save in progress, whatever the machine's speed,
+#: and prints the newest manifest it saw before the kill. No thread exists in this process
+#: when it forks (the checkpointer lives in the child).
 ZYGOTE = (
     EXPECTED
     + """
@@ -44,8 +48,14 @@ def newest():
     names = sorted(glob.glob(os.path.join(directory, "ckpt-*.json")))
     return names[-1] if names else ""
 
+def wait_for_newer(than):
+    deadline = time.monotonic() + 120  # a bound for a broken saver, not a speed claim
+    while newest() <= than and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return newest() if newest() > than else None
+
 for line in sys.stdin:
-    delay = float(line)
+    fraction = float(line)
     before = newest()
     pid = os.fork()
     if pid == 0:
@@ -58,14 +68,19 @@ for line in sys.stdin:
                 ck.save(expected(step), step=step)
         finally:
             os._exit(1)
-    deadline = time.monotonic() + 120
-    while newest() <= before and time.monotonic() < deadline:
-        time.sleep(0.002)
-    progressed = newest() > before
-    time.sleep(delay)
+    first = wait_for_newer(before)
+    began = time.monotonic()
+    second = wait_for_newer(first) if first else None
+    if second is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        print("no durable save in 120 s", flush=True)
+        continue
+    time.sleep(fraction * (time.monotonic() - began))
+    seen = newest()
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
-    print("killed" if progressed else "no progress in 120 s", flush=True)
+    print("killed", os.path.basename(seen), flush=True)
 """
 )
 
@@ -90,6 +105,12 @@ def child_env() -> dict[str, str]:
 
 
 def test_kill_9_at_random_moments_always_leaves_a_restorable_checkpoint(tmp_path: Path) -> None:
+    """20 kills, each after at least one durable save, at a random moment of the next one.
+
+    After each kill the newest manifest on disk is at least the one seen before the kill
+    (a durable save is never lost), and it restores exactly (never torn: restore must not
+    have to fall back to an older checkpoint).
+    """
     directory = tmp_path / "ck"
     script = tmp_path / "zygote.py"
     script.write_text(ZYGOTE)
@@ -105,22 +126,27 @@ def test_kill_9_at_random_moments_always_leaves_a_restorable_checkpoint(tmp_path
     steps = []
     try:
         for _ in range(20):
-            zygote.stdin.write(f"{rng.uniform(0.01, 0.12):.4f}\n")
+            zygote.stdin.write(f"{rng.random():.4f}\n")
             zygote.stdin.flush()
-            assert zygote.stdout.readline().strip() == "killed"
+            said, _, seen = zygote.stdout.readline().strip().partition(" ")
+            assert said == "killed", f"the saver made no checkpoint durable: {said} {seen}"
+            newest = manifests(directory)[-1]
+            assert newest.name >= seen, f"{seen} was durable before the kill, newest is {newest}"
+            on_disk = int(read_manifest(newest)["sim_step"])
             with Checkpointer(directory, chunk_size=CHUNK, keep_last=3) as ck:
                 got = ck.restore()
             assert got is not None, "a checkpoint that was durable was lost"
             state, step = got
+            assert step == on_disk, f"{newest.name} (step {on_disk}) is torn: restored {step}"
             want = expected(step)
             assert state["step"] == step
             assert np.array_equal(state["x"], want["x"]) and np.array_equal(state["e"], want["e"])
-            assert not steps or step >= steps[-1], "restore went back past a durable save"
+            assert not steps or step > steps[-1], "a round made no durable save"
             steps.append(step)
     finally:
         zygote.stdin.close()
         zygote.wait(timeout=30)
-    assert len(steps) == 20 and steps[-1] > steps[0], steps
+    assert len(steps) == 20, steps
 
 
 DISK_FULL = """
