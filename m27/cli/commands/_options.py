@@ -7,6 +7,22 @@ starts fast).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+
+
+def add_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    summary: str,
+) -> argparse.ArgumentParser:
+    """Subcommand `name`, carried out by `run`: `summary` is its line in ``m27 --help``,
+    and `run`'s docstring its description in ``m27 NAME --help`` (argparse re-wraps it),
+    as click takes a command's help from its function: the text that says what the
+    command does stands once, on the code that does it."""
+    p = sub.add_parser(name, help=summary, description=run.__doc__)
+    p.set_defaults(func=run)
+    return p
 
 
 def add_set_option(p: argparse.ArgumentParser, dest: str = "sets") -> None:

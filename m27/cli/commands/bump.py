@@ -6,6 +6,7 @@ import argparse
 import time
 
 from m27.cli.commands import _common
+from m27.cli.commands._options import add_command
 from m27.events import PriorityBumped
 from m27.events.state import fold
 from m27.node.book import fold_book
@@ -13,19 +14,15 @@ from m27.runids import resolve
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "bump",
-        help="change a step's priority",
-        description="Add N (may be negative) to STEP's priority in RUN. The agent uses the "
-        "new effective priority at its next tick; `m27 queue` shows it.",
-    )
+    p = add_command(sub, "bump", run, "change a step's priority")
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("step", metavar="STEP")
     p.add_argument("delta", metavar="N", type=int)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Add N (may be negative) to STEP's priority in RUN. The agent uses the new effective
+    priority at its next tick; `m27 queue` shows it."""
     st = _common.store()
     records = st.read()
     state = fold(records)

@@ -16,19 +16,14 @@ from typing import Any
 
 from m27 import tables
 from m27._exceptions import M27Error
+from m27.cli.commands._options import add_command
 from m27.gpu import GpuBackend, detect
 from m27.tables import Col
 from m27.units import format_size
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "gpus",
-        help="show the GPUs of this node",
-        description="One line per GPU: utilization, memory, temperature, power, and the "
-        "steps on it (primary and guests). Live from the node's agent while one runs; "
-        "M27_GPUS=sim:N shows simulated GPUs.",
-    )
+    p = add_command(sub, "gpus", run, "show the GPUs of this node")
     p.add_argument("--json", action="store_true", help="one JSON array, for scripts")
     p.add_argument(
         "--watch",
@@ -41,7 +36,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--count", type=int, default=0, metavar="N", help="with --watch: stop after N tables"
     )
-    p.set_defaults(func=run)
 
 
 class _Source:
@@ -83,6 +77,9 @@ class _Source:
 
 
 def run(args: argparse.Namespace) -> int:
+    """One line per GPU: utilization, memory, temperature, power, and the steps on it
+    (primary and guests). Live from the node's agent while one runs; M27_GPUS=sim:N shows
+    simulated GPUs."""
     interval: float | None = getattr(args, "watch", None)
     count: int = getattr(args, "count", 0) or 0
     if interval is not None and interval < 0:

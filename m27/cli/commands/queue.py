@@ -13,6 +13,7 @@ from typing import Any
 
 from m27 import tables
 from m27.cli.commands import _common
+from m27.cli.commands._options import add_command
 from m27.config import load_settings, m27_home
 from m27.gpu import detect
 from m27.node.agent import policy_config
@@ -22,16 +23,9 @@ from m27.tables import Col
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "queue",
-        help="show the GPU queue: tiers, effective priorities, reasons",
-        description="Steps holding a lease (primary, guest, background, cpu) and steps "
-        "waiting, in queue order, with their effective priority (base + bump + aging) and "
-        "the reason they wait.",
-    )
+    p = add_command(sub, "queue", run, "show the GPU queue: tiers, effective priorities, reasons")
     p.add_argument("--why", metavar="STEP", help="only the reason for STEP (RUN/STEP or STEP)")
     p.add_argument("--json", action="store_true", help="one JSON object, for scripts")
-    p.set_defaults(func=run)
 
 
 def _views(book: Book) -> list[GpuView]:
@@ -110,6 +104,8 @@ def _find(book: Book, name: str) -> StepKey | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Steps holding a lease (primary, guest, background, cpu) and steps waiting, in queue
+    order, with their effective priority (base + bump + aging) and the reason they wait."""
     book = Book()
     if (m27_home() / "events.db").exists():
         book = fold_book(_common.store().read())

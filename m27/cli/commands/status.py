@@ -9,6 +9,7 @@ from typing import Any
 from m27 import tables
 from m27._exceptions import M27Error
 from m27.cli.commands import _common
+from m27.cli.commands._options import add_command
 from m27.events.state import NodeState, RunState, StepState
 from m27.monitoring.energy import energy_by_run, energy_by_step, format_energy
 from m27.tables import Col
@@ -16,15 +17,9 @@ from m27.units import format_duration
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "status",
-        help="show a run's steps, or the live runs",
-        description="Without RUN: runs still in progress. With RUN (an id, a "
-        "unique prefix, or `last`): each step's state, attempts, time, exit.",
-    )
+    p = add_command(sub, "status", run, "show a run's steps, or the live runs")
     p.add_argument("run_id", nargs="?", metavar="RUN")
     p.add_argument("--json", action="store_true", help="JSON, for scripts")
-    p.set_defaults(func=run)
 
 
 class _Energy:
@@ -100,6 +95,8 @@ def _run_dict(r: RunState, energy: _Energy) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Without RUN: runs still in progress. With RUN (an id, a unique prefix, or `last`):
+    each step's state, attempts, time, exit."""
     state = _common.load_state()
     crash_truth(state)
     energy = _Energy(state)

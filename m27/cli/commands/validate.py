@@ -9,7 +9,7 @@ import sys
 
 from m27._exceptions import ConfigError, SpecError
 from m27.cli.commands._explain import explain_checkpoint
-from m27.cli.commands._options import add_set_option
+from m27.cli.commands._options import add_command, add_set_option
 from m27.gpu import parse_gpus_env
 from m27.spec import Pipeline, load_pipeline, parse_set_args, problem_lines
 from m27.units import format_size
@@ -45,19 +45,15 @@ def _beyond_sim_gpus(pipeline: Pipeline) -> str | None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "validate",
-        help="check a pipeline file and list every problem",
-        description="Check a pipeline file: print 'OK' and the step order, or every problem "
-        "as file:line:column: field: message (exit status 2).",
-    )
+    parser = add_command(sub, "validate", run, "check a pipeline file and list every problem")
     parser.add_argument("file", help="the pipeline YAML file")
     add_set_option(parser, dest="set_vars")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check a pipeline file: print 'OK' and the step order, or every problem as
+    file:line:column: field: message (exit status 2)."""
     try:
         pipeline = load_pipeline(args.file, parse_set_args(args.set_vars))
     except SpecError as exc:
