@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TypedDict
 
 from m27._exceptions import RunnerError
 from m27.config import m27_home
@@ -36,6 +36,14 @@ STEP_VARS = (
 )
 
 
+class StepHead(TypedDict):
+    """The fields every event about one step begins with (those of ``m27.events.StepEvent``)."""
+
+    at: float
+    run_id: str
+    step: str
+
+
 @dataclass(frozen=True)
 class StepLaunch:
     """Everything needed to start one step; ``argv`` is already rendered (no shell)."""
@@ -56,6 +64,11 @@ class StepLaunch:
     retry_delay: float = 0.0
     #: a program that checkpoints itself: its files are guarded (m27.executors._guard)
     self_checkpoint: SelfCheckpoint | None = None
+
+    def head(self, at: float) -> StepHead:
+        """``at``, ``run_id`` and ``step`` of an event about this step, recorded at `at`:
+        ``StepStarted(**launch.head(clock.now()), attempt=..., ...)``."""
+        return {"at": at, "run_id": self.run_id, "step": self.step}
 
     def __post_init__(self) -> None:
         ctx = {"run_id": self.run_id, "step": self.step}

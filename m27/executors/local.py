@@ -188,9 +188,7 @@ def _attempt(
         store.append(
             [
                 StepStarted(
-                    at=clock.now(),
-                    run_id=launch.run_id,
-                    step=launch.step,
+                    **launch.head(clock.now()),
                     attempt=attempt,
                     pid=proc.pid,
                     pgid=proc.pid,
@@ -268,19 +266,12 @@ def finish_attempt(
     if end.ok:
         sink.write(f"=== attempt {attempt} succeeded ===\n")
         ev = StepSucceeded(
-            at=clock.now(),
-            run_id=launch.run_id,
-            step=launch.step,
-            attempt=attempt,
-            duration_s=took,
-            outputs=launch.outputs,
+            **launch.head(clock.now()), attempt=attempt, duration_s=took, outputs=launch.outputs
         )
     else:
         sink.write(f"=== attempt {attempt} failed: {end.reason} ===\n")
         ev = StepFailed(
-            at=clock.now(),
-            run_id=launch.run_id,
-            step=launch.step,
+            **launch.head(clock.now()),
             attempt=attempt,
             duration_s=took,
             reason=end.reason,
@@ -312,9 +303,7 @@ def _cancelled(
     exit_code: int | None,
     sig: int | None,
 ) -> StepResult:
-    store.append(
-        [StepCancelled(at=clock.now(), run_id=launch.run_id, step=launch.step, reason="cancelled")]
-    )
+    store.append([StepCancelled(**launch.head(clock.now()), reason="cancelled")])
     return StepResult(
         ok=False,
         attempts=attempts,

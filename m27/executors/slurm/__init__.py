@@ -167,15 +167,7 @@ class _Job(StepJobs):
             sink.note(str(exc))
             return AttemptEnd(False, f"sbatch failed: {exc}", retryable=exc.transient)
         self.store.append(
-            [
-                SlurmJobSubmitted(
-                    at=self.clock.now(),
-                    run_id=launch.run_id,
-                    step=launch.step,
-                    job_id=job_id,
-                    attempt=attempt,
-                )
-            ]
+            [SlurmJobSubmitted(**launch.head(self.clock.now()), job_id=job_id, attempt=attempt)]
         )
         sink.write(f"=== attempt {attempt}: Slurm job {job_id} ({script}) ===\n")
         sink.flush()

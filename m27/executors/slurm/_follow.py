@@ -158,9 +158,7 @@ class Follower:
         self.jobs.store.append(
             [
                 SlurmJobStateChanged(
-                    at=self.jobs.clock.now(),
-                    run_id=self.jobs.launch.run_id,
-                    step=self.jobs.launch.step,
+                    **self.jobs.launch.head(self.jobs.clock.now()),
                     job_id=self.job_id,
                     state=info.state,
                     reason=reason,
@@ -193,9 +191,7 @@ class Follower:
         self.jobs.store.append(
             [
                 StepStarted(
-                    at=self.jobs.clock.now(),
-                    run_id=self.jobs.launch.run_id,
-                    step=self.jobs.launch.step,
+                    **self.jobs.launch.head(self.jobs.clock.now()),
                     attempt=self.attempt,
                     pid=0,
                     pgid=0,
