@@ -48,16 +48,12 @@ class ChunkTable:
             table.set(i, pack, offset, length, raw, int(digest, 16), codec)
         return table
 
+    def _columns(self) -> tuple[npt.NDArray[Any], ...]:
+        """The per-chunk arrays, in field order (that of a manifest's chunk rows)."""
+        return (self.pack, self.offset, self.length, self.raw, self.hash, self.codec)
+
     def copy(self) -> ChunkTable:
-        return ChunkTable(
-            self.key,
-            self.pack.copy(),
-            self.offset.copy(),
-            self.length.copy(),
-            self.raw.copy(),
-            self.hash.copy(),
-            self.codec.copy(),
-        )
+        return ChunkTable(self.key, *(column.copy() for column in self._columns()))
 
     def set(
         self, i: int, pack: int, offset: int, length: int, raw: int, digest: int, codec: str
@@ -74,13 +70,7 @@ class ChunkTable:
         return [
             [p, o, n, r, f"{h:016x}", _CODECS[c]]
             for p, o, n, r, h, c in zip(
-                self.pack.tolist(),
-                self.offset.tolist(),
-                self.length.tolist(),
-                self.raw.tolist(),
-                self.hash.tolist(),
-                self.codec.tolist(),
-                strict=True,
+                *(column.tolist() for column in self._columns()), strict=True
             )
         ]
 
