@@ -35,6 +35,7 @@ from m27.events._base import (
     RunEvent,
     StepEvent,
     decode,
+    decode_records,
     encode,
     event,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "StepStarted",
     "StepSucceeded",
     "decode",
+    "decode_records",
     "encode",
     "event",
 ]
