@@ -22,6 +22,7 @@ from m27.spec._template import Placeholder, scan
 from m27.units import parse_duration, parse_size
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 _TAG = "tag:yaml.org,2002:"
 NULL, BOOL, INT, FLOAT, MERGE = (_TAG + t for t in ("null", "bool", "int", "float", "merge"))
@@ -216,21 +217,24 @@ class Reader:
         if value is not None and not math.isfinite(value):
             self.add(node, where, f"must be a finite duration, got {node.value!r}")
             return None
-        if value is not None and value <= 0:
-            self.add(node, where, f"must be longer than zero, got {node.value!r}")
-            return None
-        if value is not None and value > MAX_DURATION_S:
-            self.add(node, where, f"must be at most 366d, got {node.value!r}")
-            return None
-        return value
+        return self._positive(node, where, value, "longer", MAX_DURATION_S, "366d")
 
     def size(self, node: Node, where: str) -> int | None:
         value = self._unit(node, where, parse_size, "a size like 512MiB or 8GiB")
-        if value is not None and value <= 0:
-            self.add(node, where, f"must be larger than zero, got {node.value!r}")
+        return self._positive(node, where, value, "larger", MAX_SIZE, "1PiB")
+
+    def _positive(
+        self, node: Node, where: str, value: N | None, more: str, most: N, most_text: str
+    ) -> N | None:
+        """`value` if it is above zero and at most `most`, else None with the problem added
+        (`more`: "longer" or "larger" than zero; `most_text`: `most` as the user writes it)."""
+        if value is None:
             return None
-        if value is not None and value > MAX_SIZE:
-            self.add(node, where, f"must be at most 1PiB, got {node.value!r}")
+        if value <= 0:
+            self.add(node, where, f"must be {more} than zero, got {node.value!r}")
+            return None
+        if value > most:
+            self.add(node, where, f"must be at most {most_text}, got {node.value!r}")
             return None
         return value
 
