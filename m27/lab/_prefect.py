@@ -22,6 +22,9 @@ of Prefect's:
   name ``FlowRunExecutorContext`` bound to :class:`HookedContext`, which wraps the
   manager's ``cancel_by_id`` of the run it starts.
 
+Around that ``run`` (public, but its body is upstream's), :meth:`~HookedProcessWorker.starting`
+and :meth:`~HookedProcessWorker.exited` are where a subclass does its part of each run.
+
 :data:`UPSTREAM` names each upstream function whose behaviour this depends on, with the
 SHA-256 of its source in :data:`PREFECT_VERSION`; ``tests/unit/test_prefect_internals.py``
 fails, naming what changed, when an upgrade touches one. pyproject.toml pins that version.
@@ -187,6 +190,12 @@ class HookedProcessWorker(ProcessWorker, abc.ABC):
     async def before_cancel(self, flow_run_id: UUID) -> None:
         """`flow_run_id` turned Cancelling; Prefect kills its process once this returns."""
 
+    async def starting(self, flow_run: FlowRun, configuration: ProcessJobConfiguration) -> None:
+        """`flow_run`'s process starts next, with `configuration` (its ``env`` may grow)."""
+
+    async def exited(self, flow_run: FlowRun) -> None:
+        """:meth:`run` of `flow_run` is over, however it ended (shielded from cancellation)."""
+
     # --- the wiring -----------------------------------------------------------------------
 
     async def run(
@@ -195,11 +204,14 @@ class HookedProcessWorker(ProcessWorker, abc.ABC):
         configuration: ProcessJobConfiguration,
         task_status: anyio.abc.TaskStatus[int] | None = None,
     ) -> ProcessWorkerResult:
+        await self.starting(flow_run, configuration)
         token = _STARTING.set(self)
         try:
             return await hooked_process_run(self, flow_run, configuration, task_status)
         finally:
             _STARTING.reset(token)
+            with anyio.CancelScope(shield=True):
+                await self.exited(flow_run)
 
     async def _get_scheduled_flow_runs(self) -> list[WorkerFlowRunResponse]:
         return await self.take(await super()._get_scheduled_flow_runs())

@@ -41,9 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.abc
 import anyio.to_thread
-from prefect.workers.process import ProcessJobConfiguration, ProcessWorkerResult
+from prefect.workers.process import ProcessJobConfiguration
 
 from m27 import liveness, runids
 from m27.config import load_settings, m27_home
@@ -256,21 +255,14 @@ class M27Worker(HookedProcessWorker):
 
     # --- running one flow run -------------------------------------------------------------
 
-    async def run(
-        self,
-        flow_run: FlowRun,
-        configuration: ProcessJobConfiguration,
-        task_status: anyio.abc.TaskStatus[int] | None = None,
-    ) -> ProcessWorkerResult:
-        run_id = runids.from_flow_run(str(flow_run.id))
-        self._busy.add(run_id)
+    async def starting(self, flow_run: FlowRun, configuration: ProcessJobConfiguration) -> None:
+        self._busy.add(runids.from_flow_run(str(flow_run.id)))
         configuration.env.update(self.m27_env(flow_run))
-        try:
-            return await super().run(flow_run, configuration, task_status)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._after_exit(flow_run, run_id)
-                self._busy.discard(run_id)
+
+    async def exited(self, flow_run: FlowRun) -> None:
+        run_id = runids.from_flow_run(str(flow_run.id))
+        await self._after_exit(flow_run, run_id)
+        self._busy.discard(run_id)
 
     async def _after_exit(self, flow_run: FlowRun, run_id: str) -> None:
         """The flow-run process is gone: if the log has no end for its run, close it."""
