@@ -81,6 +81,26 @@ def _arrival(rng: random.Random, hours: float) -> float:
     return rng.randrange(days) * 24 * HOUR + rng.uniform(9 * HOUR, 18 * HOUR)
 
 
+def _one_step(
+    rng: random.Random,
+    id: str,
+    hours: float,
+    compute_h: tuple[float, float],
+    chunk: tuple[float, float],
+    io: tuple[float, float],
+    memory_gib: tuple[float, float],
+    priority: int = 10,
+) -> Job:
+    """A one-step GPU job of someone's: `compute_h` hours of compute (drawn from the range)
+    in `chunk`-second runs between `io`-second waits, `memory_gib` GiB of GPU memory."""
+    owner = rng.choice(OWNERS)
+    phases = _cycles(rng, rng.uniform(*compute_h) * HOUR, chunk, io)
+    return _job(
+        rng, id, _arrival(rng, hours), phases, owner=owner, priority=priority,
+        memory_gib=rng.uniform(*memory_gib),
+    )  # fmt: skip
+
+
 def lab_week(seed: int = 0, gpus: int = 4, hours: float = 72.0, load: float = 1.0) -> Trace:
     """The lab trace; `load` scales the submissions (1.0: ~80 GPU jobs, about 1.05 x the
     GPU time 4 GPUs have in 72 h, so the queue never runs dry and throughput tells)."""
@@ -122,22 +142,16 @@ def lab_week(seed: int = 0, gpus: int = 4, hours: float = 72.0, load: float = 1.
                 gpus=2 if big else 1,
             )
         )  # fmt: skip
+    # one-step jobs: hours of compute, compute runs and I/O waits (s), GPU memory (GiB)
     for i in range(n_qm):
-        owner = rng.choice(OWNERS)
-        phases = _cycles(rng, rng.uniform(1, 4) * HOUR, (1800, 3600), (20, 60))
         jobs.append(
-            _job(
-                rng, f"qm{i:02d}/scf", _arrival(rng, hours), phases, owner=owner,
-                memory_gib=rng.uniform(8, 20),
-            )
-        )  # fmt: skip
+            _one_step(rng, f"qm{i:02d}/scf", hours, (1, 4), (1800, 3600), (20, 60), (8, 20))
+        )
     for i in range(n_sweep):
-        owner = rng.choice(OWNERS)
-        phases = _cycles(rng, rng.uniform(0.5, 2) * HOUR, (300, 900), (30, 120))
         jobs.append(
-            _job(
-                rng, f"sweep{i:02d}/point", _arrival(rng, hours), phases, owner=owner,
-                priority=-5, memory_gib=rng.uniform(2, 8),
+            _one_step(
+                rng, f"sweep{i:02d}/point", hours, (0.5, 2), (300, 900), (30, 120), (2, 8),
+                priority=-5,
             )
         )  # fmt: skip
     jobs.sort(key=lambda j: (j.arrival, j.id))
