@@ -242,10 +242,16 @@ class _Engine:
         lv.token += 1
         self.push(now + max(0.0, lv.remaining), _PHASE_END, lv.job.id, lv.token)
 
-    def phase_end(self, lv: Live, now: float) -> None:
-        self.stop(lv, now)
+    def touch(self, lv: Live) -> Live:
+        """`lv`'s lease or phase changes: its policy view (``memo``) is built again and the
+        layout's version moves on, so what is cached by it is not reused."""
         lv.memo = None
         self.st.lease_version += 1
+        return lv
+
+    def phase_end(self, lv: Live, now: float) -> None:
+        self.stop(lv, now)
+        self.touch(lv)
         lv.phase += 1
         lv.phase_started = now
         if lv.phase < len(lv.job.phases):
@@ -283,9 +289,7 @@ class _Engine:
         changed = False
         for a in actions:
             if isinstance(a, Grant | StartCpu):
-                lv = self.live(a.key)
-                lv.memo = None
-                st.lease_version += 1
+                lv = self.touch(self.live(a.key))
                 st.pending_version += 1
                 if st.pending.pop(lv.job.id, None) is None:
                     raise SimulationError(f"{a.key} granted twice", step=a.key)
@@ -311,9 +315,7 @@ class _Engine:
                 lv.role = "primary"
                 self.go(lv, now)
             elif isinstance(a, PauseGuest | ResumeGuest):
-                lv = self.live(a.key)
-                lv.memo = None
-                st.lease_version += 1
+                lv = self.touch(self.live(a.key))
                 if lv.role != "guest":
                     raise SimulationError(f"{a.key} is not a guest", step=a.key)
                 lv.paused = isinstance(a, PauseGuest)
@@ -323,9 +325,7 @@ class _Engine:
                     self.go(lv, now)
                 changed = True
             elif isinstance(a, Promote):
-                lv = self.live(a.key)
-                lv.memo = None
-                st.lease_version += 1
+                lv = self.touch(self.live(a.key))
                 if st.primary[a.gpu] is not None:
                     raise SimulationError(f"GPU {a.gpu} already has a primary", gpu=a.gpu)
                 self.stop(lv, now)  # closes a running guest's segment under its old role
@@ -337,9 +337,7 @@ class _Engine:
                 self.go(lv, now)
                 changed = True
             elif isinstance(a, Demote):
-                lv = self.live(a.key)
-                lv.memo = None
-                st.lease_version += 1
+                lv = self.touch(self.live(a.key))
                 self.stop(lv, now)
                 st.primary[a.gpu] = None
                 st.guests[a.gpu].append(lv.job.id)
