@@ -43,7 +43,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Final
 
 from m27._exceptions import M27Error
@@ -325,12 +324,7 @@ class _IoWait:
         if channel is not None:
             channel.enter_io()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:  # an exception leaves the I/O too
         channel = _channel if _resolved else _step_channel()
         if channel is not None:
             channel.exit_io()
