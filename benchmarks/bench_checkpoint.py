@@ -215,7 +215,7 @@ def bench_h5py(x: np.ndarray[Any, Any], root: Path, gzip: bool) -> Row | None:
 
 def xxh3_floor(x: np.ndarray[Any, Any], threads: int) -> float:
     """Best of 3: one bare xxh3 pass over `x` in `threads` slices (xxh3 releases the GIL)."""
-    view = memoryview(x.reshape(-1).view(np.uint8))
+    view = memoryview(x.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     part = -(-len(view) // threads)
     slices = [view[i : i + part] for i in range(0, len(view), part)]
     best = float("inf")
