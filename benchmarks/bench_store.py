@@ -144,6 +144,7 @@ class Clock:
 
 def run(count: int, batch: int, root: Path) -> dict[str, Any]:
     """Append in alternating blocks, then replay in alternating rounds (fastest kept)."""
+    load_before = _loadavg()
     m27, raw = M27Side(root / "m27.db"), RawSide(root / "raw.db")
     append_m27, append_raw = Clock(), Clock()
     replay_m27, replay_raw = Clock(), Clock()
@@ -170,7 +171,7 @@ def run(count: int, batch: int, root: Path) -> dict[str, Any]:
         "baseline": "bare sqlite3 executemany/SELECT on pre-encoded rows, same pragmas,"
         f" alternating with m27 in blocks of {BLOCK} (append) and {REPLAY_ROUNDS} rounds"
         " (replay, fastest of each kept)",
-        "loadavg": _loadavg(),
+        "loadavg": load_before,
     }
     for clock, suffix in (("wall", ""), ("cpu", "_cpu")):
         a_m27, a_raw = sum(getattr(append_m27, clock)), sum(getattr(append_raw, clock))

@@ -198,18 +198,19 @@ def decode_records(rows: Iterable[tuple[int, str, int, str]]) -> list[Recorded]:
     for seq, kind, version, payload in rows:
         plan = plans.get(kind) or _plan(kind)
         ev: Event
-        if plan is None or version > plan.version:
+        if plan is None or version > plan[1]:
             ev = decode(kind, version, payload)
         else:
+            cls, _, known, ints, tuples = plan
             try:
                 data = loads(payload)
             except bad_json:
                 data = json_loads(payload)
-            for name in plan.ints:
+            for name in ints:
                 if data.get(name).__class__ is float:  # see _loads
                     data = json_loads(payload)
                     break
-            for name in plan.tuples:
+            for name in tuples:
                 value = data.get(name)
                 if value.__class__ is list:
                     data[name] = (
@@ -217,8 +218,8 @@ def decode_records(rows: Iterable[tuple[int, str, int, str]]) -> list[Recorded]:
                         if value and value[0].__class__ is list
                         else tuple(value)
                     )
-            if data.keys() == plan.known:
-                ev = new(plan.cls)
+            if data.keys() == known:
+                ev = new(cls)
                 set_attr(ev, "__dict__", data)  # the parsed dict itself, not a copy
             else:
                 ev = decode(kind, version, data)
@@ -234,9 +235,9 @@ _RECORDED_SEQ: Any = Recorded.__dict__["seq"]
 _RECORDED_EVENT: Any = Recorded.__dict__["event"]
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """What :func:`decode_records` needs of one kind that may skip ``__init__``."""
+class _Plan(typing.NamedTuple):
+    """What :func:`decode_records` needs of one kind that may skip ``__init__`` (a tuple:
+    unpacked at once in the loop)."""
 
     cls: type[Event]
     version: int
