@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_SIM_GPUS",
     "DEFAULT_SIM_MEMORY",
     "THROTTLE_REASONS",
+    "BackendBase",
     "GpuBackend",
     "GpuInfo",
     "GpuSample",
@@ -118,6 +120,28 @@ class GpuBackend(Protocol):
     def sample(self, now: float) -> list[GpuSample]: ...
 
     def close(self) -> None: ...
+
+
+class BackendBase:
+    """What NVML and the simulator share of the :class:`GpuBackend` contract: one lock
+    over every pass, and no pass once ``close()`` has run. A backend gives
+    :meth:`_sample_all`, its pass over every device, which runs under the lock."""
+
+    #: how an error names the backend ("the NVML backend is closed")
+    label = "GPU"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def sample(self, now: float) -> list[GpuSample]:
+        with self._lock:
+            if self._closed:
+                raise GpuError(f"the {self.label} backend is closed")
+            return self._sample_all(now)
+
+    def _sample_all(self, now: float) -> list[GpuSample]:
+        raise NotImplementedError
 
 
 _SIM = re.compile(r"^sim:(\d+)(?:x(.+))?$", re.IGNORECASE)

@@ -14,14 +14,13 @@ Promises, in the spirit of nvitop:
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pynvml
 
 from m27._exceptions import GpuError
-from m27.gpu import GpuInfo, GpuSample, ProcessSample
+from m27.gpu import BackendBase, GpuInfo, GpuSample, ProcessSample
 
 __all__ = ["NvmlBackend"]
 
@@ -46,16 +45,16 @@ class _Lost(Exception):
     """Internal: the device answered GpuIsLost; the pass for this device stops."""
 
 
-class NvmlBackend:
+class NvmlBackend(BackendBase):
     """GPUs of this node through NVML. ``nvml`` is the pynvml module (tests pass a fake)."""
 
     kind = "nvml"
+    label = "NVML"
 
     def __init__(self, nvml: Any = None) -> None:
         nvml = pynvml if nvml is None else nvml
         self._nvml = nvml
-        self._lock = threading.Lock()
-        self._closed = False
+        super().__init__()
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
@@ -99,11 +98,8 @@ class NvmlBackend:
     def devices(self) -> list[GpuInfo]:
         return list(self._infos)
 
-    def sample(self, now: float) -> list[GpuSample]:
-        with self._lock:
-            if self._closed:
-                raise GpuError("the NVML backend is closed")
-            return [self._sample_one(info, now) for info in self._infos]
+    def _sample_all(self, now: float) -> list[GpuSample]:
+        return [self._sample_one(info, now) for info in self._infos]
 
     def close(self) -> None:
         with self._lock:

@@ -21,13 +21,19 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from m27 import liveness
 from m27._exceptions import GpuError
-from m27.gpu import DEFAULT_SIM_MEMORY, THROTTLE_REASONS, GpuInfo, GpuSample, ProcessSample
+from m27.gpu import (
+    DEFAULT_SIM_MEMORY,
+    THROTTLE_REASONS,
+    BackendBase,
+    GpuInfo,
+    GpuSample,
+    ProcessSample,
+)
 from m27.step import Channel
 
 __all__ = ["BUSY_W", "IDLE_W", "SimBackend"]
@@ -58,10 +64,11 @@ class _GpuState:
     forced_throttle: frozenset[str] = frozenset()
 
 
-class SimBackend:
+class SimBackend(BackendBase):
     """``count`` virtual GPUs of ``memory_total`` bytes each."""
 
     kind = "sim"
+    label = "simulated"
 
     def __init__(self, count: int, memory_total: int = DEFAULT_SIM_MEMORY) -> None:
         if count < 1:
@@ -71,8 +78,7 @@ class SimBackend:
             _GpuState(GpuInfo(i, f"GPU-sim-{i:04d}", name, memory_total)) for i in range(count)
         ]
         self._attached: list[dict[int, _Attached]] = [{} for _ in range(count)]
-        self._lock = threading.Lock()
-        self._closed = False
+        super().__init__()
 
     def devices(self) -> list[GpuInfo]:
         return [gpu.info for gpu in self._gpus]
@@ -138,11 +144,8 @@ class SimBackend:
 
     # -- GpuBackend -------------------------------------------------------------------
 
-    def sample(self, now: float) -> list[GpuSample]:
-        with self._lock:
-            if self._closed:
-                raise GpuError("the simulated backend is closed")
-            return [self._sample_one(gpu, now) for gpu in self._gpus]
+    def _sample_all(self, now: float) -> list[GpuSample]:
+        return [self._sample_one(gpu, now) for gpu in self._gpus]
 
     def close(self) -> None:
         with self._lock:
