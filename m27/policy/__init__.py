@@ -26,13 +26,13 @@ meanwhile (EASY backfill).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 
 from m27.policy._explain import explain
 from m27.policy._gate import gate, outrank, promote, run_or_pause
-from m27.policy._hold import first_wide, nothing_starts
+from m27.policy._hold import nothing_starts
 from m27.policy._memory import _no_fit_text, _unknown_host, _unknown_text
 from m27.policy._model import (
     Action,
@@ -54,13 +54,13 @@ from m27.policy._model import (
     Tier,
     key_text,
 )
+from m27.policy._order import order_pending
 from m27.policy._state import (
     GpuState,
     Ranked,
     Slot,
     effective_priority,
     is_bg_host,
-    order_pending,
     room_beside,
     split_queues,
 )
@@ -167,7 +167,17 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
     hold_only = shortcut and nothing_starts(inp, gpus, usable, cpu_busy)
     if hold_only:
         # a busy node: only the first multi-GPU step's reservation depends on the queue
-        wide = first_wide(inp, held, len(usable))
+        # (the kept order, brought up to date: cheaper than finding that step afresh)
+        ranked = order_pending(inp.pending, held, inp.usage_by_owner, now, cfg)
+        width = len(usable)
+        wide = next(
+            (
+                r.pending
+                for r in ranked
+                if r.pending.type == "gpu" and not r.background and 1 < r.pending.gpus <= width
+            ),
+            None,
+        )
         if wide is not None:
             hold = _reservation(gpus, usable, wide.gpus, [])
             for i in hold:
@@ -262,7 +272,7 @@ class _Pass:
 def _place(ranked: list[Ranked], pa: _Pass, cpu_busy: int) -> None:
     """Pending steps onto GPUs (primaries, background, guests) and CPU slots, by rank."""
     cfg = pa.cfg
-    qs = split_queues(ranked, cfg)
+    qs = split_queues(ranked, cfg, lazy=pa.fast)
     cpu_q = qs.cpu
 
     _immediate(qs.gpu, pa)
@@ -273,7 +283,7 @@ def _place(ranked: list[Ranked], pa: _Pass, cpu_busy: int) -> None:
         _guests(qs.guest, pa)
         _guests(qs.background, pa)
     free_cpu = cfg.cpu_slots - cpu_busy
-    for c in cpu_q:
+    for c in cpu_q if free_cpu > 0 else ():
         if free_cpu <= 0:
             break
         pa.actions.append(StartCpu(c.pending.key))
@@ -281,7 +291,7 @@ def _place(ranked: list[Ranked], pa: _Pass, cpu_busy: int) -> None:
         free_cpu -= 1
 
 
-def _immediate(queue: list[Ranked], pa: _Pass) -> None:
+def _immediate(queue: Iterable[Ranked], pa: _Pass) -> None:
     gpus, usable, cfg, now = pa.gpus, pa.usable, pa.cfg, pa.now
     actions, notes, granted = pa.actions, pa.notes, pa.granted
     reserved = False
@@ -382,7 +392,7 @@ def _reservation(
     return sorted(sorted(candidates, key=expected_free)[:k])
 
 
-def _guests(queue: list[Ranked], pa: _Pass) -> None:
+def _guests(queue: Iterable[Ranked], pa: _Pass) -> None:
     gpus, usable, cfg, now = pa.gpus, pa.usable, pa.cfg, pa.now
     actions, notes, granted = pa.actions, pa.notes, pa.granted
     hosts = [
@@ -393,7 +403,7 @@ def _guests(queue: list[Ranked], pa: _Pass) -> None:
         and gpus[i].reserved_for is None
         and len(gpus[i].guests) < cfg.guests_per_gpu
     ]
-    if not hosts or not queue:
+    if not hosts:
         return
     # Memory per host, kept up to date here: a long queue asks about every host per step.
     cap = {i: gpus[i].view.memory_total * cfg.memory_overprovision for i in hosts}
@@ -402,8 +412,9 @@ def _guests(queue: list[Ranked], pa: _Pass) -> None:
     seen: tuple[tuple[int, int, int], ...] | None = None
     unknown_seen: tuple[tuple[int, int, float], ...] | None = None
     # `room` only shrinks during the pass, so a step that misses it now is skipped below
-    # whatever happens before its turn: a fast pass visits only the others.
-    order = [r for r in queue if r.need - room <= 1.0] if pa.fast else queue
+    # whatever happens before its turn: a fast pass visits only the others (`room` read
+    # as it shrinks: the steps left out could only have added notes).
+    order = (r for r in queue if r.need - room <= 1.0) if pa.fast else queue
     for r in order:
         if not hosts:
             return
@@ -453,7 +464,7 @@ def _guests(queue: list[Ranked], pa: _Pass) -> None:
         granted.add(p.key)
 
 
-def _background_on_free(queue: list[Ranked], pa: _Pass) -> None:
+def _background_on_free(queue: Iterable[Ranked], pa: _Pass) -> None:
     """Background work on GPUs that no gpu step took (nor holds by reservation)."""
     gpus, usable, now, actions, granted = pa.gpus, pa.usable, pa.now, pa.actions, pa.granted
     free = [i for i in usable if gpus[i].primary is None and gpus[i].reserved_for is None]

@@ -7,8 +7,7 @@ from the frozen input every time), so the policy stays a pure function.
 from __future__ import annotations
 
 import math
-from bisect import insort
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -143,222 +142,6 @@ def _ranked(p: Pending, eff: int, bg_max: int) -> Ranked:
     return _new(Ranked, (p, eff, p.type == "gpu_light" or eff < bg_max, need))
 
 
-class _Static(NamedTuple):
-    """What the order takes from a pending tuple that does not move with the clock: each
-    step's place by (owner, queued_at, key) and by (queued_at, key), both ways round, so
-    a sort key is one integer instead of a tuple."""
-
-    owners: tuple[str, ...]
-    owner_of: list[str]
-    base: list[int]
-    queued: list[float]
-    srank: list[int]
-    sinv: list[int]
-    qrank: list[int]
-    qinv: list[int]
-
-
-def _static(pending: Sequence[Pending]) -> _Static:
-    n = len(pending)
-    sinv = sorted(range(n), key=lambda i: (pending[i].owner, pending[i].queued_at, pending[i].key))
-    qinv = sorted(range(n), key=lambda i: (pending[i].queued_at, pending[i].key))
-    srank = [0] * n
-    qrank = [0] * n
-    for r, i in enumerate(sinv):
-        srank[i] = r
-    for r, i in enumerate(qinv):
-        qrank[i] = r
-    owner_of = [p.owner for p in pending]
-    return _Static(
-        tuple(sorted(set(owner_of))),
-        owner_of,
-        [p.priority + p.bump for p in pending],
-        [p.queued_at for p in pending],
-        srank,
-        sinv,
-        qrank,
-        qinv,
-    )
-
-
-class _RankMemo(NamedTuple):
-    """The last queue order, and what it was computed from (see :func:`order_pending`)."""
-
-    pending: Sequence[Pending]
-    cfg: PolicyConfig
-    static: _Static
-    effs: list[int]
-    share: tuple[tuple[int, int], ...]
-    result: list[Ranked]
-    #: one Ranked per pending position, reused while its effective priority stays
-    by_index: list[Ranked]
-    #: the packed sort key per pending position (see `_rank`)
-    key_of: list[int]
-    #: with several owners: (-eff, owner) -> the srank of its steps, in order
-    groups: dict[tuple[int, str], list[int]]
-
-
-#: One entry: the agent and the simulator call decide() again and again with the same
-#: pending tuple (the same object) while only the clock and the leases move. It is keyed on
-#: that immutable tuple (held here, so its identity cannot be reused) and on everything else
-#: the order depends on, so it can never change a decision; callers never mutate the list.
-_memo: _RankMemo | None = None
-
-
-def _share_key(
-    owners: tuple[str, ...], held: Mapping[str, int], usage: Mapping[str, float]
-) -> tuple[tuple[int, int], ...]:
-    """What the fair-share sort looks at: GPUs held per owner, and how the owners' recent
-    usage compares (its rank, ties kept), not its value, which decays on every call."""
-    vals = [usage.get(o, 0.0) for o in owners]
-    levels = sorted(set(vals))
-    return tuple((held.get(o, 0), levels.index(v)) for o, v in zip(owners, vals, strict=True))
-
-
-def order_pending(
-    pending: Sequence[Pending],
-    held: Mapping[str, int],
-    usage: Mapping[str, float],
-    now: float,
-    cfg: PolicyConfig,
-) -> list[Ranked]:
-    """Queue order: effective priority, then fair share, then queue time, then key.
-
-    Fair share at equal priority interleaves owners: an owner's n-th waiting step counts as
-    if the owner held n more GPUs, so two owners alternate and the one holding fewer GPUs
-    now (then the one with less recent GPU time) goes first. The returned list is shared
-    with later calls that would compute the same order: read it, never change it.
-    """
-    global _memo
-    if cfg.fifo:
-        return [Ranked(p, 0, False) for p in sorted(pending, key=lambda p: (p.queued_at, p.key))]
-    rate, cap = max(0.0, cfg.aging_per_s), cfg.aging_cap
-    memo = _memo
-    bg_max = cfg.background_priority_max
-    same = memo is not None and memo.pending is pending and memo.cfg == cfg
-    st = memo.static if same and memo is not None else _static(pending)
-    effs = [
-        b + (min(cap, int(rate * (now - q))) if now > q else 0)
-        for b, q in zip(st.base, st.queued, strict=True)
-    ]
-    owners = st.owners
-    share = _share_key(owners, held, usage) if len(owners) > 1 else ()
-    if same and memo is not None:
-        if memo.effs == effs and memo.share == share:
-            return memo.result
-        by_index = memo.by_index
-        if memo.effs != effs:
-            by_index = [
-                old if old.eff == e else _ranked(p, e, bg_max)
-                for old, e, p in zip(by_index, effs, pending, strict=True)
-            ]
-        if _width(st, memo.share) == _width(st, share):
-            # some steps aged, or an owner's share changed: re-key only their groups
-            _memo = None  # the groups are updated in place below
-            key_of, groups = _rekey(st, memo, effs, share)
-            qinv, n = st.qinv if share else st.sinv, len(effs)
-            result = [by_index[qinv[k % n]] for k in sorted(key_of)]
-            _memo = _RankMemo(pending, cfg, st, effs, share, result, by_index, key_of, groups)
-            return result
-    else:
-        by_index = [_ranked(p, e, bg_max) for p, e in zip(pending, effs, strict=True)]
-    result, key_of, groups = _rank(st, effs, share, by_index)
-    _memo = _RankMemo(pending, cfg, st, effs, share, result, by_index, key_of, groups)
-    return result
-
-
-def _packing(
-    st: _Static, share: tuple[tuple[int, int], ...]
-) -> tuple[dict[str, int], dict[str, int], int, int]:
-    hold = {o: h for o, (h, _) in zip(st.owners, share, strict=True)}
-    level = {o: lv for o, (_, lv) in zip(st.owners, share, strict=True)}
-    return hold, level, _width(st, share), len(st.owners)
-
-
-def _width(st: _Static, share: tuple[tuple[int, int], ...]) -> int:
-    """The packing room for held + place (held + place < width), the same for most shares,
-    so a change of one owner's share re-keys only that owner's steps."""
-    if not share:
-        return 0
-    return len(st.owner_of) + max(64, max(h for h, _ in share) + 1)
-
-
-def _rekey(
-    st: _Static, memo: _RankMemo, effs: list[int], share: tuple[tuple[int, int], ...]
-) -> tuple[list[int], dict[tuple[int, str], list[int]]]:
-    """The sort keys after some steps' effective priority or some owners' share changed
-    (with the same packing width)."""
-    n = len(effs)
-    key_of = memo.key_of[:]
-    old = memo.effs
-    changed = [i for i, (a, b) in enumerate(zip(effs, old, strict=True)) if a != b]
-    srank = st.srank
-    if not share:
-        for i in changed:
-            key_of[i] = -effs[i] * n + srank[i]
-        return key_of, memo.groups
-    groups = memo.groups
-    owner_of, sinv, qrank = st.owner_of, st.sinv, st.qrank
-    touched: set[tuple[int, str]] = set()
-    for i in changed:
-        owner = owner_of[i]
-        was, now = (-old[i], owner), (-effs[i], owner)
-        members = groups[was]
-        members.remove(srank[i])
-        if not members:
-            del groups[was]
-        insort(groups.setdefault(now, []), srank[i])
-        touched.add(was)
-        touched.add(now)
-    if share != memo.share:
-        moved = {o for o, a, b in zip(st.owners, share, memo.share, strict=True) if a != b}
-        touched.update(g for g in groups if g[1] in moved)
-    hold, level, width, levels = _packing(st, share)
-    for group in touched:
-        members = groups.get(group, [])
-        neg, owner = group
-        start = neg * width + hold[owner]
-        lv = level[owner]
-        for place, r in enumerate(members):
-            i = sinv[r]
-            key_of[i] = ((start + place) * levels + lv) * n + qrank[i]
-    return key_of, groups
-
-
-def _rank(
-    st: _Static, effs: list[int], share: tuple[tuple[int, int], ...], by_index: list[Ranked]
-) -> tuple[list[Ranked], list[int], dict[tuple[int, str], list[int]]]:
-    """The order as integer keys: (-eff, owner, queued_at, key) is -eff * n + srank; with
-    several owners, (-eff, held + place, usage, queued_at, key) is packed the same way."""
-    n = len(effs)
-    srank = st.srank
-    key_of = [-e * n + r for e, r in zip(effs, srank, strict=True)]
-    first = sorted(key_of)
-    sinv = st.sinv
-    if not share:
-        return [by_index[sinv[k % n]] for k in first], key_of, {}
-    hold, level, width, levels = _packing(st, share)
-    owner_of, qrank = st.owner_of, st.qrank
-    groups: dict[tuple[int, str], list[int]] = {}
-    members: list[int] = []
-    prev_neg: int | None = None
-    prev_owner = ""
-    place = 0
-    for k in first:
-        neg, r = divmod(k, n)
-        i = sinv[r]
-        owner = owner_of[i]
-        if neg == prev_neg and owner == prev_owner:
-            place += 1
-        else:
-            place, prev_neg, prev_owner = 0, neg, owner
-            members = groups[(neg, owner)] = []
-        members.append(r)
-        key_of[i] = ((neg * width + hold[owner] + place) * levels + level[owner]) * n + qrank[i]
-    qinv = st.qinv
-    return [by_index[qinv[k % n]] for k in sorted(key_of)], key_of, groups
-
-
 def is_bg_host(st: GpuState, cfg: PolicyConfig) -> bool:
     """A GPU whose background primary could step aside as a guest."""
     bg = st.primary
@@ -382,24 +165,53 @@ def room_beside(st: GpuState, memory: int, cfg: PolicyConfig) -> bool:
 class Queues(NamedTuple):
     """The ranked queue split the way the placement pass reads it."""
 
-    cpu: list[Ranked]
-    gpu: list[Ranked]
-    background: list[Ranked]
-    guest: list[Ranked]
+    cpu: Iterable[Ranked]
+    gpu: Iterable[Ranked]
+    background: Iterable[Ranked]
+    guest: Iterable[Ranked]
 
 
 #: The split of the last ranked list (the same object again when the order was reused).
 _queues_memo: tuple[list[Ranked], int, Queues] | None = None
 
 
-def split_queues(ranked: list[Ranked], cfg: PolicyConfig) -> Queues:
+class _Lane:
+    """One split queue read straight from the ranked list, as far as a pass reads it (a
+    busy node's pass stops early): iterable again and again, never materialized."""
+
+    __slots__ = ("bg_max", "kind", "ranked")
+
+    def __init__(self, ranked: list[Ranked], kind: int, bg_max: int) -> None:
+        self.ranked, self.kind, self.bg_max = ranked, kind, bg_max
+
+    def __iter__(self) -> Iterator[Ranked]:
+        ranked, bg_max = self.ranked, self.bg_max
+        if self.kind == 0:
+            return (r for r in ranked if r.pending.type == "cpu")
+        if self.kind == 1:
+            return (r for r in ranked if not r.background and r.pending.type != "cpu")
+        if self.kind == 2:
+            return (r for r in ranked if r.background and r.pending.type != "cpu")
+        return (
+            r
+            for r in ranked
+            if r.pending.type != "cpu"
+            and (not r.background or (r.pending.type == "gpu_light" and r.eff >= bg_max))
+        )
+
+
+def split_queues(ranked: list[Ranked], cfg: PolicyConfig, lazy: bool = False) -> Queues:
     """cpu steps, gpu steps, background steps, and guest candidates (gpu steps and the
-    gpu_light steps at or above the background bound), each in rank order."""
+    gpu_light steps at or above the background bound), each in rank order. `lazy`: read
+    from `ranked` as the pass goes (for a pass that may stop early), unless the lists for
+    this order are at hand."""
     global _queues_memo
     bg_max = cfg.background_priority_max
     memo = _queues_memo
     if memo is not None and memo[0] is ranked and memo[1] == bg_max:
         return memo[2]
+    if lazy:
+        return Queues(*(_Lane(ranked, kind, bg_max) for kind in range(4)))
     cpu_q = [r for r in ranked if r.pending.type == "cpu"]
     gpu_q = [r for r in ranked if r.pending.type != "cpu" and not r.background]
     bg_q = [r for r in ranked if r.pending.type != "cpu" and r.background]
