@@ -1,7 +1,8 @@
 """One handler per event kind: how each event changes a :class:`NodeState`.
 
 ``@_on(Kind)`` registers a handler in ``_HANDLERS``, which :func:`m27.events.state.apply`
-dispatches on; a unit test checks that every kind has one.
+dispatches on; a unit test checks that every kind has one. ``@_on_step(Kind)`` is the same
+for the many kinds that change only the step they name.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from m27 import events as ev
-from m27.events import Event
+from m27.events import Event, StepEvent
 from m27.events._projection import AgentInfo, NodeState, RunState, StepState, StepStatus
 
 _E = TypeVar("_E", bound=Event)
+_S = TypeVar("_S", bound=StepEvent)
 _Handler = Callable[[NodeState, Any], None]
 _HANDLERS: dict[type[Event], _Handler] = {}
 
@@ -21,6 +23,21 @@ _HANDLERS: dict[type[Event], _Handler] = {}
 def _on(cls: type[_E]) -> Callable[[Callable[[NodeState, _E], None]], Callable[..., None]]:
     def register(fn: Callable[[NodeState, _E], None]) -> Callable[..., None]:
         _HANDLERS[cls] = fn
+        return fn
+
+    return register
+
+
+def _on_step(cls: type[_S]) -> Callable[[Callable[[StepState, _S], None]], Callable[..., None]]:
+    """``@_on`` for a handler that changes only the step the event names: it is given that
+    :class:`StepState`, and is not called for a run this log never saw submitted."""
+
+    def register(fn: Callable[[StepState, _S], None]) -> Callable[..., None]:
+        def handler(state: NodeState, e: _S) -> None:
+            if step := _step(state, e.run_id, e.step):
+                fn(step, e)
+
+        _HANDLERS[cls] = handler
         return fn
 
     return register
@@ -34,8 +51,11 @@ def _run(state: NodeState, run_id: str) -> RunState | None:
 
 
 def _step(state: NodeState, run_id: str, step: str) -> StepState | None:
-    run = _run(state, run_id)
-    return None if run is None else run.step(step)
+    run = state.runs.get(run_id)  # _run's lookup, inline: this is on every step event's path
+    if run is None:
+        state.unknown_run_events += 1
+        return None
+    return run.step(step)
 
 
 def _finish(step: StepState, status: StepStatus, at: float, reason: str = "") -> None:
@@ -98,22 +118,20 @@ def _cancel_requested(state: NodeState, e: ev.CancelRequested) -> None:
 # --- steps --------------------------------------------------------------------------------
 
 
-@_on(ev.StepQueued)
-def _step_queued(state: NodeState, e: ev.StepQueued) -> None:
-    if step := _step(state, e.run_id, e.step):
-        step.status, step.type, step.priority = "queued", e.type, e.priority
-        step.gpus_wanted, step.gpu_memory, step.depends_on = e.gpus, e.gpu_memory, e.depends_on
-        step.queued_at = e.at
+@_on_step(ev.StepQueued)
+def _step_queued(step: StepState, e: ev.StepQueued) -> None:
+    step.status, step.type, step.priority = "queued", e.type, e.priority
+    step.gpus_wanted, step.gpu_memory, step.depends_on = e.gpus, e.gpu_memory, e.depends_on
+    step.queued_at = e.at
 
 
-@_on(ev.StepStarted)
-def _step_started(state: NodeState, e: ev.StepStarted) -> None:
-    if step := _step(state, e.run_id, e.step):
-        step.status, step.attempts = "running", e.attempt
-        step.pid, step.pgid, step.gpus, step.pid_started = e.pid, e.pgid, e.gpus, e.pid_started
-        step.started_at, step.ended_at, step.duration_s = e.at, None, None
-        step.exit_code, step.signal, step.reason = None, None, ""
-        step.log_path, step.resume_from, step.host = e.log_path, e.resume_from, e.host
+@_on_step(ev.StepStarted)
+def _step_started(step: StepState, e: ev.StepStarted) -> None:
+    step.status, step.attempts = "running", e.attempt
+    step.pid, step.pgid, step.gpus, step.pid_started = e.pid, e.pgid, e.gpus, e.pid_started
+    step.started_at, step.ended_at, step.duration_s = e.at, None, None
+    step.exit_code, step.signal, step.reason = None, None, ""
+    step.log_path, step.resume_from, step.host = e.log_path, e.resume_from, e.host
 
 
 @_on(ev.StepSucceeded)
@@ -188,16 +206,14 @@ def _guest_started(state: NodeState, e: ev.GuestStarted) -> None:
         step.tier, step.guest_gpu, step.paused = "guest", e.gpu, False
 
 
-@_on(ev.GuestPaused)
-def _guest_paused(state: NodeState, e: ev.GuestPaused) -> None:
-    if step := _step(state, e.run_id, e.step):
-        step.paused = True
+@_on_step(ev.GuestPaused)
+def _guest_paused(step: StepState, e: ev.GuestPaused) -> None:
+    step.paused = True
 
 
-@_on(ev.GuestResumed)
-def _guest_resumed(state: NodeState, e: ev.GuestResumed) -> None:
-    if step := _step(state, e.run_id, e.step):
-        step.paused = False
+@_on_step(ev.GuestResumed)
+def _guest_resumed(step: StepState, e: ev.GuestResumed) -> None:
+    step.paused = False
 
 
 @_on(ev.Promoted)
@@ -210,10 +226,9 @@ def _promoted(state: NodeState, e: ev.Promoted) -> None:
         step.tier, step.guest_gpu, step.paused = "immediate", None, False
 
 
-@_on(ev.PriorityBumped)
-def _priority_bumped(state: NodeState, e: ev.PriorityBumped) -> None:
-    if step := _step(state, e.run_id, e.step):
-        step.priority += e.delta
+@_on_step(ev.PriorityBumped)
+def _priority_bumped(step: StepState, e: ev.PriorityBumped) -> None:
+    step.priority += e.delta
 
 
 @_on(ev.GpuLost)
@@ -236,33 +251,29 @@ def _agent_started(state: NodeState, e: ev.AgentStarted) -> None:
     state.agent = AgentInfo(pid=e.pid, host=e.host, gpus=e.gpus, backend=e.backend, started_at=e.at)
 
 
-@_on(ev.StepEnergyMeasured)
-def _energy_measured(state: NodeState, e: ev.StepEnergyMeasured) -> None:
+@_on_step(ev.StepEnergyMeasured)
+def _energy_measured(step: StepState, e: ev.StepEnergyMeasured) -> None:
     # Each measurement is the energy of one interval, so they add up.
-    if step := _step(state, e.run_id, e.step):
-        step.energy_j += e.joules
+    step.energy_j += e.joules
 
 
-@_on(ev.StepMemoryMeasured)
-def _memory_measured(state: NodeState, e: ev.StepMemoryMeasured) -> None:
-    if step := _step(state, e.run_id, e.step):
-        step.gpu_memory_peak = max(step.gpu_memory_peak, e.peak_bytes)
+@_on_step(ev.StepMemoryMeasured)
+def _memory_measured(step: StepState, e: ev.StepMemoryMeasured) -> None:
+    step.gpu_memory_peak = max(step.gpu_memory_peak, e.peak_bytes)
 
 
 # --- checkpoints ----------------------------------------------------------------------------
 
 
-@_on(ev.CheckpointWritten)
-def _checkpoint_written(state: NodeState, e: ev.CheckpointWritten) -> None:
-    if step := _step(state, e.run_id, e.step):
-        step.last_checkpoint, step.checkpoint_step = e.path, e.sim_step
-        step.checkpoints += 1
+@_on_step(ev.CheckpointWritten)
+def _checkpoint_written(step: StepState, e: ev.CheckpointWritten) -> None:
+    step.last_checkpoint, step.checkpoint_step = e.path, e.sim_step
+    step.checkpoints += 1
 
 
-@_on(ev.CheckpointRestored)
-def _checkpoint_restored(state: NodeState, e: ev.CheckpointRestored) -> None:
-    if step := _step(state, e.run_id, e.step):
-        step.restored_from = e.path
+@_on_step(ev.CheckpointRestored)
+def _checkpoint_restored(step: StepState, e: ev.CheckpointRestored) -> None:
+    step.restored_from = e.path
 
 
 # --- scale: the m27 worker and crash truth ----------------------------------------------------
@@ -288,20 +299,16 @@ def _run_crashed(state: NodeState, e: ev.RunCrashed) -> None:
 # --- slurm: steps run as Slurm jobs ---------------------------------------------------------
 
 
-@_on(ev.SlurmJobSubmitted)
-def _slurm_job_submitted(state: NodeState, e: ev.SlurmJobSubmitted) -> None:
-    if step := _step(state, e.run_id, e.step):
-        step.slurm_job_id, step.slurm_state = e.job_id, "SUBMITTED"
+@_on_step(ev.SlurmJobSubmitted)
+def _slurm_job_submitted(step: StepState, e: ev.SlurmJobSubmitted) -> None:
+    step.slurm_job_id, step.slurm_state = e.job_id, "SUBMITTED"
 
 
-@_on(ev.SlurmJobStateChanged)
-def _slurm_job_state_changed(state: NodeState, e: ev.SlurmJobStateChanged) -> None:
-    if step := _step(state, e.run_id, e.step):
-        step.slurm_job_id, step.slurm_state = e.job_id, e.state
+@_on_step(ev.SlurmJobStateChanged)
+def _slurm_job_state_changed(step: StepState, e: ev.SlurmJobStateChanged) -> None:
+    step.slurm_job_id, step.slurm_state = e.job_id, e.state
 
 
-@_on(ev.StepFlopsReported)
-def _flops_reported(state: NodeState, e: ev.StepFlopsReported) -> None:
-    step = _step(state, e.run_id, e.step)
-    if step is not None:
-        step.flops += e.flops
+@_on_step(ev.StepFlopsReported)
+def _flops_reported(step: StepState, e: ev.StepFlopsReported) -> None:
+    step.flops += e.flops
