@@ -19,6 +19,7 @@ decision: the policy stays a pure function of its input.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
@@ -28,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from m27.policy._model import Pending, PolicyConfig
+from m27.policy._model import Pending, PolicyConfig, StepKey
 from m27.policy._state import Ranked, _ranked
 
 _Ints = npt.NDArray[np.int64]
@@ -58,10 +59,16 @@ def _static(pending: Sequence[Pending]) -> _Static:
     # the position last in each tuple: the same tie order as a stable sort
     sinv = [t[3] for t in sorted(zip(owner_of, queued, keys, range(n), strict=True))]
     qinv = [t[2] for t in sorted(zip(queued, keys, range(n), strict=True))]
-    srank = np.empty(n, np.int64)
-    srank[sinv] = np.arange(n)
-    qrank = np.empty(n, np.int64)
-    qrank[qinv] = np.arange(n)
+    return _finish(pending, owner_of, queued, sinv, qinv)
+
+
+def _finish(
+    pending: Sequence[Pending],
+    owner_of: list[str],
+    queued: list[float],
+    sinv: list[int],
+    qinv: list[int],
+) -> _Static:
     owners = tuple(sorted(set(owner_of)))
     index = {o: j for j, o in enumerate(owners)}
     base = [p.priority + p.bump for p in pending]
@@ -72,9 +79,74 @@ def _static(pending: Sequence[Pending]) -> _Static:
         np.array(queued, np.float64),
         base,
         queued,
-        srank,
-        qrank,
+        _inverse(sinv),
+        _inverse(qinv),
     )
+
+
+def _static_from(old: _Static, pending: Sequence[Pending], old_ix: list[int]) -> _Static | None:
+    """The static part for a pending tuple that keeps most steps of the last one (a grant
+    removes steps, an arrival adds one), taken from the last one's arrays: the kept steps
+    keep their relative order (keys are unique, so no tie depends on a position), the new
+    ones are placed by binary search. None when much is new (a full sort is cheaper)."""
+    n = len(pending)
+    oi = np.array(old_ix, np.int64)
+    fresh: list[int] = np.flatnonzero(oi < 0).tolist()
+    if len(fresh) * 8 > n:
+        return None
+    kept = np.flatnonzero(oi >= 0)
+    from_old = oi[kept]
+    sinv: list[int] = kept[np.argsort(old.srank[from_old])].tolist()
+    qinv: list[int] = kept[np.argsort(old.qrank[from_old])].tolist()
+    base = np.empty(n, np.int64)
+    base[kept] = old.base[from_old]
+    queued = np.empty(n, np.float64)
+    queued[kept] = old.queued[from_old]
+    owner_ix = np.empty(n, np.int64)
+    owner_ix[kept] = old.owner_ix[from_old]
+    names = list(old.owners)
+    index = {o: j for j, o in enumerate(names)}
+
+    def skey(j: int) -> tuple[str, float, StepKey]:
+        p = pending[j]
+        return (p.owner, p.queued_at, p.key)
+
+    def qkey(j: int) -> tuple[float, StepKey]:
+        p = pending[j]
+        return (p.queued_at, p.key)
+
+    for j in fresh:
+        p = pending[j]
+        sinv.insert(bisect_left(sinv, skey(j), key=skey), j)
+        qinv.insert(bisect_left(qinv, qkey(j), key=qkey), j)
+        base[j], queued[j] = p.priority + p.bump, p.queued_at
+        if p.owner not in index:
+            index[p.owner] = len(names)
+            names.append(p.owner)
+        owner_ix[j] = index[p.owner]
+    used: list[int] = np.unique(owner_ix).tolist()
+    owners = tuple(sorted(names[u] for u in used))
+    if list(owners) != names:  # an owner left or came: renumber
+        remap = np.zeros(len(names), np.int64)
+        for u in used:
+            remap[u] = owners.index(names[u])
+        owner_ix = remap[owner_ix]
+    return _Static(
+        owners,
+        owner_ix,
+        base,
+        queued,
+        base.tolist(),
+        queued.tolist(),
+        _inverse(sinv),
+        _inverse(qinv),
+    )
+
+
+def _inverse(perm: list[int]) -> _Ints:
+    rank = np.empty(len(perm), np.int64)
+    rank[perm] = np.arange(len(perm))
+    return rank
 
 
 @dataclass(slots=True)
@@ -202,21 +274,36 @@ def _afresh(
     rate, cap = max(0.0, cfg.aging_per_s), cfg.aging_cap
     bg_max = cfg.background_priority_max
     memo = _memo
-    st = memo.static if memo is not None and memo.pending is pending else _static(pending)
+    old_ix: list[int] | None = None
+    if memo is None:
+        st = _static(pending)
+    elif memo.pending is pending:
+        st = memo.static
+    else:
+        where = dict(zip(map(id, memo.pending), range(len(memo.pending)), strict=True)).get
+        old_ix = [where(id(p), -1) for p in pending]
+        st = _static_from(memo.static, pending, old_ix) or _static(pending)
     waited = now - st.queued
     # min(cap, int(rate * waited)) if waited > 0 else 0, per step (the same float steps)
     aged = np.minimum(float(cap), np.trunc(rate * waited))
     effs = st.base + np.where(waited > 0, aged, 0.0).astype(np.int64)
     effs_l: list[int] = effs.tolist()
     by_index: list[Ranked]
-    if memo is not None and memo.cfg.background_priority_max == bg_max:
+    if memo is not None and memo.pending is pending:
+        by_index = (
+            [
+                r if r.eff == e else _ranked(p, e, bg_max)
+                for p, e, r in zip(pending, effs_l, memo.by_index, strict=True)
+            ]
+            if memo.cfg.background_priority_max == bg_max
+            else [_ranked(p, e, bg_max) for p, e in zip(pending, effs_l, strict=True)]
+        )
+    elif memo is not None and old_ix is not None and memo.cfg.background_priority_max == bg_max:
         # steps still waiting keep their Ranked (the old tuple is alive: ids are unique)
-        old = dict(zip(map(id, memo.pending), memo.by_index, strict=True)).get
+        ob = memo.by_index
         by_index = [
-            r
-            if (r := old(id(p))) is not None and r.pending is p and r.eff == e
-            else _ranked(p, e, bg_max)
-            for p, e in zip(pending, effs_l, strict=True)
+            ob[i] if i >= 0 and ob[i].eff == e else _ranked(p, e, bg_max)
+            for p, e, i in zip(pending, effs_l, old_ix, strict=True)
         ]
     else:
         by_index = [_ranked(p, e, bg_max) for p, e in zip(pending, effs_l, strict=True)]

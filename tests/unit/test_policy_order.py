@@ -67,7 +67,7 @@ steps = st.lists(
             ),
             st.dictionaries(st.sampled_from("abc"), st.integers(0, 8)),
             st.dictionaries(st.sampled_from("abc"), st.sampled_from([0.0, 1.0, 5.0])),
-            st.integers(0, 3),
+            st.integers(0, 4),
         ),
         min_size=1,
         max_size=20,
@@ -114,6 +114,24 @@ def test_kept_order_equals_a_fresh_sort(
                 queued_at=now,
             )
             pending = (*pending, arrived)
+        elif churn == 3 and len(extra) >= 2:  # one leaves from the middle, two arrive at once
+            pair = [extra.pop(), extra.pop()]
+            mid = len(pending) // 2
+            pending = (
+                *pending[:mid],
+                *pending[mid + 1 :],
+                *(
+                    Pending(
+                        key=p.key,
+                        type=p.type,
+                        priority=p.priority,
+                        owner=p.owner,
+                        gpus=p.gpus,
+                        queued_at=now,
+                    )
+                    for p in pair
+                ),
+            )
         got = order_pending(pending, held, usage, now, cfg)
         want = reference(pending, held, usage, now, cfg)
         assert [(r.pending, r.eff) for r in got] == want
