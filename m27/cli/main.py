@@ -76,6 +76,13 @@ def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParse
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"]:
+        from m27.cli import warm  # the node's warm runner, when one serves
+
+        if not warm.IN_CHILD:  # (in its forked child the run runs here)
+            served = warm.run_warm(argv[1:])
+            if served is not None:
+                return served
     parser = build_parser(_only(argv))
     args = parser.parse_args(argv)
     try:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from m27.node.service import healthy
 
-__all__ = ["PrefectServer", "server_env"]
+__all__ = ["PrefectServer", "server_env", "terminate"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -108,11 +108,16 @@ class PrefectServer:
 
     def stop(self, timeout: float = 20.0) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        terminate(proc, timeout)
+
+
+def terminate(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    """SIGTERM a supervised child and wait for it; SIGKILL when it outstays `timeout`."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)

@@ -12,7 +12,8 @@ Threads, all stopped by one event (SIGTERM, SIGINT, idle):
   run (:func:`m27.node.crash.sweep`: its steps get SIGTERM, SIGKILL after a grace, their
   leases are released) and marks the flow run and its task runs Crashed in Prefect;
 - the main thread supervises the Prefect server (restarted on the same port when it
-  dies) and decides the idle stop.
+  dies) and the warm runner that forks a pre-imported `m27 run` per run
+  (:mod:`m27.node.runner`), and decides the idle stop.
 
 Without ``PREFECT_API_URL`` the service starts its own Prefect server first and points
 its own Prefect client at it; with it (a lab server) it starts none.
@@ -35,6 +36,7 @@ from m27.node import service
 from m27.node.crash import close_task_runs, dead_runs, sweep, with_prefect
 from m27.node.embed import build_agent
 from m27.node.prefect_server import PrefectServer
+from m27.node.runner import WarmRunner
 from m27.store.sqlite import open_store
 
 if TYPE_CHECKING:
@@ -129,8 +131,11 @@ def serve(
     on_decision: Callable[..., None] | None = None,
     log: Callable[[str], None] = lambda line: print(line, flush=True),
     warn: Callable[[str], None] = lambda line: print(line, flush=True),
+    warm: bool = True,
 ) -> int:
-    """Run the node service until `stop` is set (or, with `idle_s`, until idle that long)."""
+    """Run the node service until `stop` is set (or, with `idle_s`, until idle that long).
+
+    With `warm` (the default) it also runs the warm runner (:mod:`m27.node.runner`)."""
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     lock = NodeLock(home)
@@ -155,6 +160,7 @@ def serve(
     agent_stop = threading.Event()
     agent_thread: threading.Thread | None = None
     watcher: _Watcher | None = None
+    runner: WarmRunner | None = None
     try:
         agent = build_agent(home, on_decision=on_decision)
         agent.start()
@@ -186,7 +192,10 @@ def serve(
         service.write_info(home, info)
         watcher = _Watcher(home, log, stop)
         watcher.thread.start()
-        return _supervise(home, stop, server, info, watcher, agent_thread, idle_s, log)
+        if warm:
+            runner = WarmRunner(home, info.url, log)
+            runner.start()
+        return _supervise(home, stop, server, info, watcher, agent_thread, idle_s, log, runner)
     finally:
         stop.set()
         agent_stop.set()
@@ -195,6 +204,8 @@ def serve(
         if watcher is not None:
             watcher.thread.join(STOP_GRACE_S + 5)
             watcher.store.close()
+        if runner is not None:
+            runner.stop()
         if server is not None:
             server.stop()
         service.remove_info(home, os.getpid())
@@ -214,8 +225,11 @@ def _supervise(
     agent_thread: threading.Thread,
     idle_s: float | None,
     log: Callable[[str], None],
+    runner: WarmRunner | None,
 ) -> int:
     while not stop.wait(0.25):
+        if runner is not None:
+            runner.check()
         if not agent_thread.is_alive():
             log("m27 agent: the agent loop ended unexpectedly; stopping the service")
             return 1

@@ -21,17 +21,18 @@ import fcntl
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from m27 import liveness
 from m27._exceptions import M27Error
+
+if TYPE_CHECKING:
+    import subprocess
 
 __all__ = [
     "INFO_NAME",
@@ -99,6 +100,8 @@ def free_port() -> int:
 
 def healthy(url: str, timeout: float = 2.0) -> bool:
     """True when the Prefect API at `url` answers its health check."""
+    import urllib.request  # here: finding the service stays cheap for a warm `m27 run`
+
     try:
         with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout) as resp:
             return bool(resp.status == 200)
@@ -276,6 +279,8 @@ def _ensure(
 
 
 def _spawn(home: Path, port: int | None, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    import subprocess
+
     argv = [sys.executable, "-m", "m27.cli", "agent", "--on-demand"]
     if port is not None:
         argv += ["--port", str(port)]

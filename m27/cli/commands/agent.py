@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 from m27._exceptions import ConfigError
+from m27.cli.warm import runner_pid
 from m27.config import load_settings, m27_home
 from m27.events import Event, RunSubmitted
 from m27.node.serve import serve
@@ -153,6 +154,7 @@ def _status(home: Path, as_json: bool) -> int:
         "uptime_s": round(uptime, 1),
         "runs_served": _runs_served(home, info),
         "restarts": info.restarts,
+        "warm_runner_pid": runner_pid(home),
         "home": str(home),
     }
     if as_json:
@@ -162,6 +164,12 @@ def _status(home: Path, as_json: bool) -> int:
     print(f"node service  pid {info.pid}  {info.state}  up {format_duration(uptime)}")
     print(f"prefect       {info.url} ({server} server; UI {info.ui_url})")
     print(f"runs served   {data['runs_served']}")
+    warm = data["warm_runner_pid"]
+    print(
+        f"warm runner   pid {warm}"
+        if warm
+        else "warm runner   not ready (runs use their own process)"
+    )
     if info.restarts:
         print(f"restarts      Prefect server restarted {info.restarts} time(s)")
     return 0

@@ -17,6 +17,7 @@ from m27._exceptions import StoreError
 from m27.cli.commands import _common
 from m27.cli.commands._options import add_set_option
 from m27.cli.commands._progress import Progress
+from m27.cli.warm import heartbeats_off, prefect_defaults
 from m27.events import CancelRequested, RunFailed
 from m27.gpu import detect
 from m27.spec import Pipeline, load_pipeline, parse_set_args
@@ -48,16 +49,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--quiet", action="store_true", help="do not print step output")
     p.add_argument("--verbose", action="store_true", help="show Prefect's own log lines")
     p.set_defaults(func=run)
-
-
-def _prefect_defaults(verbose: bool) -> None:
-    """Quiet, offline-safe Prefect defaults; anything the user set wins."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    if not verbose:
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-        os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
-        os.environ.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
 
 
 def _node_service() -> float:
@@ -125,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from m27.config import load_settings
 
     load_settings()  # a bad ~/.m2config or M27_CONFIG: a clean error here, not in the flow
-    _prefect_defaults(args.verbose)
+    prefect_defaults(os.environ, verbose=args.verbose)
     waited = _node_service()
     store = _common.store()
     run_id = runids.new_run_id()
@@ -149,12 +140,8 @@ def run(args: argparse.Namespace) -> int:
     progress.start()
     notifier = _start_notifier(store)
     flow_state: Any = None
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
     try:
-        # No flow heartbeats: OSS Prefect does nothing with them, the node service's crash
-        # watcher is what marks a dead run Crashed, and joining their thread costs ~1 s.
-        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        with heartbeats_off():
             flow_state = pipeline_flow.with_options(flow_run_name=f"{pipeline.name}/{run_id}")(
                 spec_path=str(pipeline.path),
                 overrides=overrides,

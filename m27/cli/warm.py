@@ -1,0 +1,441 @@
+"""The warm runner: `m27 run` without importing Prefect in every run.
+
+Importing Prefect, the flow and m27's executors costs a run 1-3 s of CPU, 10-30x
+`m27 --version`. The node service therefore keeps one process that has imported all of it
+(``python -m m27.cli --warm-runner HOME``, started and supervised by :mod:`m27.node.serve`) and
+forks it per run. A later `m27 run` on the node is a thin client (:func:`run_warm`): it
+sends its arguments, environment, working directory and its stdin/stdout/stderr (the file
+descriptors themselves, ``SCM_RIGHTS``) over a unix socket; the forked child runs the very
+same `m27 run` code (:func:`m27.cli.main.main`, handed to :func:`serve_runner`) writing
+straight to the user's terminal, and the runner reports the child's exit status back, so
+the client exits with it.
+
+What a user sees stays the same as an in-process run:
+
+- Ctrl-C, SIGTERM, SIGHUP, SIGQUIT and window resizes reaching the client are forwarded to
+  the child, which handles them as `m27 run` always did (Ctrl-C cancels the run);
+- when the client dies (kill -9, the OOM killer, a closed ssh session) the child kills
+  itself at once (it watches the socket), so the node service's crash watcher records the
+  run crashed, stops its steps and marks it Crashed in Prefect, as for a killed run before;
+- a child killed by a signal makes the client die of the same signal.
+
+The runner is used only when it can run exactly what the client would: the same Python and
+m27, the same ``PREFECT_*`` settings (Prefect reads them at import), no ``--verbose``. In
+every other case, and whenever no node service is ready yet (the first run after boot
+starts it), the client returns None and `m27 run` runs in its own process as before.
+The socket is in Linux's abstract namespace (no path-length limit for a deep
+``$M27_HOME``); the runner serves only its own user (``SO_PEERCRED``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+from collections.abc import Callable, Mapping, MutableMapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+__all__ = [
+    "address",
+    "heartbeats_off",
+    "prefect_defaults",
+    "prefect_env",
+    "run_warm",
+    "serve_runner",
+]
+
+#: Name of the file that tells a client (and `bench_startup.py`) the runner's pid.
+INFO_NAME = "warm.json"
+#: The signals a client passes on to the run.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGWINCH)
+#: What the runner imports before it forks (the flow pulls in the executors and Prefect).
+PRELOAD = (
+    "m27.cli.commands.run",
+    "flows.pipeline",
+    "prefect.flow_engine",
+    "prefect.task_engine",
+    "prefect.client.orchestration",
+    "prefect.logging.handlers",
+    "prefect.events.worker",
+    "prefect.artifacts",
+    "prefect.utilities.visualization",
+    "fastapi.encoders",  # Prefect serialises a flow's parameters with it (~1 s to import)
+    "m27.node.crash",
+    "m27.node.service",
+    "m27.gpu.sim",
+    "m27.notify.config",
+)
+_MAX_MESSAGE = 1 << 20
+#: Contexts the runner entered for its whole life.
+_KEPT: list[contextlib.AbstractContextManager[object]] = []
+#: True in a forked child: its `m27 run` runs here instead of asking a runner again.
+IN_CHILD = False
+
+
+def address(home: Path) -> bytes:
+    """The runner's socket for `home`: abstract, named after the home's real path."""
+    digest = hashlib.sha256(str(Path(home).resolve()).encode()).hexdigest()[:24]
+    return b"\0m27-warm-" + digest.encode()
+
+
+def prefect_defaults(env: MutableMapping[str, str], *, verbose: bool) -> None:
+    """Quiet, offline-safe Prefect defaults for a run; anything the user set wins."""
+    env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    env.setdefault("DO_NOT_TRACK", "1")
+    if not verbose:
+        env.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+        env.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+        env.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
+
+
+def runner_pid(home: Path) -> int | None:
+    """The pid of the warm runner serving `home`, or None (not started yet, or gone)."""
+    from m27 import liveness
+
+    try:
+        pid = int(json.loads((Path(home) / INFO_NAME).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pid if liveness.alive(pid) else None
+
+
+def heartbeats_off() -> contextlib.AbstractContextManager[object]:
+    """No flow heartbeats for a run: OSS Prefect does nothing with them, the node service's
+    crash watcher is what marks a dead run Crashed, and joining their thread costs ~1 s.
+    (A settings copy costs ~0.2 s of CPU, so the warm runner makes it once for all runs.)"""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    if PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None:
+        return contextlib.nullcontext()
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+
+
+def prefect_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The settings Prefect reads at import: a run may use the runner only when they match."""
+    return {k: v for k, v in env.items() if k.startswith("PREFECT_") or k == "DO_NOT_TRACK"}
+
+
+def _identity() -> dict[str, str]:
+    import m27
+
+    return {"python": sys.executable, "m27": str(Path(m27.__file__).resolve())}
+
+
+def _send(conn: socket.socket, message: dict[str, Any]) -> None:
+    conn.send(json.dumps(message).encode())
+
+
+# -- the client ------------------------------------------------------------------------
+
+
+def run_warm(args: list[str]) -> int | None:
+    """Run `m27 run ARGS` in the node's warm runner; its exit code, or None when it cannot
+    (no ready node service, no runner, a different Python, m27 or Prefect setting)."""
+    if os.environ.get("M27_WARM", "1") == "0" or "--verbose" in args:
+        return None
+    from m27.config import m27_home
+    from m27.node.service import find_service, touch
+
+    home = m27_home()
+    info = find_service(home)  # (the forked run checks its Prefect server, as runs do)
+    if info is None or info.state != "ready":
+        return None
+    env = dict(os.environ)
+    prefect_defaults(env, verbose=False)
+    env["PREFECT_API_URL"] = info.url
+    touch(home)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.connect(address(home))
+    except OSError:
+        conn.close()
+        return None
+    with conn:
+        return _client(conn, args, env)
+
+
+def _client(conn: socket.socket, args: list[str], env: dict[str, str]) -> int | None:
+    child: list[int] = []
+    pending: list[int] = []
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child[0], signum)
+        else:
+            pending.append(signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        request = {
+            **_identity(),
+            "argv": [sys.argv[0] if sys.argv else "m27", "run", *args],
+            "args": ["run", *args],
+            "cwd": os.getcwd(),
+            "umask": _umask(),
+            "env": env,
+        }
+        socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+        while True:
+            data = conn.recv(_MAX_MESSAGE)
+            if not data:
+                if not child:
+                    return None  # the runner went away before it started the run
+                print(
+                    "m27: the node service's runner stopped before the run ended; "
+                    "`m27 status` says how it ended",
+                    file=sys.stderr,
+                )
+                return 1
+            message = json.loads(data)
+            if "refused" in message:
+                return None
+            if "pid" in message:
+                child.append(int(message["pid"]))
+                for signum in pending:
+                    forward(signum, None)
+                pending.clear()
+            elif "exit" in message:
+                return int(message["exit"])
+            elif "signal" in message:
+                return _die_like(int(message["signal"]))
+    except (OSError, ValueError):
+        if child:
+            raise
+        return None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _die_like(signum: int) -> int:
+    """The run died of `signum`: so does the client, as the shell and callers expect."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return 128 + signum
+
+
+# -- the runner ------------------------------------------------------------------------
+
+
+class _Child:
+    """A forked child's request: what it runs once the runner's loop has been left."""
+
+    def __init__(self, conn: socket.socket, fds: list[int], request: dict[str, Any]) -> None:
+        self.conn = conn
+        self.entry: Callable[[list[str]], int] | None = None
+        self.fds = fds
+        self.request = request
+
+    def run(self) -> int:
+        """Become the client's `m27 run`: its stdio, directory, environment and arguments."""
+        global IN_CHILD
+        IN_CHILD = True
+        for target, fd in enumerate(self.fds):
+            os.dup2(fd, target)
+            if fd > 2:
+                os.close(fd)
+        _reopen_stdio()
+        request = self.request
+        os.chdir(request["cwd"])
+        os.umask(int(request["umask"]))
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = list(request["argv"])
+        threading.Thread(target=self._watch, name="m27-warm-client", daemon=True).start()
+        assert self.entry is not None
+        try:
+            return self.entry(list(request["args"]))
+        except SystemExit as exc:  # argparse: --help, a usage error
+            code = exc.code
+            if code is None or isinstance(code, int):
+                return code or 0
+            print(code, file=sys.stderr)
+            return 1
+
+    def _watch(self) -> None:
+        """The client's end: EOF means it died, so the run dies too (crash truth)."""
+        while True:
+            try:
+                data = self.conn.recv(_MAX_MESSAGE)
+            except OSError:
+                data = b""
+            if not data:
+                os.kill(os.getpid(), signal.SIGKILL)
+                return
+
+
+def _reopen_stdio() -> None:
+    """New stdio objects over fds 0-2, buffered as Python buffers a terminal or a pipe."""
+    out_tty = os.isatty(1)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding=sys.stdin.encoding)
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False),
+        encoding=sys.stdout.encoding,
+        errors=sys.stdout.errors,
+        line_buffering=out_tty,
+        write_through=out_tty,
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False),
+        encoding=sys.stderr.encoding,
+        errors="backslashreplace",
+        line_buffering=True,
+    )
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+class _Runner:
+    """The runner's loop: accept a request, fork, report the child's end to its client."""
+
+    def __init__(self, home: Path, parent: int) -> None:
+        self.home = home
+        self.me = os.getpid()
+        #: the node service: the runner ends when it does (also PR_SET_PDEATHSIG, set by it)
+        self.parent = parent
+        self.identity = _identity()
+        self.prefect = prefect_env(dict(os.environ))
+        self.stop = False
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(address(home))
+        self.listener.listen(64)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        #: pidfd -> (pid, the client's connection)
+        self.children: dict[int, tuple[int, socket.socket]] = {}
+
+    def serve(self) -> _Child | None:
+        """Serve until told to stop (None), or return the request in a forked child."""
+        info = self.home / INFO_NAME
+        info.write_text(json.dumps({"pid": self.me}) + "\n")
+        try:
+            while not self.stop and os.getppid() == self.parent:
+                for key, _ in self.selector.select(timeout=1.0):
+                    if key.data is None:
+                        child = self._accept()
+                        if child is not None:
+                            return child
+                    else:
+                        self._reap(key.fd)
+            return None
+        finally:
+            if os.getpid() == self.me:
+                self._close()
+                if info.exists() and json.loads(info.read_text()).get("pid") == self.me:
+                    info.unlink()
+
+    def _close(self) -> None:
+        self.selector.close()
+        self.listener.close()
+        for pidfd, (_, conn) in self.children.items():
+            os.close(pidfd)
+            conn.close()
+
+    def _accept(self) -> _Child | None:
+        conn, _ = self.listener.accept()
+        fds: list[int] = []
+        try:
+            if _peer_uid(conn) != os.getuid():
+                conn.close()
+                return None
+            conn.settimeout(10.0)
+            data, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 3)
+            conn.settimeout(None)
+            request = json.loads(data)
+            why = self._refusal(request, fds)
+            if why:
+                _send(conn, {"refused": why})
+                raise ValueError(why)
+        except (OSError, ValueError):
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return None
+        pid = os.fork()
+        if pid == 0:
+            self._close()  # the child keeps only its own connection and stdio
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            return _Child(conn, fds, request)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.children[pidfd] = (pid, conn)
+        self.selector.register(pidfd, selectors.EVENT_READ, pid)
+        with contextlib.suppress(OSError):  # a client gone already: the child notices, ends
+            _send(conn, {"pid": pid})
+        return None
+
+    def _refusal(self, request: dict[str, Any], fds: list[int]) -> str:
+        if len(fds) != 3:
+            return "stdin, stdout and stderr are needed"
+        for key, value in self.identity.items():
+            if request.get(key) != value:
+                return f"a different {key}: {request.get(key)!r}"
+        if prefect_env(dict(request.get("env", {}))) != self.prefect:
+            return "different PREFECT_* settings"
+        return ""
+
+    def _reap(self, pidfd: int) -> None:
+        pid, conn = self.children.pop(pidfd)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status, _ = os.wait4(pid, 0)
+        message = (
+            {"signal": os.WTERMSIG(status)}
+            if os.WIFSIGNALED(status)
+            else {"exit": os.waitstatus_to_exitcode(status)}
+        )
+        with contextlib.suppress(OSError):
+            _send(conn, message)
+        conn.close()
+
+    def on_term(self, signum: int, frame: FrameType | None) -> None:
+        self.stop = True
+
+
+def serve_runner(argv: list[str], entry: Callable[[list[str]], int]) -> int:
+    """``python -m m27.cli --warm-runner HOME SERVICE_PID``: import everything a run needs,
+    then serve; a forked child runs `entry` (the `m27` command's main) with its client's
+    arguments."""
+    home = Path(argv[0])
+    parent = int(argv[1]) if len(argv) > 1 else os.getppid()
+    prefect_defaults(os.environ, verbose=False)  # before Prefect reads its settings
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    # Entered for the runner's life, so every forked run inherits it (the object is kept:
+    # a collected generator context would exit).
+    _KEPT.append(heartbeats_off())
+    _KEPT[-1].__enter__()
+    runner = _Runner(home, parent)
+    signal.signal(signal.SIGTERM, runner.on_term)
+    print(f"m27 warm runner: pid {os.getpid()} ready", flush=True)
+    child = runner.serve()
+    if child is None:
+        return 0
+    child.entry = entry
+    return child.run()

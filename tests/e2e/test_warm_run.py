@@ -1,0 +1,195 @@
+"""`m27 run` through the node service's warm runner (m27.cli.warm), driven as a user would.
+
+Once a node service runs, `m27 run` is a thin client and the run is a child forked by the
+runner. What users and Prefect see must not change: the exit code, the output on the
+client's own stdout, Ctrl-C cancelling, and crash truth when the client is killed -9. And
+where the runner cannot run exactly what the client would (other PREFECT_* settings,
+--verbose), the run runs in the client's own process as before.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.e2e._helpers import M27, m27_env, node_state
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+QUICK = "name: quick\npipeline:\n  - name: hello\n    type: cpu\n    command: echo warm-hello\n"
+
+
+def _runner_pid(home: Path) -> int:
+    """The warm runner's pid, once it serves (it imports Prefect first: bounded wait)."""
+    info = home / "warm.json"
+    wait_until(info.exists, timeout=240, interval=0.2, what="the warm runner serving")
+    return int(json.loads(info.read_text())["pid"])
+
+
+def _start_service(m27: M27, tmp_path: Path, home: Path) -> int:
+    spec = tmp_path / "quick.yaml"
+    spec.write_text(QUICK)
+    first = m27("run", str(spec), "--plain", timeout=600)
+    assert first.returncode == 0, first.stderr
+    return _runner_pid(home)
+
+
+def _run_pid(home: Path, run_id: str) -> int:
+    return node_state(home).runs[run_id].pid
+
+
+def _only_run(home: Path, before: set[str]) -> Any:
+    runs = [r for r in node_state(home).runs.values() if r.run_id not in before]
+    return runs[0] if len(runs) == 1 else None
+
+
+def test_a_warm_run_forks_from_the_runner_and_keeps_exit_code_and_output(
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    runner = _start_service(m27, tmp_path, m27_home)
+    before = set(node_state(m27_home).runs)
+    spec = tmp_path / "two.yaml"
+    spec.write_text(
+        textwrap.dedent("""\
+        name: two
+        pipeline:
+          - name: ok
+            type: cpu
+            command: echo first-step-output
+          - name: bad
+            type: cpu
+            depends_on: [ok]
+            shell: true
+            command: echo failing >&2; exit 3
+        """)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
+        env=m27_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    assert "first-step-output" in out  # the child wrote to the client's own stdout
+    assert "Traceback" not in out + err
+    run = _only_run(m27_home, before)
+    assert run is not None and run.status == "failed"
+    assert run.steps["ok"].status == "succeeded" and run.steps["bad"].status == "failed"
+    # the flow ran in a child of the runner, not in the client's process
+    assert run.pid not in (0, proc.pid, runner)
+
+    ok = subprocess.run(
+        [sys.executable, "-m", "m27.cli", "run", str(tmp_path / "quick.yaml"), "--plain"],
+        env=m27_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ok.returncode == 0 and "warm-hello" in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_other_prefect_settings_or_verbose_run_in_the_clients_own_process(
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    _start_service(m27, tmp_path, m27_home)
+    spec = tmp_path / "quick.yaml"
+    for extra_env, extra_args in (({"PREFECT_CLIENT_MAX_RETRIES": "7"}, []), ({}, ["--verbose"])):
+        before = set(node_state(m27_home).runs)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain", *extra_args],
+            env={**m27_env(), **extra_env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out
+        run = _only_run(m27_home, before)
+        assert run is not None and run.pid == proc.pid, (extra_env, extra_args)
+
+
+def test_ctrl_c_reaches_the_forked_run_and_cancels_it(
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    _start_service(m27, tmp_path, m27_home)
+    before = set(node_state(m27_home).runs)
+    spec = tmp_path / "long.yaml"
+    spec.write_text(
+        "name: long\npipeline:\n  - name: wait\n    type: cpu\n    command: sleep 300\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
+        env=m27_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+
+        def step_running() -> Any:
+            run = _only_run(m27_home, before)
+            step = run.steps.get("wait") if run is not None else None
+            return step if step is not None and step.status == "running" else None
+
+        step = wait_until(step_running, timeout=240, interval=0.2, what="the step running")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out
+    assert "cancelling" in out and "Traceback" not in out
+    run = _only_run(m27_home, before)
+    assert run.status == "cancelled", run.status
+    wait_until(lambda: not psutil.pid_exists(step.pid), timeout=60, what="the step stopped")
+
+
+def test_kill_9_of_the_client_kills_the_forked_run_and_the_service_closes_it(
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    _start_service(m27, tmp_path, m27_home)
+    before = set(node_state(m27_home).runs)
+    spec = tmp_path / "long.yaml"
+    spec.write_text(
+        "name: long\npipeline:\n  - name: wait\n    type: cpu\n    command: sleep 300\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
+        env=m27_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def step_running() -> Any:
+        run = _only_run(m27_home, before)
+        step = run.steps.get("wait") if run is not None else None
+        return (run, step) if step is not None and step.status == "running" else None
+
+    try:
+        run, step = wait_until(step_running, timeout=240, interval=0.2, what="the step running")
+        assert run.pid != proc.pid  # forked by the runner
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    wait_until(lambda: not psutil.pid_exists(run.pid), timeout=30, what="the forked run gone")
+    wait_until(
+        lambda: node_state(m27_home).runs[run.run_id].status == "failed",
+        timeout=60,
+        interval=0.2,
+        what="the run recorded crashed",
+    )
+    wait_until(lambda: not psutil.pid_exists(step.pid), timeout=60, what="the step stopped")
+    after = node_state(m27_home)
+    assert not after.leases
+    assert after.runs[run.run_id].steps["wait"].reason.startswith("run crashed")
