@@ -20,6 +20,46 @@ from m27.checkpoint._format import (
 log = logging.getLogger("m27.checkpoint")
 
 
+class ManifestCache:
+    """Manifests already read by this process, keyed by the file's identity.
+
+    A manifest is written once and renamed into place, never changed: the same inode,
+    size and mtime mean the same bytes, so a prune need not parse it again. Only the
+    background prune uses it (it runs after every save, beside the next save's hashing,
+    and parsing every kept manifest twice per save held the GIL for tens of ms per save,
+    benchmarks/README.md run D); listings and restores always read the file.
+    """
+
+    #: Entries kept (a manifest's info is a few hundred bytes).
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[tuple[str, int, int, int], ManifestInfo] = {}
+
+    def info(self, path: Path) -> ManifestInfo:
+        """The manifest's info, parsed and hash-checked the first time it is seen."""
+        try:
+            st = path.stat()
+        except OSError:
+            return info(path, read_manifest(path))  # gone: read_manifest says how
+        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            found = self._known.get(key)
+        if found is not None:
+            return found
+        parsed = info(path, read_manifest(path))
+        with self._lock:
+            if len(self._known) >= self.LIMIT:
+                self._known.clear()
+            self._known[key] = parsed
+        return parsed
+
+
+def _read_info(path: Path, cache: ManifestCache | None) -> ManifestInfo:
+    return cache.info(path) if cache is not None else info(path, read_manifest(path))
+
+
 @dataclass(frozen=True)
 class Listed:
     """One manifest file as listings show it; `info` is None when it cannot be read."""
@@ -34,14 +74,14 @@ class Listed:
         return self.problem is None
 
 
-def scan(directory: Path) -> list[Listed]:
+def scan(directory: Path, cache: ManifestCache | None = None) -> list[Listed]:
     """Every manifest in `directory`, oldest first, with the cheap validity check applied."""
     out = []
     for path in manifests(directory):
         parsed = parse_name(path)
         seq = parsed[0] if parsed else -1
         try:
-            manifest = info(path, read_manifest(path))
+            manifest = _read_info(path, cache)
         except (CorruptCheckpointError, KeyError, TypeError, ValueError) as exc:
             out.append(Listed(path, seq, None, str(exc)))
             continue
@@ -70,11 +110,11 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return None
 
 
-def prune(directory: Path, keep_last: int) -> list[Path]:
+def prune(directory: Path, keep_last: int, *, cache: ManifestCache | None = None) -> list[Path]:
     """Delete manifests older than the newest `keep_last` valid ones, then unused packs."""
     if keep_last < 1:
         raise CheckpointError(f"keep_last must be at least 1, not {keep_last}")
-    listed = scan(directory)
+    listed = scan(directory, cache)
     valid = [entry for entry in listed if entry.valid]
     removed: list[Path] = []
     if len(valid) > keep_last:
@@ -83,10 +123,10 @@ def prune(directory: Path, keep_last: int) -> list[Path]:
             if entry.seq < oldest_kept:
                 entry.path.unlink(missing_ok=True)
                 removed.append(entry.path)
-    return removed + collect_garbage(directory)
+    return removed + collect_garbage(directory, cache=cache)
 
 
-def collect_garbage(directory: Path) -> list[Path]:
+def collect_garbage(directory: Path, *, cache: ManifestCache | None = None) -> list[Path]:
     """Delete packs no readable manifest references, and leftover temporary files.
 
     Only files numbered below the newest manifest go: anything newer may belong to a save
@@ -98,7 +138,7 @@ def collect_garbage(directory: Path) -> list[Path]:
         parsed = parse_name(path)
         newest = max(newest, parsed[0] if parsed else 0)
         try:
-            referenced.update(info(path, read_manifest(path)).packs)
+            referenced.update(_read_info(path, cache).packs)
         except (CorruptCheckpointError, KeyError, TypeError, ValueError):
             continue
     removed = []
@@ -138,6 +178,7 @@ class BackgroundPrune:
         self._running = False
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._manifests = ManifestCache()
 
     def request(self) -> None:
         with self._cond:
@@ -175,7 +216,7 @@ class BackgroundPrune:
                     return
                 self._wanted, self._running = False, True
             try:
-                prune(self.directory, self.keep_last)
+                prune(self.directory, self.keep_last, cache=self._manifests)
             except (OSError, CheckpointError) as exc:
                 log.warning("checkpoint retention in %s failed: %s", self.directory, exc)
             except Exception:  # a daemon thread must not die silently on a bug

@@ -43,10 +43,10 @@ def test_a_save_is_durable_while_retention_is_still_running(
     entered = threading.Event()
     real_prune = _retention.prune
 
-    def blocked_prune(directory: Path, keep_last: int) -> list[Path]:
+    def blocked_prune(directory: Path, keep_last: int, **kwargs: Any) -> list[Path]:
         entered.set()
         release.wait(60)
-        return real_prune(directory, keep_last)
+        return real_prune(directory, keep_last, **kwargs)
 
     monkeypatch.setattr(_retention, "prune", blocked_prune)
     ck = Checkpointer(tmp_path, chunk_size=CHUNK, keep_last=1)
@@ -57,7 +57,7 @@ def test_a_save_is_durable_while_retention_is_still_running(
         flushed.start()
         flushed.join(60)
         assert not flushed.is_alive(), "flush() waited for retention"
-        assert entered.is_set()
+        assert entered.wait(60), "the commit requested no retention"
         assert latest_checkpoint(tmp_path) == tmp_path / "ckpt-0000000002.json"
     finally:
         release.set()
@@ -71,8 +71,8 @@ def test_background_retention_never_deletes_what_the_newest_manifest_references(
     real_prune = _retention.prune
     checked: list[int] = []
 
-    def checking_prune(directory: Path, keep_last: int) -> list[Path]:
-        removed = real_prune(directory, keep_last)
+    def checking_prune(directory: Path, keep_last: int, **kwargs: Any) -> list[Path]:
+        removed = real_prune(directory, keep_last, **kwargs)
         newest = manifests(directory)[-1]
         needed = {int(k) for k in read_manifest(newest)["packs"]}
         assert needed <= packs(directory), f"{newest.name} lost a pack"
@@ -103,7 +103,7 @@ KILLED_IN_GC = textwrap.dedent(
     from m27.checkpoint._format import manifests, read_manifest
 
     real = _retention.collect_garbage
-    def killed(directory):
+    def killed(directory, **kwargs):
         found = manifests(directory)
         referenced = {int(k) for m in found for k in read_manifest(m)["packs"]}
         newest = max(int(m.name[5:15]) for m in found)
@@ -112,7 +112,7 @@ KILLED_IN_GC = textwrap.dedent(
         if {n for n in on_disk - referenced if n < newest}:
             # an old manifest is deleted, its pack is not yet: die like kill -9 here
             os.kill(os.getpid(), signal.SIGKILL)
-        return real(directory)
+        return real(directory, **kwargs)
     _retention.collect_garbage = killed
     ck = Checkpointer(sys.argv[1], chunk_size=1024, keep_last=1)
     for step in (1, 2, 3):

@@ -150,3 +150,39 @@ def test_cli_verify_without_a_run_says_what_it_needs(capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert "`m27 checkpoints verify RUN [STEP]`" in err and "m27 runs" in err
     assert "no run matches" not in err
+
+
+def test_the_background_prune_parses_each_manifest_once_and_rereads_a_replaced_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from m27.checkpoint import _retention
+
+    real_read = _retention.read_manifest
+    reads: list[str] = []
+
+    def counting_read(path: Path) -> dict[str, Any]:
+        reads.append(path.name)
+        return real_read(path)
+
+    monkeypatch.setattr(_retention, "read_manifest", counting_read)
+    with Checkpointer(tmp_path, chunk_size=CHUNK, keep_last=2) as ck:
+        for state in states(6):
+            ck.save(state, step=state["step"])
+            ck.flush()
+            ck._retention.wait_idle()  # each prune runs alone: every one is counted
+    assert len(names(tmp_path, "json")) == 2
+    assert sorted(reads) == sorted(set(reads)), f"a manifest was parsed twice: {reads}"
+    assert len(reads) == 6
+
+    # A manifest replaced under the same name (new inode) is read again, not taken from
+    # the cache; an unchanged one is not.
+    cache = _retention.ManifestCache()
+    older, newer = sorted(tmp_path.glob("ckpt-*.json"))
+    reads.clear()
+    assert cache.info(newer).seq == cache.info(newer).seq == int(newer.name[5:15])
+    assert reads == [newer.name], "the second look must come from the cache"
+    copy = tmp_path / ".replacement"
+    copy.write_bytes(older.read_bytes())
+    copy.replace(newer)
+    assert cache.info(newer).seq == int(older.name[5:15])
+    assert reads == [newer.name, newer.name]
