@@ -196,6 +196,8 @@ def order_pending(
     """
     if cfg.fifo:
         return [Ranked(p, 0, False) for p in sorted(pending, key=lambda p: (p.queued_at, p.key))]
+    if len(pending) < _SMALL:
+        return _order_small(pending, held, usage, now, cfg)
     memo = _memo
     if memo is None or memo.pending is not pending or memo.cfg != cfg or now < memo.now:
         return _afresh(pending, held, usage, now, cfg)
@@ -210,6 +212,73 @@ def order_pending(
     memo.share = share
     memo.result = _arrange(st, effs, share, by_index)
     return memo.result
+
+
+#: Below this many pending steps the order is sorted in plain Python each time (array
+#: operations cost more than they save on a short queue).
+_SMALL = 48
+
+#: The last short queue's order, reused while nothing it depends on changed.
+_small_memo: (
+    tuple[Sequence[Pending], PolicyConfig, list[int], tuple[tuple[int, int], ...], list[Ranked]]
+    | None
+) = None
+
+
+def _order_small(
+    pending: Sequence[Pending],
+    held: Mapping[str, int],
+    usage: Mapping[str, float],
+    now: float,
+    cfg: PolicyConfig,
+) -> list[Ranked]:
+    global _small_memo
+    rate, cap = max(0.0, cfg.aging_per_s), cfg.aging_cap
+    effs = [
+        p.priority
+        + p.bump
+        + (min(cap, int(rate * (now - p.queued_at))) if now > p.queued_at else 0)
+        for p in pending
+    ]
+    owners = tuple(sorted({p.owner for p in pending}))
+    share = _share_key(owners, held, usage) if len(owners) > 1 else ()
+    memo = _small_memo
+    if (
+        memo is not None
+        and memo[0] is pending
+        and memo[2] == effs
+        and memo[3] == share
+        and memo[1] == cfg
+    ):
+        return memo[4]
+    n = len(pending)
+    order = sorted(
+        range(n), key=lambda i: (-effs[i], pending[i].owner, pending[i].queued_at, pending[i].key)
+    )
+    if share:
+        # place: a step's index among its owner's steps of the same effective priority
+        place = [0] * n
+        prev: tuple[int, str] | None = None
+        count = 0
+        for i in order:
+            group = (effs[i], pending[i].owner)
+            count = count + 1 if group == prev else 0
+            prev = group
+            place[i] = count
+        level = {o: lv for o, (_, lv) in zip(owners, share, strict=True)}
+        order.sort(
+            key=lambda i: (
+                -effs[i],
+                held.get(pending[i].owner, 0) + place[i],
+                level[pending[i].owner],
+                pending[i].queued_at,
+                pending[i].key,
+            )
+        )
+    bg_max = cfg.background_priority_max
+    result = [_ranked(pending[i], effs[i], bg_max) for i in order]
+    _small_memo = (pending, cfg, effs, share, result)
+    return result
 
 
 def _age(memo: _Memo, now: float, cfg: PolicyConfig) -> list[int]:

@@ -5,7 +5,9 @@ change, and the pending tuple loses and gains steps."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from unittest.mock import patch
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,7 +75,9 @@ steps = st.lists(
         max_size=20,
     ),
 )
+@pytest.mark.parametrize("small", [0, 48], ids=["arrays", "short-queue path"])
 def test_kept_order_equals_a_fresh_sort(
+    small: int,
     first: list[tuple[int, str, float, str, int]],
     later: list[tuple[int, str, float, str, int]],
     moves: list[tuple[float, dict[str, int], dict[str, float], int]],
@@ -98,43 +102,44 @@ def test_kept_order_equals_a_fresh_sort(
     extra = make(later, "b")
     pending = tuple(waiting)
     now = 20_000.0
-    order_mod._memo = None
-    for dt, held, usage, churn in moves:
-        now += dt
-        if churn == 1 and len(pending) > 1:  # a grant: a step leaves, the rest stay
-            pending = pending[1:]
-        elif churn == 2 and extra:  # an arrival, queued now
-            p = extra.pop()
-            arrived = Pending(
-                key=p.key,
-                type=p.type,
-                priority=p.priority,
-                owner=p.owner,
-                gpus=p.gpus,
-                queued_at=now,
-            )
-            pending = (*pending, arrived)
-        elif churn == 3 and len(extra) >= 2:  # one leaves from the middle, two arrive at once
-            pair = [extra.pop(), extra.pop()]
-            mid = len(pending) // 2
-            pending = (
-                *pending[:mid],
-                *pending[mid + 1 :],
-                *(
-                    Pending(
-                        key=p.key,
-                        type=p.type,
-                        priority=p.priority,
-                        owner=p.owner,
-                        gpus=p.gpus,
-                        queued_at=now,
-                    )
-                    for p in pair
-                ),
-            )
-        got = order_pending(pending, held, usage, now, cfg)
-        want = reference(pending, held, usage, now, cfg)
-        assert [(r.pending, r.eff) for r in got] == want
-        bg = cfg.background_priority_max
-        for r in got:
-            assert r.background == (r.pending.type == "gpu_light" or r.eff < bg)
+    order_mod._memo = order_mod._small_memo = None
+    with patch.object(order_mod, "_SMALL", small):
+        for dt, held, usage, churn in moves:
+            now += dt
+            if churn == 1 and len(pending) > 1:  # a grant: a step leaves, the rest stay
+                pending = pending[1:]
+            elif churn == 2 and extra:  # an arrival, queued now
+                p = extra.pop()
+                arrived = Pending(
+                    key=p.key,
+                    type=p.type,
+                    priority=p.priority,
+                    owner=p.owner,
+                    gpus=p.gpus,
+                    queued_at=now,
+                )
+                pending = (*pending, arrived)
+            elif churn == 3 and len(extra) >= 2:  # one leaves from the middle, two arrive at once
+                pair = [extra.pop(), extra.pop()]
+                mid = len(pending) // 2
+                pending = (
+                    *pending[:mid],
+                    *pending[mid + 1 :],
+                    *(
+                        Pending(
+                            key=p.key,
+                            type=p.type,
+                            priority=p.priority,
+                            owner=p.owner,
+                            gpus=p.gpus,
+                            queued_at=now,
+                        )
+                        for p in pair
+                    ),
+                )
+            got = order_pending(pending, held, usage, now, cfg)
+            want = reference(pending, held, usage, now, cfg)
+            assert [(r.pending, r.eff) for r in got] == want
+            bg = cfg.background_priority_max
+            for r in got:
+                assert r.background == (r.pending.type == "gpu_light" or r.eff < bg)
