@@ -32,7 +32,7 @@ from functools import cached_property, partial
 
 from m27.policy._explain import explain
 from m27.policy._gate import gate, outrank, promote, run_or_pause
-from m27.policy._hold import nothing_starts
+from m27.policy._hold import Needs, nothing_starts, waiting_needs
 from m27.policy._memory import _no_fit_text, _unknown_host, _unknown_text
 from m27.policy._model import (
     Action,
@@ -170,13 +170,17 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
         # (the kept order, brought up to date: cheaper than finding that step afresh)
         ranked = order_pending(inp.pending, held, inp.usage_by_owner, now, cfg)
         width = len(usable)
-        wide = next(
-            (
-                r.pending
-                for r in ranked
-                if r.pending.type == "gpu" and not r.background and 1 < r.pending.gpus <= width
-            ),
-            None,
+        wide = (
+            next(
+                (
+                    r.pending
+                    for r in ranked
+                    if r.pending.type == "gpu" and not r.background and 1 < r.pending.gpus <= width
+                ),
+                None,
+            )
+            if waiting_needs(inp.pending).narrowest_wide <= width
+            else None
         )
         if wide is not None:
             hold = _reservation(gpus, usable, wide.gpus, [])
@@ -204,7 +208,8 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
                 None,
             )
         promote(gpus, usable, actions, first_wide_ranked, cfg)
-        pa = _Pass(gpus, usable, cfg, now, actions, notes, granted, fast=shortcut)
+        needs = waiting_needs(inp.pending) if shortcut else None
+        pa = _Pass(gpus, usable, cfg, now, actions, notes, granted, shortcut, needs)
         _place(ranked, pa, cpu_busy)
     standby: dict[int, StepKey] = {}
     next_check = run_or_pause(gpus, usable, cfg, now, actions, standby)
@@ -267,6 +272,8 @@ class _Pass:
     granted: set[StepKey]
     #: actions only: skip what only feeds the notes (the reasons redo the pass in full)
     fast: bool = False
+    #: what the waiting steps need (a fast pass stops where nothing further can fit)
+    needs: Needs | None = None
 
 
 def _place(ranked: list[Ranked], pa: _Pass, cpu_busy: int) -> None:
@@ -310,6 +317,8 @@ def _immediate(queue: Iterable[Ranked], pa: _Pass) -> None:
         if not free and not bg_hosts and (reserved or cfg.fifo or k == 1):
             if cfg.fifo or (reserved and pa.fast):
                 break  # nothing further down can start or hold (only notes would follow)
+            if pa.needs is not None and pa.needs.narrowest_wide > len(usable):
+                break  # no multi-GPU step to hold for (likewise)
             continue
         avail = [i for i in free if gpus[i].reserved_for in (None, p.key)] if reserved else free
         demote: list[int] = []
@@ -409,6 +418,9 @@ def _guests(queue: Iterable[Ranked], pa: _Pass) -> None:
     cap = {i: gpus[i].view.memory_total * cfg.memory_overprovision for i in hosts}
     used = {i: gpus[i].used_memory() for i in hosts}
     room = max(cap[i] - used[i] for i in hosts)
+    needs = pa.needs
+    if needs is not None and not needs.unknown and needs.least - room > 1.0:
+        return  # a fast pass: no waiting step fits any open slot (only notes would follow)
     seen: tuple[tuple[int, int, int], ...] | None = None
     unknown_seen: tuple[tuple[int, int, float], ...] | None = None
     # `room` only shrinks during the pass, so a step that misses it now is skipped below

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from m27.policy._model import Pending, PolicyInput
 from m27.policy._state import GpuState, is_bg_host
@@ -45,35 +46,50 @@ def nothing_starts(
                 observed = observed or (
                     st.view.memory_used is not None and free > cfg.guest_memory_margin * cap
                 )
-    least, unknown, cpu = _needs(inp.pending)
-    if room > -math.inf and ((unknown and observed) or least <= room + 1.0):
+    needs = waiting_needs(inp.pending)
+    if room > -math.inf and ((needs.unknown and observed) or needs.least <= room + 1.0):
         return False
-    return cpu_busy >= cfg.cpu_slots or not cpu
+    return cpu_busy >= cfg.cpu_slots or not needs.cpu
 
 
-#: The last pending tuple's (held, so its identity cannot be reused) guest needs.
-_needs_memo: tuple[Sequence[Pending], tuple[float, bool, bool]] | None = None
+class Needs(NamedTuple):
+    """What the waiting steps ask for, summed up once per pending tuple."""
+
+    #: the least known memory a single-GPU step needs as a guest (inf: none)
+    least: float
+    #: a single-GPU step of unknown need waits
+    unknown: bool
+    #: a cpu step waits
+    cpu: bool
+    #: the fewest GPUs a waiting multi-GPU gpu step needs (inf: none waits)
+    narrowest_wide: float
 
 
-def _needs(pending: Sequence[Pending]) -> tuple[float, bool, bool]:
-    """The least known memory a waiting single-GPU step needs as a guest, whether one has
-    an unknown need, and whether a cpu step waits: the same on every call with the same
-    pending tuple (the agent and the simulator pass the same object until it changes)."""
+#: The last pending tuple's (held, so its identity cannot be reused) needs.
+_needs_memo: tuple[Sequence[Pending], Needs] | None = None
+
+
+def waiting_needs(pending: Sequence[Pending]) -> Needs:
+    """The needs of the waiting steps: the same on every call with the same pending tuple
+    (the agent and the simulator pass the same object until it changes)."""
     global _needs_memo
     memo = _needs_memo
     if memo is not None and memo[0] is pending:
         return memo[1]
-    least, unknown, cpu = math.inf, False, False
+    least, unknown, cpu, wide = math.inf, False, False, math.inf
     for p in pending:
         if p.type == "cpu":
             cpu = True
             continue
         if p.gpus > 1:
+            if p.type == "gpu" and p.gpus < wide:
+                wide = p.gpus
             continue
         need = p.gpu_memory or p.memory_peak
         if need <= 0:
             unknown = True
         elif need < least:
             least = need
-    _needs_memo = (pending, (least, unknown, cpu))
-    return least, unknown, cpu
+    needs = Needs(least, unknown, cpu, wide)
+    _needs_memo = (pending, needs)
+    return needs
