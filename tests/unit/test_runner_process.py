@@ -23,6 +23,11 @@ def store() -> MemoryEventStore:
 
 # --- limits: timeout and cancel --------------------------------------------------------
 
+#: The step timeouts below leave the child this long to start and print its sleepers' pids
+#: (a loaded 2-core machine can take seconds to start Python): the timeout must fire after
+#: the group exists, or there is nothing to check.
+READY_S = 5.0
+
 SPAWN_SLEEPERS = """
 import subprocess, sys, time
 kids = [subprocess.Popen(["sleep", "1000"]) for _ in range(2)]
@@ -33,23 +38,23 @@ time.sleep(1000)
 
 def test_timeout_kills_the_whole_group_including_grandchildren(store: MemoryEventStore) -> None:
     lines: list[tuple[str, str]] = []
-    step = launch(SPAWN_SLEEPERS, timeout=0.5, grace=0.2, retries=0)
+    step = launch(SPAWN_SLEEPERS, timeout=READY_S, grace=0.2, retries=0)
     result = run_step(step, store, on_line=collect(lines))
 
-    assert not result.ok and result.reason == "timed out after 0.5s"
+    assert not result.ok and result.reason == f"timed out after {READY_S}s"
     assert result.signal == signal.SIGTERM and result.exit_code is None
     pids = [int(p) for p in lines[0][1].split()]
     assert len(pids) == 2 and not any(running(p) for p in pids)
     (failed,) = of(store, StepFailed)
-    assert isinstance(failed, StepFailed) and failed.reason == "timed out after 0.5s"
+    assert isinstance(failed, StepFailed) and failed.reason == f"timed out after {READY_S}s"
 
 
 def test_group_ignoring_sigterm_is_killed_after_grace(store: MemoryEventStore) -> None:
     code = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + SPAWN_SLEEPERS
     lines: list[tuple[str, str]] = []
-    result = run_step(launch(code, timeout=0.3, grace=0.2), store, on_line=collect(lines))
+    result = run_step(launch(code, timeout=READY_S, grace=0.2), store, on_line=collect(lines))
 
-    assert result.signal == signal.SIGKILL and result.reason == "timed out after 0.3s"
+    assert result.signal == signal.SIGKILL and result.reason == f"timed out after {READY_S}s"
     assert not any(running(int(p)) for p in lines[0][1].split())
 
 
@@ -59,9 +64,9 @@ def test_paused_group_is_resumed_so_it_can_act_on_sigterm(store: MemoryEventStor
         "time.sleep(1000)", "import os, signal; os.killpg(0, signal.SIGSTOP)"
     )
     lines: list[tuple[str, str]] = []
-    result = run_step(launch(code, timeout=0.3, grace=30), store, on_line=collect(lines))
+    result = run_step(launch(code, timeout=READY_S, grace=30), store, on_line=collect(lines))
 
-    assert result.signal == signal.SIGTERM and result.reason == "timed out after 0.3s"
+    assert result.signal == signal.SIGTERM and result.reason == f"timed out after {READY_S}s"
     assert not any(running(int(p)) for p in lines[0][1].split())
 
 
