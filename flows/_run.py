@@ -60,7 +60,8 @@ def _watch_cancel(run: _Run, stop: threading.Event) -> None:
     try:
         after = run.store.last_seq()
         while not stop.is_set() and not run.cancel.is_set():
-            for rec in run.store.follow(after, timeout=0.25):
+            # short follows: the flow's end joins this thread (a run's exit path)
+            for rec in run.store.follow(after, timeout=0.05):
                 after = rec.seq
                 ev = rec.event
                 if isinstance(ev, CancelRequested) and ev.run_id == run.run_id:

@@ -37,6 +37,9 @@ from m27.spec import Pipeline
 from m27.store import EventStore
 from m27.units import format_duration, format_size
 
+#: The live table is redrawn at least this often (elapsed times move on).
+REDRAW_S = 0.2
+
 _STYLE = {
     "succeeded": "green",
     "failed": "red",
@@ -98,8 +101,7 @@ class Progress:
         self._thread.start()
 
     def stop(self) -> None:
-        time.sleep(0.05)  # let the follower see the last events
-        self._stop.set()
+        self._stop.set()  # what the follower has not seen yet, _drain reads
         self._thread.join(timeout=2)
         self._drain()
         if self._live is not None:
@@ -122,11 +124,17 @@ class Progress:
 
     # --- following -------------------------------------------------------------------
     def _follow(self) -> None:
+        # Short follows, so `stop` is not kept waiting (it is on the run's exit path); the
+        # live table is rebuilt on new events and at most every REDRAW_S otherwise.
+        drawn = 0.0
         while not self._stop.is_set():
-            for rec in self.store.follow(self._after, timeout=0.2):
+            records = self.store.follow(self._after, timeout=0.05)
+            for rec in records:
                 self._after = rec.seq
                 self._apply(rec.event)
-            if self._live is not None:
+            now = time.monotonic()
+            if self._live is not None and (records or now - drawn >= REDRAW_S):
+                drawn = now
                 self._live.update(self._table())
 
     def _drain(self) -> None:
