@@ -2,18 +2,23 @@
 speed of the simulator on 10,000 jobs.
 
     python benchmarks/bench_sim.py [--alibaba ../shared/traces/openb_pod_list_default.csv]
+        [--only lab|alibaba|speed ...] [--speed-jobs N] [--speed-policies backfill,m27]
 
-Prints Markdown tables (pasted into benchmarks/README.md, section Simulator).
+Prints Markdown tables (pasted into benchmarks/README.md, section Simulator), with the CPU
+seconds each policy's simulation took (process time: on a shared machine wall time adds
+the wait for a core) and m27's ratio to EASY backfill's, measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from m27.sim import compare, simulate
+from m27.sim import POLICIES, SimResult, compare, compute_metrics, simulate
 from m27.sim.alibaba import load_alibaba, scale_to_node
 from m27.sim.lab import lab_week
 from m27.sim.metrics import Metrics
@@ -110,16 +115,32 @@ def poisson_trace(n: int, gpus: int = 8, load: float = 0.85, seed: int = 0) -> T
     return Trace(jobs=tuple(jobs), gpus=gpus, name=f"poisson({n})")
 
 
-def speed(n: int) -> str:
+def timed(trace: Trace, name: str) -> tuple[SimResult, float, float]:
+    """One policy's simulation, with its CPU and wall seconds."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    result = simulate(trace, make_scheduler(name))
+    return result, time.process_time() - c0, time.perf_counter() - t0
+
+
+def cpu_line(cpu: dict[str, float]) -> str:
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in cpu.items())
+    ratio = (
+        f"; m27 / backfill = {cpu['m27'] / cpu['backfill']:.2f}x"
+        if "m27" in cpu and cpu.get("backfill")
+        else ""
+    )
+    return f"Simulation CPU time: {parts}{ratio} (load average {os.getloadavg()[0]:.1f})."
+
+
+def speed(n: int, policies: Sequence[str] = ("fifo", "backfill", "m27")) -> str:
     trace = poisson_trace(n)
-    rows = ["| policy | jobs | decisions | wall s |", "|---|---|---|---|"]
-    for name in ("fifo", "backfill", "m27"):
-        t0 = time.perf_counter()
-        result = simulate(trace, make_scheduler(name))
-        wall = time.perf_counter() - t0
+    rows = ["| policy | jobs | decisions | CPU s | wall s |", "|---|---|---|---|---|"]
+    cpu = {}
+    for name in policies:
+        result, cpu[name], wall = timed(trace, name)
         done = sum(1 for lv in result.jobs if lv.finished_at is not None)
-        rows.append(f"| {name} | {done}/{n} | {result.decisions} | {wall:.1f} |")
-    return "\n".join(rows)
+        rows.append(f"| {name} | {done}/{n} | {result.decisions} | {cpu[name]:.1f} | {wall:.1f} |")
+    return "\n".join(rows) + "\n\n" + cpu_line(cpu)
 
 
 def main() -> None:
@@ -128,18 +149,29 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2000)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--speed-jobs", type=int, default=10_000)
+    ap.add_argument("--speed-policies", default="fifo,backfill,m27")
+    ap.add_argument("--only", action="append", choices=["lab", "alibaba", "speed"])
     args = ap.parse_args()
-    print("## Lab week (4 GPUs, 72 h)\n")
-    print(lab_table(range(args.seeds)))
+    parts = set(args.only or ["lab", "alibaba", "speed"])
+    if "lab" in parts:
+        print("## Lab week (4 GPUs, 72 h)\n")
+        print(lab_table(range(args.seeds)))
     source = args.alibaba if args.alibaba.exists() else SAMPLE_ALIBABA
-    if source != args.alibaba:
+    if "alibaba" in parts and source != args.alibaba:
         print(f"\n({args.alibaba} not found: using the repository's sample {source.name})")
-    if source.exists():
+    if "alibaba" in parts and source.exists():
         trace = scale_to_node(load_alibaba(source, limit=args.jobs), gpus=8, load=0.9)
         print(f"\n## {trace.name}\n")
-        print(jct_table([m for _, m in compare(trace)]))
-    print(f"\n## Speed ({args.speed_jobs} jobs, 8 GPUs)\n")
-    print(speed(args.speed_jobs))
+        cpu: dict[str, float] = {}
+        results = []
+        for name in POLICIES:
+            result, cpu[name], _ = timed(trace, name)
+            results.append(compute_metrics(result))
+        print(jct_table(results))
+        print("\n" + cpu_line(cpu))
+    if "speed" in parts:
+        print(f"\n## Speed ({args.speed_jobs} jobs, 8 GPUs)\n")
+        print(speed(args.speed_jobs, args.speed_policies.split(",")))
 
 
 if __name__ == "__main__":
