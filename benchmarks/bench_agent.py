@@ -130,12 +130,13 @@ def run_mode(
     io: float,
     gpus: int = 2,
     gpu_memory: int = GiB,
+    guests_per_gpu: int = PolicyConfig().guests_per_gpu,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="m27-bench-agent-") as tmp:
         home = Path(tmp)
         store = SqliteEventStore(home / "events.db")
         backend = SimBackend(gpus, memory_total=16 * GiB)
-        config = PolicyConfig(fifo=mode == "fifo", cpu_slots=2)
+        config = PolicyConfig(fifo=mode == "fifo", cpu_slots=2, guests_per_gpu=guests_per_gpu)
         agent = AGENTS[mode](store, backend, home, config=config)
         stop = threading.Event()
         loop = threading.Thread(target=agent.run, args=(stop,), daemon=True)
@@ -279,10 +280,18 @@ def main() -> int:
     p.add_argument("--io", type=float, default=0.2)
     p.add_argument("--modes", default=",".join([*AGENTS, "pair"]))
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--guests-per-gpu",
+        type=int,
+        default=PolicyConfig().guests_per_gpu,
+        help="the policy's guests_per_gpu for the tiers modes (default: the policy's)",
+    )
     args = p.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     results: dict[str, Any] = {
-        mode: run_mode(mode, args.steps, args.cycles, args.compute, args.io)
+        mode: run_mode(
+            mode, args.steps, args.cycles, args.compute, args.io, guests_per_gpu=args.guests_per_gpu
+        )
         for mode in modes
         if mode in AGENTS
     }
