@@ -47,10 +47,11 @@ from typing import Any
 
 __all__ = [
     "address",
-    "heartbeats_off",
     "prefect_defaults",
     "prefect_env",
+    "run_settings",
     "run_warm",
+    "runner_pid",
     "serve_runner",
 ]
 
@@ -109,15 +110,33 @@ def runner_pid(home: Path) -> int | None:
     return pid if liveness.alive(pid) else None
 
 
-def heartbeats_off() -> contextlib.AbstractContextManager[object]:
-    """No flow heartbeats for a run: OSS Prefect does nothing with them, the node service's
-    crash watcher is what marks a dead run Crashed, and joining their thread costs ~1 s.
-    (A settings copy costs ~0.2 s of CPU, so the warm runner makes it once for all runs.)"""
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+def run_settings() -> contextlib.AbstractContextManager[object]:
+    """Prefect settings for a run, around its flow (and entered once for its whole life by
+    the warm runner, so forked runs inherit them instead of each paying a settings copy,
+    ~0.2 s of CPU):
 
-    if PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None:
+    - no flow heartbeats: OSS Prefect does nothing with them, the node service's crash
+      watcher is what marks a dead run Crashed, and joining their thread costs ~1 s;
+    - with a plain ``http://`` API (the node's own server on 127.0.0.1) no CA bundle:
+      Prefect builds a certificate-verifying SSL context for each of the ~4 API clients of
+      a run (parsing certifi's bundle, 15-45 ms each here) that plain HTTP never uses.
+    """
+    from prefect.settings import (
+        PREFECT_API_TLS_INSECURE_SKIP_VERIFY,
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
+
+    updates: dict[Any, Any] = {}
+    if PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is not None:
+        updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
+    url = PREFECT_API_URL.value() or ""
+    if url.startswith("http://") and not PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value():
+        updates[PREFECT_API_TLS_INSECURE_SKIP_VERIFY] = True
+    if not updates:
         return contextlib.nullcontext()
-    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+    return temporary_settings(updates=updates)
 
 
 def prefect_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -429,7 +448,7 @@ def serve_runner(argv: list[str], entry: Callable[[list[str]], int]) -> int:
         importlib.import_module(name)
     # Entered for the runner's life, so every forked run inherits it (the object is kept:
     # a collected generator context would exit).
-    _KEPT.append(heartbeats_off())
+    _KEPT.append(run_settings())
     _KEPT[-1].__enter__()
     runner = _Runner(home, parent)
     signal.signal(signal.SIGTERM, runner.on_term)
