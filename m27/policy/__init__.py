@@ -221,16 +221,13 @@ def _gate_only(inp: PolicyInput) -> Decision:
     """Nothing pending: only promotions and guest gating can change, and only on GPUs
     that host guests (most simulator decisions are this one, so it builds no more)."""
     hosted: dict[int, list[Running]] = {}
-    primary: dict[int, Running] = {}
     for r in inp.running:
-        if r.role == "guest":
-            if r.gpus:
-                hosted.setdefault(r.gpus[0], []).append(r)
-        elif r.role == "primary":
-            for g in r.gpus:
-                primary[g] = r
+        if r.role == "guest" and r.gpus:
+            hosted.setdefault(r.gpus[0], []).append(r)
     if not hosted:
         return Decision((), None, {}, inp)
+    # the primaries are looked up only where guests wait (most calls have none)
+    primary = {g: r for r in inp.running if r.role == "primary" for g in r.gpus}
     cfg, now = inp.config, inp.now
     views = {v.index: v for v in inp.gpus}
     gated: list[tuple[int, GpuView, bool, bool, list[Slot]]] = []

@@ -108,6 +108,9 @@ class SimState:
     #: which role, tier, pause or phase), so a scheduler may reuse what it built from them
     pending_version: int = 0
     lease_version: int = 0
+    #: the leases changed since a scheduler last looked (it empties the list), so it can
+    #: rebuild only their views instead of every lease's on every change
+    touched: list[Live] = field(default_factory=list)
 
     @property
     def cpu_running(self) -> int:
@@ -247,6 +250,7 @@ class _Engine:
         layout's version moves on, so what is cached by it is not reused."""
         lv.memo = None
         self.st.lease_version += 1
+        self.st.touched.append(lv)
         return lv
 
     def phase_end(self, lv: Live, now: float) -> None:
@@ -266,6 +270,7 @@ class _Engine:
         lv.finished_at = now
         del st.running[lv.job.id]
         st.lease_version += 1
+        st.touched.append(lv)
         for g in lv.gpus:
             if st.primary[g] == lv.job.id:
                 st.primary[g] = None

@@ -49,6 +49,7 @@ class PolicyScheduler:
         self._pending_version = -1
         self._running: tuple[Running, ...] = ()
         self._primaries: list[tuple[str, int]] = []
+        self._by_id: dict[str, Running] = {}
         self._pending: tuple[Pending, ...] = ()
 
     def step(self, state: SimState) -> tuple[Sequence[Action], float | None]:
@@ -87,17 +88,32 @@ class PolicyScheduler:
         return d.actions, d.next_check
 
     def _leases(self, state: SimState) -> None:
-        running = []
-        primaries = []
-        for lv in state.running.values():
-            r = lv.memo
-            if r is None:
-                r = lv.memo = _running(lv)
-            running.append(r)
-            if r.role == "primary":
-                primaries.append((r.owner, len(r.gpus)))
-        self._running = tuple(running)
-        self._primaries = primaries
+        # Only the leases the engine touched since the last look get a new view; the
+        # others keep theirs. `by_id` mirrors `state.running` in its order (a changed
+        # lease keeps its place, a new one comes last, an ended one goes), so the input
+        # is the one a full rebuild would give.
+        by_id = self._by_id
+        live = state.running
+        if state is not self._state:
+            by_id.clear()
+            for job_id, lv in live.items():
+                r = lv.memo
+                if r is None:
+                    r = lv.memo = _running(lv)
+                by_id[job_id] = r
+        else:
+            for lv in state.touched:
+                job_id = lv.job.id
+                if job_id in live:
+                    r = lv.memo
+                    if r is None:
+                        r = lv.memo = _running(lv)
+                    by_id[job_id] = r
+                else:
+                    by_id.pop(job_id, None)
+        state.touched.clear()
+        running = self._running = tuple(by_id.values())
+        self._primaries = [(r.owner, len(r.gpus)) for r in running if r.role == "primary"]
         cache = self._views
         if state is not self._state or len(cache) != state.gpus:
             self._state = state
