@@ -108,7 +108,7 @@ class SimState:
     #: which role, tier, pause or phase), so a scheduler may reuse what it built from them
     pending_version: int = 0
     lease_version: int = 0
-    #: the leases changed since a scheduler last looked (it empties the list), so it can
+    #: the leases changed since the scheduler's last step (emptied after each), so it can
     #: rebuild only their views instead of every lease's on every change
     touched: list[Live] = field(default_factory=list)
 
@@ -185,6 +185,7 @@ class _Engine:
             wake: float | None = None
             for _ in range(16):
                 actions, wake = self.sched.step(st)
+                st.touched.clear()  # seen (or not needed) by this scheduler: no growth
                 self.decisions += 1
                 if not self.apply(actions, now):
                     break
