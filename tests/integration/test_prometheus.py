@@ -181,8 +181,13 @@ def test_boards_and_rules_evaluate_on_a_real_prometheus_while_a_pipeline_runs(
     done = call_m27("run", str(spec), cwd=tmp_path, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr  # `broken` fails the run
 
-    state = node_state(m27_home)
-    (run,) = state.runs.values()
+    # The exporter records a step's energy on its first pass after the lease's release,
+    # which may come after `m27 run` has exited: wait for that event (bounded).
+    def measured() -> Any:
+        (run,) = node_state(m27_home).runs.values()
+        return run if run.steps["train"].energy_j > 0 else None
+
+    run = wait_until(measured, timeout=60, interval=0.1, what="the train step's energy recorded")
     train = run.steps["train"]
     assert train.status == "succeeded" and train.started_at and train.ended_at
     assert train.ended_at - train.started_at > 3.0
