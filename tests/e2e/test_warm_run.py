@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e._helpers import M27, m27_env, node_state
+from tests.e2e._helpers import M27, m27_env, node_state, spawn_m27
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -119,30 +119,36 @@ def test_other_prefect_settings_or_verbose_run_in_the_clients_own_process(
         assert run is not None and run.pid == proc.pid, (extra_env, extra_args)
 
 
+LONG = "name: long\npipeline:\n  - name: wait\n    type: cpu\n    command: sleep 300\n"
+
+
+def _long_run(m27: M27, tmp_path: Path, home: Path) -> tuple[subprocess.Popen[str], Any, Any]:
+    """A warm `m27 run` of one `sleep 300` step, once the step runs: (client, run, step)."""
+    _start_service(m27, tmp_path, home)
+    before = set(node_state(home).runs)
+    spec = tmp_path / "long.yaml"
+    spec.write_text(LONG)
+    proc = spawn_m27("run", str(spec), "--plain")
+
+    def step_running() -> Any:
+        run = _only_run(home, before)
+        step = run.steps.get("wait") if run is not None else None
+        return (run, step) if step is not None and step.status == "running" else None
+
+    try:
+        run, step = wait_until(step_running, timeout=240, interval=0.2, what="the step running")
+    except BaseException:
+        proc.kill()
+        raise
+    assert run.pid != proc.pid  # forked by the runner
+    return proc, run, step
+
+
 def test_ctrl_c_reaches_the_forked_run_and_cancels_it(
     m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
 ) -> None:
-    _start_service(m27, tmp_path, m27_home)
-    before = set(node_state(m27_home).runs)
-    spec = tmp_path / "long.yaml"
-    spec.write_text(
-        "name: long\npipeline:\n  - name: wait\n    type: cpu\n    command: sleep 300\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
-        env=m27_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, run, step = _long_run(m27, tmp_path, m27_home)
     try:
-
-        def step_running() -> Any:
-            run = _only_run(m27_home, before)
-            step = run.steps.get("wait") if run is not None else None
-            return step if step is not None and step.status == "running" else None
-
-        step = wait_until(step_running, timeout=240, interval=0.2, what="the step running")
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -150,38 +156,16 @@ def test_ctrl_c_reaches_the_forked_run_and_cancels_it(
             proc.kill()
     assert proc.returncode == 1, out
     assert "cancelling" in out and "Traceback" not in out
-    run = _only_run(m27_home, before)
-    assert run.status == "cancelled", run.status
+    assert node_state(m27_home).runs[run.run_id].status == "cancelled"
     wait_until(lambda: not psutil.pid_exists(step.pid), timeout=60, what="the step stopped")
 
 
 def test_kill_9_of_the_client_kills_the_forked_run_and_the_service_closes_it(
     m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
 ) -> None:
-    _start_service(m27, tmp_path, m27_home)
-    before = set(node_state(m27_home).runs)
-    spec = tmp_path / "long.yaml"
-    spec.write_text(
-        "name: long\npipeline:\n  - name: wait\n    type: cpu\n    command: sleep 300\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
-        env=m27_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def step_running() -> Any:
-        run = _only_run(m27_home, before)
-        step = run.steps.get("wait") if run is not None else None
-        return (run, step) if step is not None and step.status == "running" else None
-
-    try:
-        run, step = wait_until(step_running, timeout=240, interval=0.2, what="the step running")
-        assert run.pid != proc.pid  # forked by the runner
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+    proc, run, step = _long_run(m27, tmp_path, m27_home)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
     wait_until(lambda: not psutil.pid_exists(run.pid), timeout=30, what="the forked run gone")
     wait_until(
         lambda: node_state(m27_home).runs[run.run_id].status == "failed",
