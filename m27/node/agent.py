@@ -210,25 +210,38 @@ class Agent(GuestControl):
 
     def _wait(self, timeout: float) -> int:
         """Like :meth:`poll`, but while guests are hosted, return early (0) when a
-        primary's I/O state changed since the last tick (m27.node.follow)."""
+        primary's I/O state changed since the last tick (m27.node.follow).
+
+        Utilization is sampled every ``slice_s``; an inferred I/O wait is due exactly
+        ``io_timeout`` after the first sample that saw its primary idle, and the wait
+        ends at that moment, not at the next slice (the guest's reaction is then
+        ``io_timeout`` plus one sampling slice at most, plus the tick)."""
         hosted = self._hosted()
         if not hosted:
             return self.poll(timeout)
-        watch, primaries = self._watch, self.book.primaries()
+        watch, primaries, clock = self._watch, self.book.primaries(), self.clock
         deadline = time.monotonic() + timeout
-        sample_at = 0.0
+        sample_at = time.monotonic() + watch.slice_s  # the tick has just sampled
         while True:
-            left = deadline - time.monotonic()
-            n = self.poll(min(watch.slice_s, left)) if left > 0 else 0
-            if n or left <= 0:
-                return n
-            now = self.clock.now()
-            if time.monotonic() >= sample_at:  # utilization, for inferred I/O waits
+            mono = time.monotonic()
+            left = deadline - mono
+            if left <= 0:
+                return 0
+            if mono >= sample_at:  # utilization, for inferred I/O waits
+                now = clock.now()
                 self._views(self._sampler.sample(now), now)
-                sample_at = time.monotonic() + watch.slice_s
+                mono = time.monotonic()
+                sample_at = mono + watch.slice_s
+            now = clock.now()
             io = watch.state(primaries, hosted, self._channels, self._hints, self._low, now)
             if io != watch.seen:
                 return 0
+            waiting = {g for g in hosted if not watch.seen.get(g, False)}
+            due = watch.next_due(self._low, waiting) - now
+            step = min(sample_at - mono, left, max(due, 0.0))
+            n = self.poll(step) if step > 0 else 0
+            if n:
+                return n
 
     def poll(self, timeout: float = 0.0) -> int:
         """Apply the events appended since the last pass; waits up to `timeout` for one."""
@@ -241,11 +254,26 @@ class Agent(GuestControl):
         return len(records)
 
     def tick(self) -> Decision:
-        """Sample, decide, act; the events of what was done are appended in one batch."""
+        """Sample, decide, act; the events of what was done are appended in one batch.
+
+        The gates and signals come first, right after the decision (a guest waits on
+        them); the bookkeeping that does not change the decision (memory peaks, health,
+        lost processes) is done after, and its events go first in the same batch."""
         now = self.clock.now()
-        out: list[Event] = []
         samples = self._sampler.sample(now)
-        out += self._later
+        inp = policy_input(
+            self.book,
+            self._views(samples, now),
+            now,
+            self.config,
+            usage=self.book.usage.at(now),  # folded from the log: survives a restart
+            io_waiting=self._io_waiting,
+        )
+        decision = decide(inp)
+        acted: set[StepKey] = set()
+        done = self._act(decision, now, acted)
+        self._follow(decision, now)
+        out: list[Event] = self._later
         self._later = []
         self._peaks.observe(samples, self.book.held, self._pgid)
         out += self.health.check(samples, now)
@@ -260,18 +288,7 @@ class Agent(GuestControl):
             if h is not None and h.pid is None:
                 # granted after its request was withdrawn: nobody will use it
                 out.append(LeaseReleased(at=now, run_id=key[0], step=key[1], gpus=h.gpus))
-        inp = policy_input(
-            self.book,
-            self._views(samples, now),
-            now,
-            self.config,
-            usage=self.book.usage.at(now),  # folded from the log: survives a restart
-            io_waiting=self._io_waiting,
-        )
-        decision = decide(inp)
-        acted: set[StepKey] = set()
-        out += self._act(decision, now, acted)
-        self._follow(decision, now)
+        out += done
         out += self._escalate(now, acted, samples)
         if out:
             self.store.append(out)
