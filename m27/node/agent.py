@@ -32,7 +32,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from m27 import liveness
@@ -151,6 +151,9 @@ class Agent(GuestControl):
         self._peaks = PeakMemory()
         self._later: list[Event] = []  # appended with the next tick's batch
         self._paused_now: dict[StepKey, bool] = {}
+        self._standby: Mapping[int, StepKey] = {}  # the last decision's (m27.node.follow)
+        self._due: dict[int, tuple[tuple[StepKey, float], float]] = {}
+        self._armed: dict[int, float] = {}
         self._detach = getattr(backend, "detach", None)
 
     # -- life ---------------------------------------------------------------------------
@@ -199,11 +202,36 @@ class Agent(GuestControl):
 
     def _follow(self, decision: Decision, now: float) -> None:
         """Standby guests follow their primary's hint; remember the I/O states now."""
+        self._standby = decision.standby
+        self._arm()
         primaries, channels, hints = self.book.primaries(), self._channels, self._hints
-        held, stopped = self.book.held, self._stopped
-        arm_standby(decision.standby, held, primaries, channels, stopped, self._paused_now, hints)
         hosted = self._hosted()
         self._watch.seen = self._watch.state(primaries, hosted, channels, hints, self._low, now)
+
+    def _arm(self) -> None:
+        """Set the standby guests' gates (m27.node.follow.arm_standby)."""
+        self._armed = due = self._dues()
+        held, primaries, stopped = self.book.held, self.book.primaries(), self._stopped
+        paused = self._paused_now
+        arm_standby(
+            self._standby, held, primaries, self._channels, stopped, paused, self._hints, due
+        )
+
+    def _dues(self) -> dict[int, float]:
+        """Per GPU whose primary shows no compute: the ``time.monotonic()`` at which that
+        has lasted ``io_timeout`` (a standby guest's gate deadline). Fixed once per idle
+        spell; none with an injected clock (the step's process reads the real one)."""
+        if not isinstance(self.clock, SystemClock):
+            return {}
+        kept: dict[int, tuple[tuple[StepKey, float], float]] = {}
+        for gpu, low in self._low.items():
+            old = self._due.get(gpu)
+            if old is None or old[0] != low:
+                at = time.monotonic() + low[1] + self.config.io_timeout - self.clock.now()
+                old = (low, at)
+            kept[gpu] = old
+        self._due = kept
+        return {gpu: at for gpu, (_, at) in kept.items()}
 
     def _hosted(self) -> set[int]:
         return {h.gpus[0] for h in self.book.held.values() if h.guest and h.gpus}
@@ -230,6 +258,8 @@ class Agent(GuestControl):
             if mono >= sample_at:  # utilization, for inferred I/O waits
                 now = clock.now()
                 self._views(self._sampler.sample(now), now)
+                if self._dues() != self._armed:  # a primary went idle, or computes again
+                    self._arm()
                 mono = time.monotonic()
                 sample_at = mono + watch.slice_s
             now = clock.now()

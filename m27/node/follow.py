@@ -10,10 +10,14 @@ primary's ``with m27.io_wait():`` is often shorter than that. Two things close t
   guest's own ``gate()`` then opens the moment the primary enters ``io_wait()`` and stops
   it at its next call once the primary leaves it: no agent round trip either way. The
   agent's events (``GuestResumed``/``GuestPaused``) follow at its next tick.
+- *behind a primary without hints, the standby guest's gate has a deadline*: the moment
+  its primary's inferred I/O wait reaches ``io_timeout`` (the first idle sample +
+  ``io_timeout``), set as soon as a sample shows the primary idle and taken back when one
+  shows it computing; the guest starts then by itself, not after the agent's tick.
 - *the agent wakes when an I/O state changes* (:class:`IoWatch`): while some GPU hosts
-  guests, the wait between ticks is cut in slices of ``slice_s``, and a tick comes at once
-  when a primary's hint flips or its inferred I/O wait reaches ``io_timeout``. That is
-  what SIGSTOP-paused black-box guests, which cannot follow anything, rely on.
+  guests, utilization is sampled every ``slice_s``, and a tick comes at once when a
+  primary's hint flips or exactly when its inferred I/O wait reaches ``io_timeout``. That
+  is what SIGSTOP-paused black-box guests, which cannot follow anything, rely on.
 """
 
 from __future__ import annotations
@@ -35,12 +39,15 @@ def arm_standby(
     stopped: set[StepKey],
     paused_now: Mapping[StepKey, bool],
     hints: Callable[[StepKey], bool],
+    due: Mapping[int, float] | None = None,
 ) -> None:
     """Set each standby guest's gate to follow its primary; close it on the others.
 
     Only a gate user that is not held by SIGSTOP follows. Behind a primary that gives no
     hints it follows nothing (its gate stays closed, but it looks every 1 ms, so the
-    agent's word on an inferred I/O wait reaches it at once). A guest resumed on an
+    agent's word on an inferred I/O wait reaches it at once); where that primary shows no
+    compute, `due` (per GPU, a ``time.monotonic()`` value) is when its inferred I/O wait
+    reaches ``io_timeout``, and the gate opens by itself then. A guest resumed on an
     *inferred* I/O wait (its primary is not inside ``io_wait()``) keeps its open gate:
     following would stop it at once.
     """
@@ -56,7 +63,7 @@ def arm_standby(
             # a primary without hints: its I/O is inferred, and the agent opens the gate;
             # a paused standby waits on a follow with no target (closed, polled every 1 ms)
             if paused:
-                ch.set_follow("")
+                ch.set_follow("", at=(due or {}).get(gpu))
                 chosen.add(key)
             continue
         if not paused and not pch.io_waiting():

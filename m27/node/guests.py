@@ -83,7 +83,7 @@ class GuestControl:
             ch = self._channels.get(key)
             if ch is not None and (ch.at_gate() or ch.io_waiting()):
                 continue
-            if ch is not None and ch.following() and self._primary_in_io(h):
+            if ch is not None and ch.following() and (self._primary_in_io(h) or ch.follow_due()):
                 continue  # a following guest computes in its primary's I/O wait
             if self._starting(ch, h, now):
                 continue

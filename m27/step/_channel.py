@@ -28,6 +28,13 @@ round trip through the agent, and the guest stops at its next ``gate()`` call wh
 primary computes again. Only the one guest that would compute next follows; the others
 stay closed.
 
+A follow may also carry a *deadline* (a second line in the sidecar, a ``time.monotonic()``
+value): the gate opens once it has passed. The agent sets it behind a primary that gives
+no hints, whose I/O wait is inferred from utilization: the deadline is ``io_timeout`` after
+the first sample that saw the primary idle, so the guest starts at that moment by itself
+instead of waiting for the agent's tick, and the agent takes the deadline back (a new
+follow value) as soon as a sample shows the primary computing again.
+
 ``time.monotonic`` is CLOCK_MONOTONIC, shared by every process of a Linux machine, so the
 agent can compare ``io_since`` with its own monotonic clock.
 
@@ -66,6 +73,7 @@ _POLL_MAX: Final = 0.005
 # that runs next, and a hinted I/O wait must reach it within milliseconds.
 _POLL_FOLLOW: Final = 0.001
 _FOLLOW_FIRST: Final = 2
+_NEVER: Final = float("inf")
 _monotonic = time.monotonic
 
 
@@ -92,6 +100,8 @@ class Channel:
         self._follow_value = 0
         self._follow: Channel | None = None
         self._follow_target = ""
+        self._follow_at: float | None = None  # agent side: the deadline it set
+        self._follow_due = _NEVER  # step side: the deadline loaded with the follow
         self._follow_seq = 0
         if self._i[_I_MAGIC] != _MAGIC or self._i[_I_VERSION] != _VERSION:
             self.close()
@@ -152,18 +162,19 @@ class Channel:
         """The sidecar that names the channel a following step reads."""
         return self.path.with_name(self.path.name + ".follow")
 
-    def set_follow(self, primary: str | os.PathLike[str]) -> None:
+    def set_follow(self, primary: str | os.PathLike[str], *, at: float | None = None) -> None:
         """Let the step compute exactly while the step whose channel is `primary` is in
-        ``io_wait()``; cheap to repeat (the sidecar is rewritten only for a new target)."""
+        ``io_wait()`` (none: ``""``), or once ``time.monotonic()`` reaches `at`; cheap to
+        repeat (the sidecar is rewritten only for a new target or deadline)."""
         target = os.fspath(primary)
         current = self._i[_I_GATE]
-        if current >= _FOLLOW_FIRST and target == self._follow_target:
+        if current >= _FOLLOW_FIRST and target == self._follow_target and at == self._follow_at:
             return
         side = self.follow_path
         tmp = side.with_name(f".{side.name}.{os.getpid()}.tmp")
-        tmp.write_text(target)
+        tmp.write_text(target if at is None else f"{target}\n{at!r}")
         os.replace(tmp, side)
-        self._follow_target = target
+        self._follow_target, self._follow_at = target, at
         # a value never used before by this page's writer, so the step reloads the target
         self._follow_seq = max(self._follow_seq, current, _FOLLOW_FIRST - 1) + 1
         self._i[_I_GATE] = self._follow_seq
@@ -171,6 +182,12 @@ class Channel:
     def following(self) -> bool:
         """True while the gate follows a primary's I/O (see the module docstring)."""
         return self._i[_I_GATE] >= _FOLLOW_FIRST
+
+    def follow_due(self) -> bool:
+        """True while the gate follows with a deadline (set here) that has passed: the
+        step may be computing on it."""
+        at = self._follow_at
+        return self.following() and at is not None and _monotonic() >= at
 
     def at_gate(self) -> bool:
         """True while the step is blocked in ``gate()``."""
@@ -229,17 +246,23 @@ class Channel:
         if value != self._follow_value:
             self._load_follow(value)
         primary = self._follow
-        return primary is not None and primary._i[_I_DEPTH] > 0
+        if primary is not None and primary._i[_I_DEPTH] > 0:
+            return True
+        return self._follow_due is not _NEVER and _monotonic() >= self._follow_due
 
     def _load_follow(self, value: int) -> None:
         if self._follow is not None:
             self._follow.close()
             self._follow = None
         self._follow_value = value
+        self._follow_due = _NEVER
         try:
-            target = self.follow_path.read_text().strip()
+            target, _, at = self.follow_path.read_text().partition("\n")
+            if at.strip():
+                self._follow_due = float(at)
+            target = target.strip()
             self._follow = Channel.open(target, writable=False) if target else None
-        except (OSError, M27Error):
+        except (OSError, ValueError, M27Error):
             self._follow = None  # the primary is gone: wait for the agent's next word
 
     def wait_gate(self, timeout: float | None = None) -> bool:
@@ -255,7 +278,8 @@ class Channel:
                 if timeout is not None and time.monotonic() - start >= timeout:
                     return False
                 if self._i[_I_GATE] >= _FOLLOW_FIRST:
-                    time.sleep(_POLL_FOLLOW)
+                    # to the deadline itself when it comes before the next poll
+                    time.sleep(max(0.0, min(_POLL_FOLLOW, self._follow_due - _monotonic())))
                 else:
                     time.sleep(delay)
                     delay = min(delay * 2, _POLL_MAX)

@@ -3,15 +3,18 @@ no agent round trip (m27.step._channel follow mode, m27.node.follow)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from m27 import events as ev
 from m27.node.agent import Agent
+from m27.node.book import Held
+from m27.node.follow import IoWatch
 from m27.node.lease import AgentLease
-from m27.policy import Decision, PolicyConfig, decide
+from m27.policy import Decision, PolicyConfig, StepKey, decide
 from m27.policy._model import GpuView, PolicyInput, Running
 from m27.step import Channel
 from tests.unit.agent_helpers import Node, make_node, phases, run_step_leased, step_argv
@@ -47,6 +50,32 @@ def test_a_following_gate_opens_exactly_while_the_primary_is_in_io(tmp_path: Pat
     other.exit_io()
     assert step_side.wait_gate(timeout=0)
     for ch in (primary, other, agent_side, step_side):
+        ch.close()
+
+
+def test_a_follow_with_a_deadline_opens_the_gate_once_the_deadline_has_passed(
+    tmp_path: Path,
+) -> None:
+    primary = Channel.create(tmp_path / "p.chan")
+    agent_side = Channel.create(tmp_path / "g.chan", gate_open=False)
+    step_side = Channel.open(tmp_path / "g.chan")
+
+    agent_side.set_follow("", at=time.monotonic() + 3600)  # not yet
+    assert not step_side.wait_gate(timeout=0) and not agent_side.follow_due()
+    agent_side.set_follow("", at=time.monotonic() - 1)  # passed: the step goes on by itself
+    assert step_side.wait_gate(timeout=0) and agent_side.follow_due()
+    agent_side.set_follow("")  # taken back (the primary computes again)
+    assert not step_side.wait_gate(timeout=0) and not agent_side.follow_due()
+
+    agent_side.set_follow(primary.path, at=time.monotonic() + 3600)  # a primary and a deadline
+    assert not step_side.wait_gate(timeout=0)
+    primary.enter_io()
+    assert step_side.wait_gate(timeout=0)
+    primary.exit_io()
+    assert not step_side.wait_gate(timeout=0)
+    agent_side.set_gate(False)
+    assert not agent_side.follow_due()
+    for ch in (primary, agent_side, step_side):
         ch.close()
 
 
@@ -108,3 +137,69 @@ def test_a_standby_guest_computes_in_its_primarys_io_wait_before_the_agent_says_
     p, g = prim.wait(60), guest.wait(60)
     assert p is not None and p.ok and g is not None and g.ok
     lease.close()
+
+
+class _NoWake(IoWatch):
+    """Never reports an I/O change: the agent ticks only on events and its slow tick."""
+
+    def state(
+        self,
+        primaries: Mapping[int, Held],
+        hosted: set[int],
+        channels: Mapping[StepKey, Channel],
+        hints: object,
+        low_since: Mapping[int, tuple[StepKey, float]],
+        now: float,
+    ) -> dict[int, bool]:
+        return {}
+
+
+class _BlindSlowAgent(Agent):
+    """Reads no hints (every I/O wait is inferred from utilization), samples between
+    ticks as usual, but never ticks on an I/O change: only on events and once a second."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._watch = _NoWake(self.config)
+
+    def _io_waiting(self, key: StepKey) -> bool:
+        return False
+
+    def _hints(self, key: StepKey) -> bool:
+        return False
+
+
+def test_a_standby_guest_behind_a_primary_without_hints_starts_at_its_deadline(
+    m27_home: Path, tmp_path: Path
+) -> None:
+    """The gate's deadline (first idle sample + io_timeout) opens it without the agent."""
+    node = make_node(m27_home, gpus=1)
+    node.agent = _BlindSlowAgent(
+        node.store, node.backend, m27_home, config=PolicyConfig(io_timeout=0.02), tick=1.0
+    )
+    node.start()
+    lease = AgentLease(node.store, m27_home, embed=False)
+    prim_out, guest_out = tmp_path / "p.txt", tmp_path / "g.txt"
+    prim = run_step_leased(
+        lease, "r1", "md", step_argv(prim_out, cycles=12, compute=0.05, io=0.25), priority=10
+    )
+    wait_until(lambda: node.of(ev.StepStarted), what="the primary's start")
+    guest = run_step_leased(
+        lease, "r2", "next", step_argv(guest_out, cycles=1, compute=3.0, io=0.0, chunk=0.005)
+    )
+
+    def ahead_of_the_agent() -> bool:
+        resumed = [e.at for e in node.of(ev.GuestResumed)]
+        for a, b in phases(prim_out, "io"):
+            for c, _ in phases(guest_out, "compute"):
+                if a <= c <= b and not any(a <= r <= c for r in resumed):
+                    return True
+        return False
+
+    try:
+        wait_until(ahead_of_the_agent, what="a guest chunk started by its gate's deadline")
+        p, g = prim.wait(60), guest.wait(60)
+        assert p is not None and p.ok and g is not None and g.ok
+    finally:
+        lease.close()
+        node.close()
