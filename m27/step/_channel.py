@@ -38,12 +38,17 @@ follow value) as soon as a sample shows the primary computing again.
 ``time.monotonic`` is CLOCK_MONOTONIC, shared by every process of a Linux machine, so the
 agent can compare ``io_since`` with its own monotonic clock.
 
+At interpreter exit (``atexit``, after the non-daemon threads have ended) a step's
+process enters I/O for good: the process computes no more, and the GPU is a guest's while
+it finishes and its lease is released.
+
 Outside the agent (``M27_CHANNEL`` unset) both calls cost one attribute test and do
 nothing: the same script runs by hand, under the agent, or in a test.
 """
 
 from __future__ import annotations
 
+import atexit
 import mmap
 import os
 import sys
@@ -310,12 +315,24 @@ def _step_channel() -> Channel | None:
                 try:
                     _channel = Channel.open(path)
                     _channel.mark_owner()
+                    atexit.register(_exiting, _channel, os.getpid())
                 except M27Error as exc:
                     # A step's computation is worth more than its telemetry: say it once
                     # and run as if outside the agent (the agent then pauses by signal).
                     print(f"m27: M27_CHANNEL ignored: {exc}", file=sys.stderr)
             _resolved = True
     return _channel
+
+
+def _exiting(channel: Channel, pid: int) -> None:
+    """At interpreter exit the step computes no more: it counts as waiting on I/O from
+    here on (its page keeps saying so once the process is gone), so the GPU goes to a
+    guest while the process finishes and its runner records the end and releases the
+    lease (tens of milliseconds, more on a loaded node), not after. Atexit handlers run
+    after the non-daemon threads have ended; a forked child that exits through atexit
+    does not speak for its parent."""
+    if channel is _channel and os.getpid() == pid:
+        channel.enter_io()
 
 
 def _reset_step_channel() -> None:

@@ -160,6 +160,34 @@ def test_gate_blocks_a_real_child_until_the_agent_opens_it(tmp_path: Path) -> No
         agent.close()
 
 
+EXIT_CHILD = """
+import os, sys
+from m27.step._channel import Channel, gate
+gate()  # resolves the step channel
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a forked child that exits through atexit: not the step's exit
+os.waitpid(pid, 0)
+print("computing" if not Channel.open(os.environ["M27_CHANNEL"]).io_waiting() else "idle")
+"""
+
+
+def test_a_step_counts_as_waiting_on_io_once_its_interpreter_exits(tmp_path: Path) -> None:
+    """The GPU of an exiting step is a guest's (the runner releases the lease later)."""
+    path = tmp_path / "step.chan"
+    agent = Channel.create(path)
+    env = dict(os.environ, M27_CHANNEL=str(path), PYTHONPATH=str(ROOT))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_CHILD], env=env, capture_output=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == b"computing\n"  # the forked child's exit did not speak for it
+        assert agent.io_waiting()  # and its own exit did
+    finally:
+        agent.close()
+
+
 def test_forked_child_can_use_io_wait_even_if_the_lock_was_held_at_fork(
     agent: Channel,
 ) -> None:
