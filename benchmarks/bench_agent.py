@@ -24,13 +24,18 @@ Reported:
 - guest pause time: primary leaves its I/O wait -> the guest's last compute chunk that
   began in the wait ends (0 if it ended first).
 
+Each step is a new Python process importing ``m27.step``; m27's modules are byte-compiled
+first (as ``pip install`` leaves them), so a step does not compile them again at every
+start where ``PYTHONDONTWRITEBYTECODE`` is set (``--no-compile``: as found).
+
     python benchmarks/bench_agent.py [--steps 8] [--cycles 4] [--compute 0.2] [--io 0.2] [--json]
-        [--modes tiers,tiers_tick,tiers_inferred,fifo]
+        [--modes tiers,tiers_tick,tiers_inferred,fifo] [--no-compile]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import math
 import sys
@@ -281,6 +286,9 @@ def main() -> int:
     p.add_argument("--modes", default=",".join([*AGENTS, "pair"]))
     p.add_argument("--json", action="store_true")
     p.add_argument(
+        "--no-compile", action="store_true", help="do not byte-compile m27 first (see above)"
+    )
+    p.add_argument(
         "--guests-per-gpu",
         type=int,
         default=PolicyConfig().guests_per_gpu,
@@ -288,6 +296,10 @@ def main() -> int:
     )
     args = p.parse_args()
     modes = [m for m in args.modes.split(",") if m]
+    if not args.no_compile:
+        import m27
+
+        compileall.compile_dir(Path(m27.__file__).parent, quiet=2)
     results: dict[str, Any] = {
         mode: run_mode(
             mode, args.steps, args.cycles, args.compute, args.io, guests_per_gpu=args.guests_per_gpu
