@@ -35,9 +35,15 @@ from m27.events._base import (
     RunEvent,
     StepEvent,
     decode,
-    decode_records,
     encode,
     event,
+)
+from m27.events._rows import (
+    Layouts,
+    current_layouts,
+    decode_records,
+    decode_row,
+    encode_positional,
 )
 from m27.events._run import (
     CancelRequested,
@@ -76,6 +82,7 @@ __all__ = [
     "GuestPaused",
     "GuestResumed",
     "GuestStarted",
+    "Layouts",
     "LeaseGranted",
     "LeaseReleased",
     "PriorityBumped",
@@ -102,8 +109,11 @@ __all__ = [
     "StepSkipped",
     "StepStarted",
     "StepSucceeded",
+    "current_layouts",
     "decode",
     "decode_records",
+    "decode_row",
     "encode",
+    "encode_positional",
     "event",
 ]

@@ -69,7 +69,7 @@ class Recorded:
     """An event as stored: its gapless sequence number in the node's log, and the event.
 
     Slotted: a replay makes one per event, and a slotted one is smaller and set up in a
-    third of the time (:func:`decode_records` sets its two slots directly).
+    third of the time (:func:`m27.events.decode_records` sets its two slots directly).
     """
 
     seq: int
@@ -129,7 +129,7 @@ def _plain(values: Iterable[Any]) -> bool:
     return True
 
 
-def decode(kind: str, version: int, payload: str | dict[str, Any]) -> Event:
+def decode(kind: str, version: int, payload: str | bytes | dict[str, Any]) -> Event:
     """Rebuild an event from storage; unknown kinds and newer versions fail loudly."""
     cls = EVENT_TYPES.get(kind)
     if cls is None:
@@ -141,7 +141,23 @@ def decode(kind: str, version: int, payload: str | dict[str, Any]) -> Event:
             version=version,
         )
     spec = _spec(cls)
-    data = _loads(payload, spec.ints) if isinstance(payload, str) else dict(payload)
+    if isinstance(payload, str | bytes):
+        try:
+            data = _loads(payload, spec.ints)
+        except ValueError as exc:
+            raise UnknownEventError(
+                f"event {kind} payload is not valid JSON: {exc}", kind=kind, version=version
+            ) from exc
+    else:
+        data = payload
+    if not isinstance(data, dict):
+        raise UnknownEventError(
+            f"event {kind} payload is a JSON {type(data).__name__}, not an object of its"
+            " fields (a positional row is read through its log's layouts)",
+            kind=kind,
+            version=version,
+        )
+    data = dict(data)
     for name in spec.tuples:
         value = data.get(name)
         if isinstance(value, list):
@@ -178,68 +194,14 @@ def decode(kind: str, version: int, payload: str | dict[str, Any]) -> Event:
         raise UnknownEventError(f"event {kind} payload does not fit: {exc}", kind=kind) from exc
 
 
-def decode_records(rows: Iterable[tuple[int, str, int, str]]) -> list[Recorded]:
-    """``Recorded(seq, decode(kind, version, payload))`` for each stored row, faster.
-
-    For rows m27 wrote itself (a replay reads a million of them): the plan of each kind
-    (class, version, field names, tuple fields) is looked up once per row in one dict, and
-    a payload that names exactly the fields of its kind, at a version this m27 knows,
-    becomes its event and its ``Recorded`` without any ``__init__``, as :func:`decode`'s
-    own fast path does. Every other row (an unknown kind, a newer version, an older
-    payload, a class that validates in ``__post_init__``) goes through :func:`decode` and
-    fails, or is filled with defaults, the same way.
-    """
-    out: list[Recorded] = []
-    append = out.append
-    plans = _PLANS
-    new = object.__new__
-    set_seq, set_event = _RECORDED_SEQ.__set__, _RECORDED_EVENT.__set__
-    loads, json_loads, bad_json = orjson.loads, json.loads, orjson.JSONDecodeError
-    for seq, kind, version, payload in rows:
-        plan = plans.get(kind) or _plan(kind)
-        ev: Event
-        if plan is None or version > plan[1]:
-            ev = decode(kind, version, payload)
-        else:
-            cls, _, known, ints, tuples = plan
-            try:
-                data = loads(payload)
-            except bad_json:
-                data = json_loads(payload)
-            for name in ints:
-                if data.get(name).__class__ is float:  # see _loads
-                    data = json_loads(payload)
-                    break
-            for name in tuples:
-                value = data.get(name)
-                if value.__class__ is list:
-                    data[name] = (
-                        tuple(map(tuple, value))
-                        if value and value[0].__class__ is list
-                        else tuple(value)
-                    )
-            if data.keys() == known:
-                ev = new(cls)
-                # update, not an assignment of ``__dict__``: measured 0.7-0.9 us per event
-                # faster in a 1M replay (the instance keeps its own compact dict)
-                ev.__dict__.update(data)
-            else:
-                ev = decode(kind, version, data)
-        record = new(Recorded)
-        set_seq(record, seq)
-        set_event(record, ev)
-        append(record)
-    return out
-
-
 #: The slot descriptors of Recorded: setting through them skips the frozen __setattr__.
 _RECORDED_SEQ: Any = Recorded.__dict__["seq"]
 _RECORDED_EVENT: Any = Recorded.__dict__["event"]
 
 
 class _Plan(typing.NamedTuple):
-    """What :func:`decode_records` needs of one kind that may skip ``__init__`` (a tuple:
-    unpacked at once in the loop)."""
+    """What :func:`m27.events.decode_records` needs of one kind whose named payloads may
+    skip ``__init__`` (a tuple: unpacked at once in the loop)."""
 
     cls: type[Event]
     version: int
@@ -266,7 +228,7 @@ def _plan(kind: str) -> _Plan | None:
     return found
 
 
-def _loads(payload: str, ints: tuple[str, ...] = ()) -> Any:
+def _loads(payload: str | bytes, ints: tuple[str, ...] = ()) -> Any:
     """json.loads, through orjson (~2x faster per payload) where it parses the text.
 
     ``json.dumps`` writes NaN and Infinity, and Python ints of any size. orjson refuses
@@ -278,6 +240,8 @@ def _loads(payload: str, ints: tuple[str, ...] = ()) -> Any:
         data = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return json.loads(payload)
+    if data.__class__ is not dict:
+        return data  # not an event's payload: decode says so
     for name in ints:
         if data.get(name).__class__ is float:
             return json.loads(payload)

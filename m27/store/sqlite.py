@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import sqlite3
 import threading
@@ -29,11 +30,20 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from m27._exceptions import StoreError, UnknownEventError
-from m27.events import Event, Recorded, decode, decode_records
+from m27.events import (
+    Event,
+    Layouts,
+    Recorded,
+    current_layouts,
+    decode_records,
+    decode_row,
+    encode_positional,
+)
 from m27.store import _encode
 
-#: The layout of the file; bump it (and migrate) when tables change.
-SCHEMA_VERSION = 1
+#: The layout of the file; bump it (and migrate) when tables change. 2: the ``layouts``
+#: table and positional payloads (a file of version 1 is migrated when opened).
+SCHEMA_VERSION = 2
 
 _MIN_POLL_S = 0.0005
 _MAX_POLL_S = 0.005
@@ -44,6 +54,8 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL,"
     " version INT NOT NULL, at REAL NOT NULL, payload TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS cursors (name TEXT PRIMARY KEY, seq INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS layouts (kind TEXT NOT NULL, version INT NOT NULL,"
+    " fields TEXT NOT NULL, PRIMARY KEY (kind, version))",
 )
 
 
@@ -70,9 +82,10 @@ class SqliteEventStore:
         # In-process appends wake followers at once; other processes are seen by polling.
         self._appended = threading.Condition()
         self._generation = 0
+        self._layouts = Layouts({})
         conn = self._connect()
         try:
-            self._init_schema(conn)
+            self._layouts = self._init_schema(conn)
         except BaseException:
             conn.close()
             raise
@@ -119,7 +132,8 @@ class SqliteEventStore:
                     raise
                 time.sleep(0.005)
 
-    def _init_schema(self, conn: sqlite3.Connection) -> None:
+    def _init_schema(self, conn: sqlite3.Connection) -> Layouts:
+        """Create or migrate the tables; record this m27's layouts; return the file's."""
         with self._failing("open event log"), _transaction(conn):
             has_meta = conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
@@ -137,9 +151,33 @@ class SqliteEventStore:
             for statement in _SCHEMA:
                 conn.execute(statement)
             conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (str(SCHEMA_VERSION),),
             )
+            # A (kind, version) recorded already keeps its layout: rows were written in it.
+            conn.executemany(
+                "INSERT OR IGNORE INTO layouts (kind, version, fields) VALUES (?, ?, ?)",
+                [(k, v, json.dumps(names)) for (k, v), names in current_layouts().items()],
+            )
+            recorded = conn.execute("SELECT kind, version, fields FROM layouts").fetchall()
+        return Layouts(
+            {(kind, version): self._layout(kind, fields) for kind, version, fields in recorded}
+        )
+
+    def _layout(self, kind: str, fields: str) -> list[str]:
+        """One recorded layout, checked: a list of field names."""
+        try:
+            names = json.loads(fields)
+        except (TypeError, ValueError):
+            names = None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise StoreError(
+                f"event log {self.path} has a garbled layout for {kind}: {fields!r}",
+                file=str(self.path),
+                kind=kind,
+            )
+        return names
 
     @contextlib.contextmanager
     def _conn(self) -> Iterator[sqlite3.Connection]:
@@ -170,7 +208,7 @@ class SqliteEventStore:
         if not events:
             return self.last_seq()
         # Encoded before the write lock is taken: other writers wait only for the inserts.
-        encoded = _encoded(events)
+        encoded = _encoded(events, self._layouts.writes)
         with self._conn() as conn, self._failing("append to event log"), _transaction(conn):
             (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
             conn.executemany(
@@ -269,13 +307,13 @@ class SqliteEventStore:
             ).fetchall()
         try:
             with _collector_paused(len(rows) >= _MANY_ROWS):
-                return decode_records(rows)
+                return decode_records(rows, self._layouts)
         except UnknownEventError:
             pass  # decode again one by one below, to name the row that failed
         out: list[Recorded] = []
         for seq, kind, version, payload in rows:
             try:
-                ev = decode(kind, version, payload)
+                ev = decode_row(kind, version, payload, self._layouts)
             except UnknownEventError as exc:
                 raise UnknownEventError(
                     f"{exc.message} (seq {seq} in {self.path})",
@@ -318,9 +356,19 @@ def _collector_paused(pause: bool) -> Iterator[None]:
         gc.enable()
 
 
-def _encoded(events: Sequence[Event]) -> list[tuple[str, int, str, float]]:
-    """(kind, version, payload, at) per event; one that fails to encode refuses the batch."""
-    return [(*_encode(ev), ev.at) for ev in events]
+def _encoded(
+    events: Sequence[Event], positional: frozenset[type[Event]]
+) -> list[tuple[str, int, str, float]]:
+    """(kind, version, payload, at) per event; one that fails to encode refuses the batch.
+
+    Positional where the file's layout of the kind is its class's field order and every
+    value is plain (:func:`m27.events.encode_positional`), named otherwise.
+    """
+    out = []
+    for ev in events:
+        row = encode_positional(ev) if type(ev) in positional else None
+        out.append((*(row or _encode(ev)), ev.at))
+    return out
 
 
 @contextlib.contextmanager
