@@ -287,6 +287,8 @@ def _place(ranked: list[Ranked], pa: _Pass, cpu_busy: int) -> None:
         _guests(qs.guest, pa)
         _guests(qs.background, pa)
     free_cpu = cfg.cpu_slots - cpu_busy
+    if pa.needs is not None and not pa.needs.cpu:
+        free_cpu = 0  # no cpu step waits: skip the scan of the queue for one
     for c in cpu_q if free_cpu > 0 else ():
         if free_cpu <= 0:
             break
@@ -477,6 +479,8 @@ def _background_on_free(queue: Iterable[Ranked], pa: _Pass) -> None:
     """Background work on GPUs that no gpu step took (nor holds by reservation)."""
     gpus, usable, now, actions, granted = pa.gpus, pa.usable, pa.now, pa.actions, pa.granted
     free = [i for i in usable if gpus[i].primary is None and gpus[i].reserved_for is None]
+    if not free:
+        return  # before the scan for the first background step, not after it
     for r in queue:
         if not free:
             return
