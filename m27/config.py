@@ -23,6 +23,11 @@ from types import MappingProxyType
 from typing import Any
 
 from m27._exceptions import ConfigError
+
+# (config_path and m27_home live in m27.paths now; re-exported where callers find them)
+from m27.paths import config_path as config_path
+from m27.paths import m27_home as m27_home
+from m27.paths import user_home
 from m27.units import parse_duration, parse_size
 
 
@@ -115,25 +120,6 @@ CHUNK_SIZE_ENV = "M2_CHUNK_SIZE"
 
 _SECTION_LINE = re.compile(r"^\s*\[([^\]]*)\]")
 _KEY_LINE = re.compile(r"^([^\s=:#;\[][^=:]*?)\s*[=:]")
-
-
-def m27_home(env: Mapping[str, str] | None = None) -> Path:
-    """The node's home: ``$M27_HOME``, default ``~/.m27`` (not created here)."""
-    return _path_from_env(env, "M27_HOME", ".m27")
-
-
-def config_path(env: Mapping[str, str] | None = None) -> Path:
-    """The settings file: ``$M27_CONFIG``, default ``~/.m2config``."""
-    return _path_from_env(env, "M27_CONFIG", ".m2config")
-
-
-def _path_from_env(env: Mapping[str, str] | None, name: str, default: str) -> Path:
-    """``$name`` (``~`` expanded) when set and not empty, else ``default`` in the user's home."""
-    env = os.environ if env is None else env
-    value = env.get(name)
-    if value:
-        return Path(value).expanduser()
-    return _user_home(env) / default
 
 
 def load_settings(env: Mapping[str, str] | None = None, path: Path | str | None = None) -> Settings:
@@ -310,14 +296,9 @@ def _suggest(word: str, choices: Mapping[str, Any] | tuple[str, ...]) -> str:
     return f"; known: {', '.join(options)}"
 
 
-def _user_home(env: Mapping[str, str]) -> Path:
-    home = env.get("HOME")
-    return Path(home) if home else Path.home()
-
-
 def _display(file: Path, env: Mapping[str, str]) -> str:
     """``~/.m2config`` for the usual file (as users write it), the full path otherwise."""
     try:
-        return "~/" + str(file.relative_to(_user_home(env)))
+        return "~/" + str(file.relative_to(user_home(env)))
     except ValueError:
         return str(file)

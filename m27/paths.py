@@ -17,11 +17,22 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from m27._exceptions import PathError
 
-__all__ = ["NAME_MAX", "NAME_PATTERN", "PART_MAX_BYTES", "join_under", "name_problem", "slug"]
+__all__ = [
+    "NAME_MAX",
+    "NAME_PATTERN",
+    "PART_MAX_BYTES",
+    "config_path",
+    "join_under",
+    "m27_home",
+    "name_problem",
+    "slug",
+    "user_home",
+]
 
 #: Longest step (or pipeline) name; `.slurm`, `.chan` or `.log` suffixes still fit in 255.
 NAME_MAX = 64
@@ -100,3 +111,31 @@ def _part_problem(part: str) -> str | None:
     if size > PART_MAX_BYTES:
         return f"it is {size} bytes long; a file name holds at most {PART_MAX_BYTES}"
     return None
+
+
+# -- where m27's own files are (here, not in m27.config: the warm client needs only this) --
+
+
+def m27_home(env: Mapping[str, str] | None = None) -> Path:
+    """The node's home: ``$M27_HOME``, default ``~/.m27`` (not created here)."""
+    return _path_from_env(env, "M27_HOME", ".m27")
+
+
+def config_path(env: Mapping[str, str] | None = None) -> Path:
+    """The settings file: ``$M27_CONFIG``, default ``~/.m2config``."""
+    return _path_from_env(env, "M27_CONFIG", ".m2config")
+
+
+def user_home(env: Mapping[str, str]) -> Path:
+    """``$HOME`` of `env`, else the account's home directory."""
+    home = env.get("HOME")
+    return Path(home) if home else Path.home()
+
+
+def _path_from_env(env: Mapping[str, str] | None, name: str, default: str) -> Path:
+    """``$name`` (``~`` expanded) when set and not empty, else ``default`` in the user's home."""
+    env = os.environ if env is None else env
+    value = env.get(name)
+    if value:
+        return Path(value).expanduser()
+    return user_home(env) / default

@@ -53,6 +53,7 @@ __all__ = [
     "run_warm",
     "runner_pid",
     "serve_runner",
+    "small_ca_file",
 ]
 
 #: Name of the file that tells a client (and `bench_startup.py`) the runner's pid.
@@ -110,20 +111,27 @@ def runner_pid(home: Path) -> int | None:
     return pid if liveness.alive(pid) else None
 
 
-def run_settings() -> contextlib.AbstractContextManager[object]:
+def run_settings(
+    ca_file: Path | None = None, *, own_server: bool = False
+) -> contextlib.AbstractContextManager[object]:
     """Prefect settings for a run, around its flow (and entered once for its whole life by
     the warm runner, so forked runs inherit them instead of each paying a settings copy,
     ~0.2 s of CPU):
 
     - no flow heartbeats: OSS Prefect does nothing with them, the node service's crash
       watcher is what marks a dead run Crashed, and joining their thread costs ~1 s;
-    - with a plain ``http://`` API (the node's own server on 127.0.0.1) no CA bundle:
-      Prefect builds a certificate-verifying SSL context for each of the ~4 API clients of
-      a run (parsing certifi's bundle, 15-45 ms each here) that plain HTTP never uses.
+    - with a plain ``http://`` API and a `ca_file` (the warm runner's, :func:`small_ca_file`),
+      that file as Prefect's CA bundle: Prefect builds a certificate-verifying SSL context
+      for each of a run's ~4 API clients, parsing a whole CA bundle each time (30-60 ms of
+      CPU each here), though plain HTTP never uses it. A one-certificate bundle costs
+      ~0.2 ms, and anything that did try TLS would still verify (against that one root);
+    - with the node's `own_server` (started without CSRF protection, Prefect's default:
+      m27.node.prefect_server.server_env), no CSRF token fetched by each API client.
     """
     from prefect.settings import (
-        PREFECT_API_TLS_INSECURE_SKIP_VERIFY,
+        PREFECT_API_SSL_CERT_FILE,
         PREFECT_API_URL,
+        PREFECT_CLIENT_CSRF_SUPPORT_ENABLED,
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         temporary_settings,
     )
@@ -132,11 +140,73 @@ def run_settings() -> contextlib.AbstractContextManager[object]:
     if PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is not None:
         updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
     url = PREFECT_API_URL.value() or ""
-    if url.startswith("http://") and not PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value():
-        updates[PREFECT_API_TLS_INSECURE_SKIP_VERIFY] = True
+    # (its default is $SSL_CERT_FILE, a system's full bundle: only an explicit setting wins)
+    if ca_file is not None and url.startswith("http://") and not _said("PREFECT_API_SSL_CERT_FILE"):
+        updates[PREFECT_API_SSL_CERT_FILE] = str(ca_file)
+    if own_server and PREFECT_CLIENT_CSRF_SUPPORT_ENABLED.value():
+        updates[PREFECT_CLIENT_CSRF_SUPPORT_ENABLED] = False
     if not updates:
         return contextlib.nullcontext()
     return temporary_settings(updates=updates)
+
+
+def _said(name: str) -> bool:
+    """Whether the user set Prefect setting `name` (its environment variable or profile)."""
+    from prefect.settings import get_current_settings
+
+    return name in os.environ or name in get_current_settings().to_environment_variables(
+        exclude_unset=True
+    )
+
+
+def small_ca_file(home: Path) -> Path | None:
+    """A CA bundle of one certificate (certifi's first) under `home`, for :func:`run_settings`;
+    None when it cannot be written (runs then parse the full bundle, as before)."""
+    import certifi
+
+    marker = "-----END CERTIFICATE-----"
+    try:
+        bundle = Path(certifi.where()).read_text(encoding="ascii")
+        start = bundle.index("-----BEGIN CERTIFICATE-----")
+        pem = bundle[start : bundle.index(marker, start) + len(marker)] + "\n"
+        path = home / "prefect" / "http-only-ca.pem"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(pem, encoding="ascii")
+        os.replace(tmp, path)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return path
+
+
+def _open_store_once(home: Path) -> None:
+    """Open (and close) the node's event log once: the per-kind row codecs it builds (type
+    hints of every event class, ~0.05-0.1 s of CPU) are then inherited by every forked run.
+    Nothing stays open across a fork."""
+    from m27.store.sqlite import open_store
+
+    with contextlib.suppress(Exception), open_store(home):
+        pass
+
+
+def _check_server_version() -> None:
+    """Prefect checks the API server's version once per process and API address (the HTTP
+    clients and the events websocket each: 2 requests, 2 clients per run): done here,
+    before forking, every forked run inherits the result. Both connections are closed
+    again; a server that cannot be reached now is checked by each run instead."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.events.clients import PrefectEventsClient
+
+    async def events() -> None:
+        async with PrefectEventsClient():
+            pass
+
+    with contextlib.suppress(Exception), get_client(sync_client=True) as client:
+        client.raise_for_api_version_mismatch_once()
+    with contextlib.suppress(Exception):
+        asyncio.run(events())
 
 
 def prefect_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -159,23 +229,17 @@ def _send(conn: socket.socket, message: dict[str, Any]) -> None:
 
 def run_warm(args: list[str]) -> int | None:
     """Run `m27 run ARGS` in the node's warm runner; its exit code, or None when it cannot
-    (no ready node service, no runner, a different Python, m27 or Prefect setting)."""
+    (no runner, or it refused: no ready node service, a different Python, m27 or Prefect
+    setting). Imports next to nothing: the runner checks the service, not the client."""
     if os.environ.get("M27_WARM", "1") == "0" or "--verbose" in args:
         return None
-    from m27.config import m27_home
-    from m27.node.service import find_service, touch
+    from m27.paths import m27_home
 
-    home = m27_home()
-    info = find_service(home)  # (the forked run checks its Prefect server, as runs do)
-    if info is None or info.state != "ready":
-        return None
     env = dict(os.environ)
     prefect_defaults(env, verbose=False)
-    env["PREFECT_API_URL"] = info.url
-    touch(home)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        conn.connect(address(home))
+        conn.connect(address(m27_home()))
     except OSError:
         conn.close()
         return None
@@ -408,13 +472,25 @@ class _Runner:
         return None
 
     def _refusal(self, request: dict[str, Any], fds: list[int]) -> str:
+        """Why the run cannot be forked from here ("" when it can); a run the runner takes
+        uses the node service's Prefect API unless it names the same one itself."""
+        from m27.node.service import find_service, touch
+
         if len(fds) != 3:
             return "stdin, stdout and stderr are needed"
         for key, value in self.identity.items():
             if request.get(key) != value:
                 return f"a different {key}: {request.get(key)!r}"
-        if prefect_env(dict(request.get("env", {}))) != self.prefect:
+        info = find_service(self.home)
+        if info is None or info.state != "ready":
+            return "the node service is not ready"
+        env = request.get("env")
+        if not isinstance(env, dict):
+            return "no environment"
+        env.setdefault("PREFECT_API_URL", info.url)
+        if prefect_env(env) != self.prefect:
             return "different PREFECT_* settings"
+        touch(self.home)  # a run counts as the service's activity (idle stop)
         return ""
 
     def _reap(self, pidfd: int) -> None:
@@ -435,6 +511,24 @@ class _Runner:
         self.stop = True
 
 
+def _complete_models() -> None:
+    """Build every pydantic model that Prefect defers (``defer_build``) now, once: a forked
+    run would otherwise build the ~15 it touches itself, ~0.14 s of CPU per run."""
+    from pydantic import BaseModel
+
+    todo: list[type[BaseModel]] = [BaseModel]
+    seen: set[type[BaseModel]] = set()
+    while todo:
+        for cls in todo.pop().__subclasses__():
+            if cls not in seen:
+                seen.add(cls)
+                todo.append(cls)
+    for cls in seen:
+        if not cls.__pydantic_complete__:
+            with contextlib.suppress(Exception):  # a model whose forward refs never resolve
+                cls.model_rebuild()
+
+
 def serve_runner(argv: list[str], entry: Callable[[list[str]], int]) -> int:
     """``python -m m27.cli --warm-runner HOME SERVICE_PID``: import everything a run needs,
     then serve; a forked child runs `entry` (the `m27` command's main) with its client's
@@ -446,10 +540,16 @@ def serve_runner(argv: list[str], entry: Callable[[list[str]], int]) -> int:
 
     for name in PRELOAD:
         importlib.import_module(name)
+    _complete_models()
+    _open_store_once(home)
     # Entered for the runner's life, so every forked run inherits it (the object is kept:
     # a collected generator context would exit).
-    _KEPT.append(run_settings())
+    from m27.node.service import find_service
+
+    info = find_service(home)
+    _KEPT.append(run_settings(small_ca_file(home), own_server=bool(info and info.own_server)))
     _KEPT[-1].__enter__()
+    _check_server_version()
     runner = _Runner(home, parent)
     signal.signal(signal.SIGTERM, runner.on_term)
     print(f"m27 warm runner: pid {os.getpid()} ready", flush=True)

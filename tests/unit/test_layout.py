@@ -75,6 +75,8 @@ SIDEWAYS: dict[tuple[str, str], str] = {
     ("m27.executors", "m27.checkpoint"): "a requeued Slurm step resumes from its checkpoint",
     ("m27.executors", "m27.spec"): "the Slurm script reads the slurm: keys the spec validates",
     ("m27.config", "m27.units"): "settings are sizes and durations, parsed by m27.units",
+    ("m27.config", "m27.paths"): "where the home and settings file are: m27.paths, which the "
+    "warm runner's client imports without the settings parser",
 }
 
 

@@ -142,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
     flow_state: Any = None
     try:
         with run_settings():
-            flow_state = pipeline_flow.with_options(flow_run_name=f"{pipeline.name}/{run_id}")(
+            # (the flow names its run itself: with_options would rebuild its parameter
+            # schema, ~0.07 s per run)
+            flow_state = pipeline_flow(
                 spec_path=str(pipeline.path),
                 overrides=overrides,
                 run_id=run_id,
