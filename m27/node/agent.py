@@ -31,7 +31,6 @@ import math
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -55,7 +54,7 @@ from m27.events import (
 )
 from m27.gpu import GpuBackend, GpuSample
 from m27.node.book import Book, Held, policy_input
-from m27.node.follow import IoWatch, arm_standby
+from m27.node.follow import FollowControl, IoWatch
 from m27.node.guests import GuestControl
 from m27.node.memory import PeakMemory
 from m27.node.report import Health, Sampler, remove_snapshot, snapshot, write_snapshot
@@ -101,7 +100,7 @@ def channel_path(home: Path, key: StepKey) -> Path:
     return join_under(home, "channels", run, f"{step}.chan")
 
 
-class Agent(GuestControl):
+class Agent(GuestControl, FollowControl):
     """The node loop. ``start()`` replays the log; ``tick()`` is one pass; ``run(stop)``
     loops until `stop` is set. Not thread-safe: one thread drives it."""
 
@@ -199,79 +198,6 @@ class Agent(GuestControl):
         self.backend.close()
 
     # -- one pass -----------------------------------------------------------------------
-
-    def _follow(self, decision: Decision, now: float) -> None:
-        """Standby guests follow their primary's hint; remember the I/O states now."""
-        self._standby = decision.standby
-        self._arm()
-        primaries, channels, hints = self.book.primaries(), self._channels, self._hints
-        hosted = self._hosted()
-        self._watch.seen = self._watch.state(primaries, hosted, channels, hints, self._low, now)
-
-    def _arm(self) -> None:
-        """Set the standby guests' gates (m27.node.follow.arm_standby)."""
-        self._armed = due = self._dues()
-        held, primaries, stopped = self.book.held, self.book.primaries(), self._stopped
-        paused = self._paused_now
-        arm_standby(
-            self._standby, held, primaries, self._channels, stopped, paused, self._hints, due
-        )
-
-    def _dues(self) -> dict[int, float]:
-        """Per GPU whose primary shows no compute: the ``time.monotonic()`` at which that
-        has lasted ``io_timeout`` (a standby guest's gate deadline). Fixed once per idle
-        spell; none with an injected clock (the step's process reads the real one)."""
-        if not isinstance(self.clock, SystemClock):
-            return {}
-        kept: dict[int, tuple[tuple[StepKey, float], float]] = {}
-        for gpu, low in self._low.items():
-            old = self._due.get(gpu)
-            if old is None or old[0] != low:
-                at = time.monotonic() + low[1] + self.config.io_timeout - self.clock.now()
-                old = (low, at)
-            kept[gpu] = old
-        self._due = kept
-        return {gpu: at for gpu, (_, at) in kept.items()}
-
-    def _hosted(self) -> set[int]:
-        return {h.gpus[0] for h in self.book.held.values() if h.guest and h.gpus}
-
-    def _wait(self, timeout: float) -> int:
-        """Like :meth:`poll`, but while guests are hosted, return early (0) when a
-        primary's I/O state changed since the last tick (m27.node.follow).
-
-        Utilization is sampled every ``slice_s``; an inferred I/O wait is due exactly
-        ``io_timeout`` after the first sample that saw its primary idle, and the wait
-        ends at that moment, not at the next slice (the guest's reaction is then
-        ``io_timeout`` plus one sampling slice at most, plus the tick)."""
-        hosted = self._hosted()
-        if not hosted:
-            return self.poll(timeout)
-        watch, primaries, clock = self._watch, self.book.primaries(), self.clock
-        deadline = time.monotonic() + timeout
-        sample_at = time.monotonic() + watch.slice_s  # the tick has just sampled
-        while True:
-            mono = time.monotonic()
-            left = deadline - mono
-            if left <= 0:
-                return 0
-            if mono >= sample_at:  # utilization, for inferred I/O waits
-                now = clock.now()
-                self._views(self._sampler.sample(now), now)
-                if self._dues() != self._armed:  # a primary went idle, or computes again
-                    self._arm()
-                mono = time.monotonic()
-                sample_at = mono + watch.slice_s
-            now = clock.now()
-            io = watch.state(primaries, hosted, self._channels, self._hints, self._low, now)
-            if io != watch.seen:
-                return 0
-            waiting = {g for g in hosted if not watch.seen.get(g, False)}
-            due = watch.next_due(self._low, waiting) - now
-            step = min(sample_at - mono, left, max(due, 0.0))
-            n = self.poll(step) if step > 0 else 0
-            if n:
-                return n
 
     def poll(self, timeout: float = 0.0) -> int:
         """Apply the events appended since the last pass; waits up to `timeout` for one."""

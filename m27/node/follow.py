@@ -22,13 +22,17 @@ primary's ``with m27.io_wait():`` is often shorter than that. Two things close t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 
-from m27.node.book import Held
-from m27.policy import PolicyConfig, StepKey
+from m27.clock import Clock, SystemClock
+from m27.gpu import GpuSample
+from m27.node.book import Book, Held
+from m27.node.report import Sampler
+from m27.policy import Decision, GpuView, PolicyConfig, StepKey
 from m27.step import Channel
 
-__all__ = ["IoWatch", "arm_standby"]
+__all__ = ["FollowControl", "IoWatch", "arm_standby"]
 
 
 def arm_standby(
@@ -111,3 +115,104 @@ class IoWatch:
         """The earliest time an inferred I/O wait on a hosting GPU reaches ``io_timeout``."""
         due = [since + self.config.io_timeout for g, (_, since) in low_since.items() if g in hosted]
         return min(due, default=float("inf"))
+
+
+class FollowControl:
+    """The agent between two ticks: the standby guests' gates and the wait that ends
+    when an I/O state changes. Part of :class:`m27.node.agent.Agent` (mixed in, as
+    :class:`m27.node.guests.GuestControl`); the attributes are the agent's own."""
+
+    book: Book
+    clock: Clock
+    config: PolicyConfig
+    _channels: dict[StepKey, Channel]
+    _stopped: set[StepKey]
+    _paused_now: dict[StepKey, bool]
+    _standby: Mapping[int, StepKey]
+    _due: dict[int, tuple[tuple[StepKey, float], float]]
+    _armed: dict[int, float]
+    _watch: IoWatch
+    _low: dict[int, tuple[StepKey, float]]
+    _sampler: Sampler
+
+    def poll(self, timeout: float = 0.0) -> int:
+        raise NotImplementedError
+
+    def _views(self, samples: list[GpuSample], now: float) -> list[GpuView]:
+        raise NotImplementedError
+
+    def _hints(self, key: StepKey) -> bool:
+        raise NotImplementedError
+
+    def _follow(self, decision: Decision, now: float) -> None:
+        """Standby guests follow their primary's hint; remember the I/O states now."""
+        self._standby = decision.standby
+        self._arm()
+        primaries, channels, hints = self.book.primaries(), self._channels, self._hints
+        hosted = self._hosted()
+        self._watch.seen = self._watch.state(primaries, hosted, channels, hints, self._low, now)
+
+    def _arm(self) -> None:
+        """Set the standby guests' gates (m27.node.follow.arm_standby)."""
+        self._armed = due = self._dues()
+        held, primaries, stopped = self.book.held, self.book.primaries(), self._stopped
+        paused = self._paused_now
+        arm_standby(
+            self._standby, held, primaries, self._channels, stopped, paused, self._hints, due
+        )
+
+    def _dues(self) -> dict[int, float]:
+        """Per GPU whose primary shows no compute: the ``time.monotonic()`` at which that
+        has lasted ``io_timeout`` (a standby guest's gate deadline). Fixed once per idle
+        spell; none with an injected clock (the step's process reads the real one)."""
+        if not isinstance(self.clock, SystemClock):
+            return {}
+        kept: dict[int, tuple[tuple[StepKey, float], float]] = {}
+        for gpu, low in self._low.items():
+            old = self._due.get(gpu)
+            if old is None or old[0] != low:
+                at = time.monotonic() + low[1] + self.config.io_timeout - self.clock.now()
+                old = (low, at)
+            kept[gpu] = old
+        self._due = kept
+        return {gpu: at for gpu, (_, at) in kept.items()}
+
+    def _hosted(self) -> set[int]:
+        return {h.gpus[0] for h in self.book.held.values() if h.guest and h.gpus}
+
+    def _wait(self, timeout: float) -> int:
+        """Like :meth:`poll`, but while guests are hosted, return early (0) when a
+        primary's I/O state changed since the last tick (m27.node.follow).
+
+        Utilization is sampled every ``slice_s``; an inferred I/O wait is due exactly
+        ``io_timeout`` after the first sample that saw its primary idle, and the wait
+        ends at that moment, not at the next slice (the guest's reaction is then
+        ``io_timeout`` plus one sampling slice at most, plus the tick)."""
+        hosted = self._hosted()
+        if not hosted:
+            return self.poll(timeout)
+        watch, primaries, clock = self._watch, self.book.primaries(), self.clock
+        deadline = time.monotonic() + timeout
+        sample_at = time.monotonic() + watch.slice_s  # the tick has just sampled
+        while True:
+            mono = time.monotonic()
+            left = deadline - mono
+            if left <= 0:
+                return 0
+            if mono >= sample_at:  # utilization, for inferred I/O waits
+                now = clock.now()
+                self._views(self._sampler.sample(now), now)
+                if self._dues() != self._armed:  # a primary went idle, or computes again
+                    self._arm()
+                mono = time.monotonic()
+                sample_at = mono + watch.slice_s
+            now = clock.now()
+            io = watch.state(primaries, hosted, self._channels, self._hints, self._low, now)
+            if io != watch.seen:
+                return 0
+            waiting = {g for g in hosted if not watch.seen.get(g, False)}
+            due = watch.next_due(self._low, waiting) - now
+            step = min(sample_at - mono, left, max(due, 0.0))
+            n = self.poll(step) if step > 0 else 0
+            if n:
+                return n
