@@ -1,14 +1,18 @@
 """Event log benchmark: m27's SQLite EventStore against raw sqlite3 on the same rows.
 
-    python benchmarks/bench_store.py [--events 1000000] [--batch 100] [--json]
+    python benchmarks/bench_store.py [--events 1000000] [--batch 100] [--named] [--json]
 
 A mix of typical events (StepStarted, StepSucceeded, GuestPaused, GuestResumed) is
 appended in batches of --batch through ``SqliteEventStore.append`` and, as the baseline,
-as pre-encoded rows with a bare ``executemany`` + ``COMMIT`` per batch on a sqlite3
-connection with the same pragmas (WAL, synchronous=NORMAL): the floor SQLite itself sets.
-Then the whole log is replayed with ``store.read()`` (every row decoded into an event)
-against ``SELECT ... fetchall()`` of the raw rows. The two sides take turns (blocks of
-50k events; three replay rounds, the fastest kept), so a busy machine slows both alike.
+as pre-encoded rows (the very payloads m27 stores: positional JSON arrays) with a bare
+``executemany`` + ``COMMIT`` per batch on a sqlite3 connection with the same pragmas (WAL,
+synchronous=NORMAL): the floor SQLite itself sets. Then the whole log is replayed with
+``store.read()`` (every row decoded into an event) against ``SELECT ... fetchall()`` of
+the raw rows. The two sides take turns (blocks of 50k events; three replay rounds, the
+fastest kept), so a busy machine slows both alike. A replay's time includes freeing what
+it read (the list is dropped), on both sides; ``replay_free_s*`` says how much of it that
+was. ``--named`` also replays the same events stored in the named format (JSON objects,
+what every log before schema version 2 holds) through the same m27, in the same rounds.
 Ratios are m27 / baseline, same run, in wall time and in CPU time of this process (the
 steadier figure on a shared machine); the load average is recorded before and after.
 Targets (issue 16): append >= 50k events/s batched, replay of 1M events <= 5 s.
@@ -26,9 +30,17 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from m27.events import Event, GuestPaused, GuestResumed, StepStarted, StepSucceeded, encode
+from m27.events import (
+    Event,
+    GuestPaused,
+    GuestResumed,
+    StepStarted,
+    StepSucceeded,
+    encode,
+    encode_positional,
+)
 from m27.store.sqlite import SqliteEventStore
 
 TARGET_APPEND_PER_S = 50_000.0
@@ -72,8 +84,8 @@ class M27Side:
         for first in range(0, len(events), batch):
             self.store.append(events[first : first + batch])
 
-    def replay(self) -> int:
-        return len(self.store.read())
+    def replay(self) -> list[Any]:
+        return self.store.read()
 
     def close(self) -> None:
         self.store.close()
@@ -82,7 +94,8 @@ class M27Side:
 class RawSide:
     """The floor: the same rows, pre-encoded, inserted and selected with bare sqlite3."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, named: bool = False) -> None:
+        self.named = named
         self.conn = sqlite3.connect(path, isolation_level=None)
         self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute("PRAGMA synchronous = NORMAL")
@@ -96,7 +109,8 @@ class RawSide:
         out = []
         for ev in events:
             self.seq += 1
-            kind, version, payload = encode(ev)
+            row = None if self.named else encode_positional(ev)
+            kind, version, payload = row or encode(ev)
             out.append((self.seq, kind, version, ev.at, payload))
         return out
 
@@ -107,15 +121,34 @@ class RawSide:
             self.conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", chunk)
             self.conn.execute("COMMIT")
 
-    def replay(self) -> int:
-        return len(
-            self.conn.execute(
-                "SELECT seq, kind, version, payload FROM events WHERE seq > 0 ORDER BY seq"
-            ).fetchall()
-        )
+    def replay(self) -> list[Any]:
+        return self.conn.execute(
+            "SELECT seq, kind, version, payload FROM events WHERE seq > 0 ORDER BY seq"
+        ).fetchall()
 
     def close(self) -> None:
         self.conn.close()
+
+
+class Replay(NamedTuple):
+    """One replay round: seconds in all (reading, then freeing what was read) and of
+    freeing alone, wall and CPU."""
+
+    wall: float
+    cpu: float
+    free_wall: float
+    free_cpu: float
+
+
+def _replay(side: M27Side | RawSide, count: int) -> Replay:
+    """Read the whole log and drop it, timed in two parts (the total is the figure)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    got = side.replay()
+    wall_read, cpu_read = time.perf_counter(), time.process_time()
+    assert len(got) == count
+    del got
+    wall_end, cpu_end = time.perf_counter(), time.process_time()
+    return Replay(wall_end - wall, cpu_end - cpu, wall_end - wall_read, cpu_end - cpu_read)
 
 
 #: Events per block: m27 and the baseline take turns, so both see the same machine load.
@@ -142,12 +175,14 @@ class Clock:
         self.cpu.append(time.process_time() - cpu)
 
 
-def run(count: int, batch: int, root: Path) -> dict[str, Any]:
+def run(count: int, batch: int, root: Path, *, named: bool = False) -> dict[str, Any]:
     """Append in alternating blocks, then replay in alternating rounds (fastest kept)."""
     load_before = _loadavg()
     m27, raw = M27Side(root / "m27.db"), RawSide(root / "raw.db")
+    old = RawSide(root / "named.db", named=True) if named else None
     append_m27, append_raw = Clock(), Clock()
-    replay_m27, replay_raw = Clock(), Clock()
+    replays: dict[str, list[Replay]] = {"m27": [], "raw": [], "named": []}
+    sides: list[tuple[str, M27Side | RawSide]] = [("raw", raw), ("m27", m27)]
     try:
         for first in range(0, count, BLOCK):
             events = [sample(i) for i in range(first, min(count, first + BLOCK))]
@@ -156,26 +191,34 @@ def run(count: int, batch: int, root: Path) -> dict[str, Any]:
                 raw.append(rows, batch)
             with append_m27.timing():
                 m27.append(events, batch)
+            if old is not None:  # not timed: what an older m27 wrote, read by this one
+                old.append(old.rows(events), batch)
+        if old is not None:
+            old.close()
+            sides.append(("named", M27Side(root / "named.db")))
         for _ in range(REPLAY_ROUNDS):
-            with replay_raw.timing():
-                assert raw.replay() == count
-            with replay_m27.timing():
-                assert m27.replay() == count
+            for name, side in sides:
+                replays[name].append(_replay(side, count))
     finally:
-        m27.close()
-        raw.close()
+        for _, side in sides:
+            side.close()
     scale = 1_000_000 / count
     res: dict[str, Any] = {
         "events": count,
         "batch": batch,
-        "baseline": "bare sqlite3 executemany/SELECT on pre-encoded rows, same pragmas,"
-        f" alternating with m27 in blocks of {BLOCK} (append) and {REPLAY_ROUNDS} rounds"
-        " (replay, fastest of each kept)",
+        "baseline": "bare sqlite3 executemany/SELECT on the same pre-encoded rows, same"
+        f" pragmas, alternating with m27 in blocks of {BLOCK} (append) and {REPLAY_ROUNDS}"
+        " rounds (replay, fastest of each kept)",
         "loadavg": load_before,
     }
     for clock, suffix in (("wall", ""), ("cpu", "_cpu")):
         a_m27, a_raw = sum(getattr(append_m27, clock)), sum(getattr(append_raw, clock))
-        r_m27, r_raw = min(getattr(replay_m27, clock)), min(getattr(replay_raw, clock))
+        best = {
+            name: min(rounds, key=lambda r: getattr(r, clock))
+            for name, rounds in replays.items()
+            if rounds
+        }
+        r_m27, r_raw = getattr(best["m27"], clock), getattr(best["raw"], clock)
         res |= {
             f"append_per_s{suffix}": count / a_m27,
             f"append_per_s{suffix}_baseline": count / a_raw,
@@ -185,7 +228,16 @@ def run(count: int, batch: int, root: Path) -> dict[str, Any]:
             f"replay_ratio{suffix}": r_m27 / r_raw,
             f"replay_1m_s{suffix}": r_m27 * scale,
             f"replay_1m_s{suffix}_baseline": r_raw * scale,
+            f"replay_free_s{suffix}": getattr(best["m27"], f"free_{clock}"),
+            f"replay_free_s{suffix}_baseline": getattr(best["raw"], f"free_{clock}"),
         }
+        if "named" in best:
+            r_named = getattr(best["named"], clock)
+            res |= {
+                f"replay_named_s{suffix}": r_named,
+                f"replay_named_ratio{suffix}": r_named / r_raw,
+                f"replay_named_1m_s{suffix}": r_named * scale,
+            }
     res |= {
         "append_target_per_s": TARGET_APPEND_PER_S,
         "replay_1m_target_s": TARGET_REPLAY_1M_S,
@@ -210,11 +262,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--quick", action="store_true", help="100k events")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--named", action="store_true", help="also replay the events in the named format"
+    )
     args = parser.parse_args(argv)
     count = 100_000 if args.quick else args.events
     root = Path(tempfile.mkdtemp(prefix="m27-bench-store-"))
     try:
-        res = run(count, args.batch, root)
+        res = run(count, args.batch, root, named=args.named)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
@@ -238,6 +293,16 @@ def main(argv: list[str]) -> int:
             f"| 1M <= {TARGET_REPLAY_1M_S:.0f} s "
             f"(here {res[f'replay_1m_s{suffix}']:.2f} s per 1M) |"
         )
+        print(
+            f"| of which freeing the events ({clock}) | {res[f'replay_free_s{suffix}']:.2f} s "
+            f"| {res[f'replay_free_s{suffix}_baseline']:.2f} s | | |"
+        )
+        if f"replay_named_s{suffix}" in res:
+            print(
+                f"| replay, named (old) rows ({clock}) | {res[f'replay_named_s{suffix}']:.2f} s "
+                f"| {res[f'replay_s{suffix}_baseline']:.2f} s "
+                f"| {res[f'replay_named_ratio{suffix}']:.2f}x | |"
+            )
     return 0
 
 
