@@ -266,18 +266,19 @@ def pipeline_flow(
     except StoreError as exc:  # a full disk, say: `m27 run` or the crash watcher closes the run
         return Failed(message=f"the event log failed: {exc}")  # a state: no traceback logged
     finally:
+        # The followers end at the next event: the run's end, appended below (joining them
+        # here would wait out a poll, 0.05-0.1 s of every run's exit).
         stop_watch.set()
-        watcher.join(timeout=2)
         _RUNS.pop(run_id, None)
-        run.lease.close()
+        run.lease.close(wait=False)
         if agent is not None:
             agent.stop()
     duration = _now() - started
     failed = tuple(n for n, o in outcome.items() if o == "failed")
-    if run.cancel.is_set():
+    cancelled = run.cancel.is_set()
+    if cancelled:
         _finish(run, RunCancelled(at=_now(), run_id=run_id, reason="cancel requested"))
-        return Cancelled(message=f"run {run_id} cancelled")
-    if failed:
+    elif failed:
         _finish(
             run,
             RunFailed(
@@ -288,14 +289,20 @@ def pipeline_flow(
                 reason=f"step {failed[0]} failed",
             ),
         )
+    else:
+        _finish(run, RunSucceeded(at=_now(), run_id=run_id, duration_s=duration))
+    watcher.join(timeout=2)
+    run.lease.close()
+    if cancelled:
+        return Cancelled(message=f"run {run_id} cancelled")
+    if failed:
         return Failed(message=f"run {run_id}: step(s) {', '.join(failed)} failed")
-    _finish(run, RunSucceeded(at=_now(), run_id=run_id, duration_s=duration))
     return {"run_id": run_id, "steps": outcome}
 
 
 def _finish(run: _Run, end: Event) -> None:
     """Record the run's end, then show its summary and plots in Prefect (flows/summary.py)."""
-    run.append(end)
+    run.append(end)  # (wakes the cancel watcher and the lease follower: they end now)
     records = run.store.read(run.first_seq)
     state = fold(r for r in records if getattr(r.event, "run_id", None) == run.run_id)
     summary.publish(state, run.run_id, run.pipeline.workdir)

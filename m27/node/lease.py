@@ -159,11 +159,13 @@ class AgentLease:
             [ev.LeaseReleased(at=self.clock.now(), run_id=run_id, step=step, gpus=granted.gpus)]
         )
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop following the log; with `wait`, until the follower has ended (it notices
+        at its next event or poll: a run appends its end first, so it need not wait)."""
         self._closed.set()
         with self._cond:
             self._cond.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if wait and self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
 
     # -- the follower -------------------------------------------------------------------
