@@ -84,7 +84,8 @@ class Live:
         self.started_at: float | None = None
         self.finished_at: float | None = None
         #: a scheduler's own view of this job; the engine clears it on every change of
-        #: role, tier, pause or phase, so the scheduler rebuilds it only then.
+        #: role, tier or pause (a phase change only lists the job in `SimState.touched`:
+        #: the scheduler checks what a phase can change), so it is rebuilt only then.
         self.memo: Running | None = None
 
     @property
@@ -111,6 +112,8 @@ class SimState:
     #: the leases changed since the scheduler's last step (emptied after each), so it can
     #: rebuild only their views instead of every lease's on every change
     touched: list[Live] = field(default_factory=list)
+    #: how many waiting steps want a GPU (kept by the engine: read at every instant)
+    gpu_waiting: int = 0
 
     @property
     def cpu_running(self) -> int:
@@ -211,13 +214,14 @@ class _Engine:
         self.lives[job_id] = lv
         self.st.pending[job_id] = lv
         self.st.pending_version += 1
+        if lv.job.type != "cpu":
+            self.st.gpu_waiting += 1
         self.st.by_key[lv.job.key] = job_id
 
     def track_queue(self, now: float, closing: bool = False) -> None:
         st = self.st
         waiting = not closing and (
-            any(lv.job.type != "cpu" for lv in st.pending.values())
-            or any(self.st.running[g].paused for gs in st.guests for g in gs)
+            st.gpu_waiting > 0 or any(st.running[g].paused for gs in st.guests for g in gs)
         )
         if waiting and self.queued_since is None:
             self.queued_since = now
@@ -256,11 +260,15 @@ class _Engine:
 
     def phase_end(self, lv: Live, now: float) -> None:
         self.stop(lv, now)
-        self.touch(lv)
+        # the lease itself is unchanged: its `memo` stays (the scheduler checks the I/O
+        # flag, the one thing of its view a phase changes), but the layout moves on
+        self.st.lease_version += 1
+        self.st.touched.append(lv)
         lv.phase += 1
         lv.phase_started = now
-        if lv.phase < len(lv.job.phases):
-            lv.remaining = lv.job.phases[lv.phase][1]
+        phases = lv.job.phases
+        if lv.phase < len(phases):
+            lv.remaining = phases[lv.phase][1]
             if lv.role != "guest" or not lv.paused or _io_goes_on(lv):
                 self.go(lv, now)
             return
@@ -299,6 +307,8 @@ class _Engine:
                 st.pending_version += 1
                 if st.pending.pop(lv.job.id, None) is None:
                     raise SimulationError(f"{a.key} granted twice", step=a.key)
+                if lv.job.type != "cpu":
+                    st.gpu_waiting -= 1
                 st.running[lv.job.id] = lv
                 lv.started_at = now
                 changed = True

@@ -9,8 +9,9 @@ are not m27's policy, so they live here.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Any, TypeVar
 
 from m27.policy import (
     Action,
@@ -30,6 +31,37 @@ POLICIES = ("manual", "fifo", "backfill", "m27")
 #: Marks a GPU whose view was never built (no lease memo is this object).
 _UNSEEN = object()
 
+_T = TypeVar("_T")
+
+
+def _plain_template(sample: object) -> dict[str, Any] | None:
+    """Every field of a frozen dataclass instance, defaults included, when its instances
+    can be built by filling `__dict__` (no `__post_init__`, no slots); else None."""
+    if hasattr(type(sample), "__post_init__") or not hasattr(sample, "__dict__"):
+        return None
+    return dict(vars(sample))
+
+
+def _frozen(cls: type[_T], template: dict[str, Any] | None, values: dict[str, Any]) -> _T:
+    """An instance of the frozen dataclass `cls` equal to ``cls(**values)``.
+
+    The generated ``__init__`` of a frozen dataclass sets each field through
+    ``object.__setattr__`` (7-9 us for a `PolicyInput` or a `Running` on this machine, ~1 us
+    this way); the simulator builds one input per decision and a lease view per lease
+    change. A field added later gets its default from `template` (a real instance);
+    ``tests/unit/test_sim.py`` checks the result against the real constructor."""
+    if template is None:
+        return cls(**values)
+    obj: _T = object.__new__(cls)
+    d = obj.__dict__
+    d.update(template)
+    d.update(values)
+    return obj
+
+
+_RUNNING = _plain_template(Running(key=("", "")))
+_INPUT = _plain_template(PolicyInput((), (), (), 0.0))
+
 
 class PolicyScheduler:
     """Drives :func:`m27.policy.decide` from the simulated node, as the agent would."""
@@ -42,8 +74,11 @@ class PolicyScheduler:
         self._last = 0.0
         #: the last input handed to decide (tests compare it with a direct call).
         self.last_input: PolicyInput | None = None
-        self._views: list[tuple[object, GpuView | None]] = []
+        #: per GPU: the primary (or None) and its phase that the view was built for
+        self._views: list[tuple[object, int, GpuView | None]] = []
         self._gpu_views: tuple[GpuView, ...] = ()
+        #: per (GPU, has a primary): the view while nobody is in I/O there (it never varies)
+        self._steady: dict[tuple[int, bool], GpuView] = {}
         self._state: SimState | None = None
         self._lease_version = -1
         self._pending_version = -1
@@ -54,8 +89,10 @@ class PolicyScheduler:
 
     def step(self, state: SimState) -> tuple[Sequence[Action], float | None]:
         now = state.now
-        if self.config.cpu_slots != state.trace.cpu_slots:
-            self.config = replace(self.config, cpu_slots=state.trace.cpu_slots)
+        if state is not self._state:
+            if self.config.cpu_slots != state.trace.cpu_slots:
+                self.config = replace(self.config, cpu_slots=state.trace.cpu_slots)
+            self._start(state)
         # Recent GPU-seconds per owner, decaying with a half-life, for fair share.
         usage = self._usage
         dt = now - self._last
@@ -64,10 +101,11 @@ class PolicyScheduler:
             decay = math.exp(-dt / self._tau)
             for owner in usage:
                 usage[owner] *= decay
-        # A lease's frozen input changes only with its role, tier, pause or phase; the
-        # engine then clears `memo` and bumps `lease_version`, so the leases (and the GPU
-        # views that follow their primaries) are rebuilt only when something changed.
-        if state is not self._state or state.lease_version != self._lease_version:
+        # A lease's frozen input changes only with its role, tier, pause or I/O flag; the
+        # engine lists the leases it changed (or whose phase moved) in `touched` and bumps
+        # `lease_version`, so only their views (and the GPU views of primaries whose phase
+        # moved) are rebuilt, and the rest is reused.
+        if state.lease_version != self._lease_version:
             self._leases(state)
         if dt > 0:
             for owner, n in self._primaries:
@@ -75,88 +113,120 @@ class PolicyScheduler:
         if state.pending_version != self._pending_version:
             self._pending_version = state.pending_version
             self._pending = tuple([lv.pending for lv in state.pending.values()])
-        inp = PolicyInput(
-            pending=self._pending,
-            running=self._running,
-            gpus=self._gpu_views,
-            now=now,
-            config=self.config,
-            usage_by_owner=usage,
+        inp = _frozen(
+            PolicyInput,
+            _INPUT,
+            {
+                "pending": self._pending,
+                "running": self._running,
+                "gpus": self._gpu_views,
+                "now": now,
+                "config": self.config,
+                "usage_by_owner": usage,
+            },
         )
         self.last_input = inp
         d = decide(inp)
         return d.actions, d.next_check
 
+    def _start(self, state: SimState) -> None:
+        """A new simulation (or a first look at it): every lease and GPU view afresh."""
+        self._state = state
+        by_id = self._by_id
+        by_id.clear()
+        for job_id, lv in state.running.items():
+            by_id[job_id] = lv.memo = _running(lv)
+        state.touched.clear()
+        self._views = [(_UNSEEN, -1, None)] * state.gpus
+        self._steady.clear()
+        self._pending_version = -1
+        self._lease_version = state.lease_version
+        self._arrange(state)
+
     def _leases(self, state: SimState) -> None:
-        # Only the leases the engine touched since the last look get a new view; the
+        # Only the leases the engine touched since the last look can have a new view; the
         # others keep theirs. `by_id` mirrors `state.running` in its order (a changed
         # lease keeps its place, a new one comes last, an ended one goes), so the input
         # is the one a full rebuild would give.
+        self._lease_version = state.lease_version
         by_id = self._by_id
         live = state.running
-        if state is not self._state:
-            by_id.clear()
-            for job_id, lv in live.items():
+        moved = False
+        gpus: set[int] = set()  # where a primary (or its phase) may have moved
+        for lv in state.touched:
+            gpus.update(lv.gpus)
+            job_id = lv.job.id
+            if job_id in live:
                 r = lv.memo
-                if r is None:
+                if r is None or r.io_waiting != (lv.job.io_hint and lv.role != "cpu" and lv.in_io):
                     r = lv.memo = _running(lv)
-                by_id[job_id] = r
-        else:
-            for lv in state.touched:
-                job_id = lv.job.id
-                if job_id in live:
-                    r = lv.memo
-                    if r is None:
-                        r = lv.memo = _running(lv)
+                if by_id.get(job_id) is not r:
                     by_id[job_id] = r
-                else:
-                    by_id.pop(job_id, None)
+                    moved = True
+            elif by_id.pop(job_id, None) is not None:
+                moved = True
         state.touched.clear()
-        running = self._running = tuple(by_id.values())
+        if moved:
+            running = self._running = tuple(by_id.values())
+            self._primaries = [(r.owner, len(r.gpus)) for r in running if r.role == "primary"]
+        self._gpu_views_of(state, gpus)
+
+    def _arrange(self, state: SimState) -> None:
+        running = self._running = tuple(self._by_id.values())
         self._primaries = [(r.owner, len(r.gpus)) for r in running if r.role == "primary"]
+        self._gpu_views_of(state, range(state.gpus))
+
+    def _gpu_views_of(self, state: SimState, gpus: Iterable[int]) -> None:
+        """A GPU's view follows its primary and the primary's phase (I/O or not, since
+        when): rebuilt only where either moved (only a touched lease's GPUs can have)."""
         cache = self._views
-        if state is not self._state or len(cache) != state.gpus:
-            self._state = state
-            cache[:] = [(_UNSEEN, None)] * state.gpus
-            self._pending_version = -1
-        self._lease_version = state.lease_version
         leases = state.running
         changed = False
-        for g, prim_id in enumerate(state.primary):
-            memo = leases[prim_id].memo if prim_id is not None else None
-            if cache[g][0] is not memo:
-                cache[g] = (memo, self._view(state, g))
+        for g in gpus:
+            prim_id = state.primary[g]
+            prim = leases[prim_id] if prim_id is not None else None
+            seen, phase, _ = cache[g]
+            if seen is not prim or (prim is not None and phase != prim.phase):
+                cache[g] = (prim, prim.phase if prim is not None else -1, self._view(state, g))
                 changed = True
         if changed:
-            self._gpu_views = tuple(v for _, v in cache if v is not None)
+            self._gpu_views = tuple([v for _, _, v in cache if v is not None])
 
-    @staticmethod
-    def _view(state: SimState, g: int) -> GpuView:
+    def _view(self, state: SimState, g: int) -> GpuView:
         """What the agent's samples would say: no utilization while the primary is in I/O."""
         memory = state.trace.gpu_memory
         prim_id = state.primary[g]
         prim = state.running[prim_id] if prim_id is not None else None
         if prim is not None and prim.in_io:
             return GpuView(g, memory, None, False, 0.0, prim.phase_started)
-        return GpuView(g, memory, None, False, 100.0 if prim else None, None)
+        view = self._steady.get((g, prim is not None))
+        if view is None:
+            view = GpuView(g, memory, None, False, 100.0 if prim else None, None)
+            self._steady[(g, prim is not None)] = view
+        return view
 
 
 def _running(lv: Live) -> Running:
     assert lv.role is not None
-    return Running(
-        key=lv.job.key,
-        type=lv.job.type,
-        role=lv.role,
-        tier=lv.tier,
-        gpus=lv.gpus,
-        paused=lv.paused,
-        gpu_memory=lv.job.gpu_memory,
-        priority=lv.job.priority,
-        owner=lv.job.owner,
-        queued_at=lv.queued_at,
-        started_at=lv.started_at or 0.0,
-        time_limit=lv.job.time_limit,
-        io_waiting=lv.job.io_hint and lv.role != "cpu" and lv.in_io,
+    job = lv.job
+    return _frozen(
+        Running,
+        _RUNNING,
+        {
+            "key": lv.pending.key,
+            "type": job.type,
+            "role": lv.role,
+            "tier": lv.tier,
+            "gpus": lv.gpus,
+            "paused": lv.paused,
+            "gpu_memory": job.gpu_memory,
+            "priority": job.priority,
+            "owner": job.owner,
+            "queued_at": lv.queued_at,
+            "started_at": lv.started_at or 0.0,
+            "time_limit": job.time_limit,
+            "io_waiting": job.io_hint and lv.role != "cpu" and lv.in_io,
+        },
     )
 
 

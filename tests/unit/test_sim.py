@@ -245,3 +245,32 @@ def test_simulate_command_prints_json_and_writes_a_report(
     assert "<svg" in report.read_text()
     assert main(["simulate", str(path), "--policy", "nope"]) == 2
     assert main(["simulate", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_the_simulators_lease_views_and_inputs_equal_the_real_constructors() -> None:
+    """The simulator fills frozen inputs without their generated ``__init__`` (speed): each
+    must carry every field, with the value the real constructor gives, defaults included."""
+    from dataclasses import fields
+
+    from m27.policy import Running
+    from m27.sim.engine import Live
+    from m27.sim.schedulers import _running
+
+    j = job("a", 3.0, ("io", 5), ("compute", 10), priority=7, owner="ann", io_hint=True)
+    lv = Live(j, 3.0)
+    lv.role, lv.tier, lv.gpus, lv.paused, lv.started_at = "guest", "ready", (1,), True, 4.0
+    built = _running(lv)
+    real = Running(
+        key=j.key, type="gpu", role="guest", tier="ready", gpus=(1,), paused=True,
+        gpu_memory=8 * GIB, priority=7, owner="ann", queued_at=3.0, started_at=4.0,
+        time_limit=None, io_waiting=True,
+    )  # fmt: skip
+    assert built == real and hash(built) == hash(real)
+    assert set(vars(built)) == {f.name for f in fields(Running)}
+    sched = PolicyScheduler(PolicyConfig(cpu_slots=1))
+    state = SimState(IO_THEN_SHORT, 1, primary=[None], guests=[[]])
+    sched.step(state)
+    inp = sched.last_input
+    assert inp is not None
+    assert set(vars(inp)) == {f.name for f in fields(PolicyInput)}
+    assert inp == PolicyInput((), (), inp.gpus, 0.0, PolicyConfig(cpu_slots=1), {})
