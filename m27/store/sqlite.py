@@ -156,11 +156,18 @@ class SqliteEventStore:
                 (str(SCHEMA_VERSION),),
             )
             # A (kind, version) recorded already keeps its layout: rows were written in it.
-            conn.executemany(
-                "INSERT OR IGNORE INTO layouts (kind, version, fields) VALUES (?, ?, ?)",
-                [(k, v, json.dumps(names)) for (k, v), names in current_layouts().items()],
-            )
             recorded = conn.execute("SELECT kind, version, fields FROM layouts").fetchall()
+            known = {(kind, version) for kind, version, _ in recorded}
+            missing = [
+                (kind, version, json.dumps(names))
+                for (kind, version), names in current_layouts().items()
+                if (kind, version) not in known
+            ]
+            if missing:
+                conn.executemany(
+                    "INSERT INTO layouts (kind, version, fields) VALUES (?, ?, ?)", missing
+                )
+                recorded += missing
         return Layouts(
             {(kind, version): self._layout(kind, fields) for kind, version, fields in recorded}
         )
