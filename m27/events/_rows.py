@@ -124,7 +124,7 @@ def _warming(cls: type[Event], fast: dict[str, _Build]) -> _Build:
         record = new(Recorded)
         set_seq(record, seq)
         set_event(record, ev)
-        return typing.cast(Recorded, record)
+        return record
 
     return build
 

@@ -81,6 +81,27 @@ def test_every_kind_round_trips_positionally(cls: type[Event]) -> None:
     assert list(record.event.__dict__) == [f.name for f in dataclasses.fields(cls)]
 
 
+@pytest.mark.parametrize("cls", ALL)
+def test_the_compiled_builder_takes_over_and_builds_the_same_events(cls: type[Event]) -> None:
+    from m27.events._rows import _BUILDERS, _COMPILE_AFTER
+
+    layouts = Layouts(current_layouts())
+    events = [
+        dataclasses.replace(sample_event(cls), at=float(i)) for i in range(_COMPILE_AFTER * 2)
+    ]
+    rows = [(i, *row) for i, ev in enumerate(events, start=1) if (row := encode_positional(ev))]
+    records = decode_records(rows, layouts)
+    assert layouts.fast[cls.__name__] is _BUILDERS[cls]  # compiled after the first rows
+    assert [r.event for r in records] == events
+    assert [r.seq for r in records] == list(range(1, len(events) + 1))
+    for record in (records[0], records[-1]):  # the plain builder's and the compiled one's
+        _same(record.event, events[record.seq - 1])
+        assert list(record.event.__dict__) == [f.name for f in dataclasses.fields(cls)]
+    # a garbled row after the switch still takes the checked path
+    with pytest.raises(UnknownEventError, match="has 1 values"):
+        decode_records([(1, cls.__name__, cls.version, "[1.0]")], layouts)
+
+
 def test_the_store_writes_every_kind_positionally_and_reads_it_back(tmp_path: Path) -> None:
     path = tmp_path / "events.db"
     events = [sample_event(cls) for cls in ALL] * 2
