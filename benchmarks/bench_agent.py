@@ -20,7 +20,8 @@ Reported:
 - dispatch latency: lease released -> the next step's process started (fifo), or
   -> the best guest promoted (tiers: the process is already there);
 - guest reaction time: primary enters an I/O wait -> a guest computes (from the steps'
-  own records) and -> the agent's GuestResumed;
+  own records; only waits with a guest loaded and not in its own I/O) and -> the agent's
+  GuestResumed;
 - guest pause time: primary leaves its I/O wait -> the guest's last compute chunk that
   began in the wait ends (0 if it ended first).
 
@@ -231,9 +232,11 @@ def _measure(
     for name, spans in io_spans.items():
         for a, b in spans:
             # only I/O waits with a guest already loaded and at its gate count: the time a
-            # guest takes to start (import, load) is not a reaction time
+            # guest takes to start (import, load) or to end its own I/O is not a reaction
             if a < primary_from.get(name, math.inf) or not any(
-                ready[o] < a < done[o] for o in outs if o != name and gpu_of[o] == gpu_of[name]
+                ready[o] < a < done[o] and not any(x <= a <= y for x, y in io_spans[o])
+                for o in outs
+                if o != name and gpu_of[o] == gpu_of[name]
             ):
                 continue
             starts = [
