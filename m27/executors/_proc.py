@@ -100,14 +100,14 @@ def group_alive(pgid: int) -> bool:
     Zombies matter here: where PID 1 does not reap orphans (containers), a finished
     grandchild stays a zombie in the group forever and ``killpg(pgid, 0)`` keeps succeeding.
     """
+    try:  # no process at all (the usual end): no need to read every process's stat
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
     proc = Path("/proc")
     if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
         return True
     for entry in proc.iterdir():
         if not entry.name.isdigit():
