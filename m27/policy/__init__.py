@@ -135,6 +135,28 @@ class Decision:
         return self.reasons.get(key, f"{key_text(key)} is not pending")
 
 
+def _decision(
+    actions: tuple[Action, ...],
+    next_check: float | None,
+    standby: Mapping[int, StepKey],
+    inp: PolicyInput,
+    ranked: Sequence[Ranked] = (),
+    gpus: Mapping[int, GpuState] | None = None,
+    notes: Mapping[StepKey, list[Note]] | None = None,
+    shortcut: bool = False,
+) -> Decision:
+    """The same as ``Decision(...)``, built without the generated ``__init__`` of a frozen
+    dataclass (a field at a time through ``object.__setattr__``, and dict factories): that
+    was ~10 % of a simulated decision; every field is set here."""
+    d: Decision = object.__new__(Decision)
+    f = d.__dict__
+    f["actions"], f["next_check"], f["standby"], f["_inp"] = actions, next_check, standby, inp
+    f["_ranked"], f["_shortcut"] = ranked, shortcut
+    f["_gpus"] = {} if gpus is None else gpus
+    f["_notes"] = {} if notes is None else notes
+    return d
+
+
 def decide(inp: PolicyInput) -> Decision:
     """The actions that bring the node to the three-tier layout for `inp`; pure."""
     return _decide(inp)
@@ -214,7 +236,7 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
     standby: dict[int, StepKey] = {}
     next_check = run_or_pause(gpus, usable, cfg, now, actions, standby)
     # a fast pass (shortcut) writes no notes: the reasons come from a full pass, on demand
-    return Decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes, shortcut)
+    return _decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes, shortcut)
 
 
 def _gate_only(inp: PolicyInput) -> Decision:
@@ -225,7 +247,7 @@ def _gate_only(inp: PolicyInput) -> Decision:
         if r.role == "guest" and r.gpus:
             hosted.setdefault(r.gpus[0], []).append(r)
     if not hosted:
-        return Decision((), None, {}, inp)
+        return _decision((), None, {}, inp)
     # the primaries are looked up only where guests wait (most calls have none)
     primary = {g: r for r in inp.running if r.role == "primary" for g in r.gpus}
     cfg, now = inp.config, inp.now
@@ -252,7 +274,7 @@ def _gate_only(inp: PolicyInput) -> Decision:
             next_check = gate(
                 i, view, fresh, io_waiting, guests, cfg, now, actions, next_check, standby
             )
-    return Decision(tuple(actions), next_check, standby, inp)
+    return _decision(tuple(actions), next_check, standby, inp)
 
 
 @dataclass
