@@ -22,6 +22,13 @@ def load_state(st: SqliteEventStore | None = None) -> NodeState:
     return fold(st.read())
 
 
+def runs_since(st: SqliteEventStore, after: int, run_id: str) -> NodeState:
+    """The state of run `run_id` from the events after `after` only (those of a run this
+    process started then): folding the whole log would cost every run's end more as the
+    node's history grows."""
+    return fold(r for r in st.read(after) if getattr(r.event, "run_id", None) == run_id)
+
+
 def find_run(state: NodeState, prefix: str) -> RunState:
     return state.runs[runids.resolve(prefix, state.runs.keys())]
 

@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     prefect_defaults(os.environ, verbose=args.verbose)
     waited = _node_service()
     store = _common.store()
+    before = store.last_seq()  # the run's events all come after this
     run_id = runids.new_run_id()
     live = sys.stdout.isatty() and not args.plain
     progress = Progress(store, run_id, pipeline, live=live, show_output=not args.quiet)
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         progress.stop()
         LINE_SINKS.pop(run_id, None)
         signal.signal(signal.SIGINT, previous)
-    state = _common.load_state(store)
+    state = _common.runs_since(store, before, run_id)
     if run_id not in state.runs:
         message = getattr(flow_state, "message", "") or "the flow did not start"
         print(f"m27: run {run_id} did not start: {message}", file=sys.stderr)
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"m27: run {run_id} stopped: {message}", file=sys.stderr)
         if not _end_truthfully(store, run_id, message):
             return 1  # no summary: the log cannot say how the run ended
-        result = _common.load_state(store).runs[run_id]
+        result = _common.runs_since(store, before, run_id).runs[run_id]
     progress.summary(result)
     if waited >= 0.05:
         print(f"(before the run: {waited:.1f}s starting the node service)")
