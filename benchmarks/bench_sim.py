@@ -12,6 +12,7 @@ the wait for a core) and m27's ratio to EASY backfill's, measured in the same ru
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import random
 import time
@@ -115,6 +116,13 @@ def poisson_trace(n: int, gpus: int = 8, load: float = 0.85, seed: int = 0) -> T
     return Trace(jobs=tuple(jobs), gpus=gpus, name=f"poisson({n})")
 
 
+def schedule_id(result: SimResult) -> str:
+    """The schedule's fingerprint: sha1 of every job's finish time (a speed change of the
+    simulator or the policy must leave it as it was)."""
+    ends = sorted((lv.job.id, lv.finished_at) for lv in result.jobs)
+    return hashlib.sha1(repr(ends).encode()).hexdigest()[:12]
+
+
 def timed(trace: Trace, name: str) -> tuple[SimResult, float, float]:
     """One policy's simulation, with its CPU and wall seconds."""
     c0, t0 = time.process_time(), time.perf_counter()
@@ -134,12 +142,18 @@ def cpu_line(cpu: dict[str, float]) -> str:
 
 def speed(n: int, policies: Sequence[str] = ("fifo", "backfill", "m27")) -> str:
     trace = poisson_trace(n)
-    rows = ["| policy | jobs | decisions | CPU s | wall s |", "|---|---|---|---|---|"]
+    rows = [
+        "| policy | jobs | decisions | CPU s | wall s | schedule |",
+        "|---|---|---|---|---|---|",
+    ]
     cpu = {}
     for name in policies:
         result, cpu[name], wall = timed(trace, name)
         done = sum(1 for lv in result.jobs if lv.finished_at is not None)
-        rows.append(f"| {name} | {done}/{n} | {result.decisions} | {cpu[name]:.1f} | {wall:.1f} |")
+        rows.append(
+            f"| {name} | {done}/{n} | {result.decisions} | {cpu[name]:.1f} | {wall:.1f} "
+            f"| `{schedule_id(result)}` |"
+        )
     return "\n".join(rows) + "\n\n" + cpu_line(cpu)
 
 
@@ -164,11 +178,14 @@ def main() -> None:
         print(f"\n## {trace.name}\n")
         cpu: dict[str, float] = {}
         results = []
+        ids = []
         for name in POLICIES:
             result, cpu[name], _ = timed(trace, name)
             results.append(compute_metrics(result))
+            ids.append(f"{name} `{schedule_id(result)}`")
         print(jct_table(results))
         print("\n" + cpu_line(cpu))
+        print(f"Schedules (sha1 of every job's finish time): {', '.join(ids)}.")
     if "speed" in parts:
         print(f"\n## Speed ({args.speed_jobs} jobs, 8 GPUs)\n")
         print(speed(args.speed_jobs, args.speed_policies.split(",")))

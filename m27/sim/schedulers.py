@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any, TypeVar
 
 from m27.policy import (
@@ -60,7 +60,10 @@ def _frozen(cls: type[_T], template: dict[str, Any] | None, values: dict[str, An
 
 
 _RUNNING = _plain_template(Running(key=("", "")))
-_INPUT = _plain_template(PolicyInput((), (), (), 0.0))
+#: PolicyInput has exactly the fields the simulator sets one by one (else: its constructor)
+_INPUT_PLAIN = _plain_template(PolicyInput((), (), (), 0.0)) is not None and [
+    f.name for f in fields(PolicyInput)
+] == ["pending", "running", "gpus", "now", "config", "usage_by_owner"]
 
 
 class PolicyScheduler:
@@ -113,18 +116,14 @@ class PolicyScheduler:
         if state.pending_version != self._pending_version:
             self._pending_version = state.pending_version
             self._pending = tuple([lv.pending for lv in state.pending.values()])
-        inp = _frozen(
-            PolicyInput,
-            _INPUT,
-            {
-                "pending": self._pending,
-                "running": self._running,
-                "gpus": self._gpu_views,
-                "now": now,
-                "config": self.config,
-                "usage_by_owner": usage,
-            },
-        )
+        if _INPUT_PLAIN:
+            inp = object.__new__(PolicyInput)  # see _frozen: one input per decision
+            f = inp.__dict__
+            f["pending"], f["running"], f["gpus"] = self._pending, self._running, self._gpu_views
+            f["now"], f["config"], f["usage_by_owner"] = now, self.config, usage
+        else:
+            views, cfg = self._gpu_views, self.config
+            inp = PolicyInput(self._pending, self._running, views, now, cfg, usage)
         self.last_input = inp
         d = decide(inp)
         return d.actions, d.next_check

@@ -274,3 +274,9 @@ def test_the_simulators_lease_views_and_inputs_equal_the_real_constructors() -> 
     assert inp is not None
     assert set(vars(inp)) == {f.name for f in fields(PolicyInput)}
     assert inp == PolicyInput((), (), inp.gpus, 0.0, PolicyConfig(cpu_slots=1), {})
+    # decide() builds its Decision the same way: every field, as the constructor would
+    from m27.policy import Decision
+
+    d = decide(inp)
+    assert set(vars(d)) == {f.name for f in fields(Decision)}
+    assert d == Decision((), None) and d.reasons == {} and d.standby == {}
