@@ -10,8 +10,8 @@ A payload is one of two formats, told apart by its JSON type:
   only for events whose values are all plain (so no NaN, no int beyond 64 bits, no
   subclass: those stay named), and only where the log's layout is the class's own field
   order. The field names are not repeated in every row, so the payload is about half as
-  long, and parsing an array of values is cheaper than an object, then the event is built
-  by zipping the layout's names with the values.
+  long and parsing it makes no dict; the event is then built by the kind's builder,
+  straight-line code compiled once per class (:func:`_builder`).
 
 Why a layout recorded in the log rather than the class's field order: a later m27 that
 reorders or adds fields (a new base class, a field in the middle) must still read the rows
@@ -53,12 +53,14 @@ class Layouts:
     """The layouts one log holds, and what follows from them for reading and writing.
 
     ``writes`` holds the classes whose recorded layout at their current version is their
-    field order: those are written positionally. ``fast[kind]`` is the compiled builder
-    of such a kind (:func:`_builder`), made at its first positional row, or a builder
-    that always declines for a kind that may not skip ``__init__`` (a class that
-    validates in ``__post_init__``). Made once per store (opening it reads the table),
-    not per read; nothing here resolves type hints or compiles until a row needs it, so
-    opening a store stays cheap for a short-lived command.
+    field order: those are written positionally. ``fast[kind]`` is the builder of such a
+    kind, made at its first positional row: a plain one (:func:`_warming`) that puts the
+    compiled one (:func:`_builder`) in its place after a few hundred rows; or one that
+    always declines, for a kind that may not skip ``__init__`` (a class that validates
+    in ``__post_init__``) or whose recorded layout is not its field order. Made once per
+    store (opening it reads the table), not per read; nothing here resolves type hints
+    or compiles until a row needs it, so opening a store stays cheap for a short-lived
+    command.
     """
 
     def __init__(self, recorded: LayoutMap) -> None:
@@ -248,8 +250,8 @@ def decode_records(
     looked up once per row in one dict, and the event and its ``Recorded`` are built
     without any ``__init__``:
 
-    - a positional row of a ``layouts.fast`` kind at its current version, with one value
-      per field, by the kind's compiled builder (:func:`_builder`); an ``int`` field
+    - a positional row of a kind written positionally, at its current version, with one
+      value per field, by the kind's builder (:meth:`Layouts.builder`); an ``int`` field
       holding a float (orjson reads an int beyond 64 bits so: m27 never writes one
       positionally) sends it through the checked path;
     - a named payload that names exactly the fields of its kind, as before.
