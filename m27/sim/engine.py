@@ -114,6 +114,9 @@ class SimState:
     touched: list[Live] = field(default_factory=list)
     #: how many waiting steps want a GPU (kept by the engine: read at every instant)
     gpu_waiting: int = 0
+    #: each waiting step's policy input, in `pending`'s order (kept by the engine beside
+    #: `pending`, so a scheduler copies it in one go instead of a loop over the queue)
+    pending_inputs: dict[str, Pending] = field(default_factory=dict)
 
     @property
     def cpu_running(self) -> int:
@@ -213,6 +216,7 @@ class _Engine:
         lv = Live(self.jobs[job_id], now)
         self.lives[job_id] = lv
         self.st.pending[job_id] = lv
+        self.st.pending_inputs[job_id] = lv.pending
         self.st.pending_version += 1
         if lv.job.type != "cpu":
             self.st.gpu_waiting += 1
@@ -307,6 +311,7 @@ class _Engine:
                 st.pending_version += 1
                 if st.pending.pop(lv.job.id, None) is None:
                     raise SimulationError(f"{a.key} granted twice", step=a.key)
+                st.pending_inputs.pop(lv.job.id, None)
                 if lv.job.type != "cpu":
                     st.gpu_waiting -= 1
                 st.running[lv.job.id] = lv

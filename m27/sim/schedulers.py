@@ -115,7 +115,11 @@ class PolicyScheduler:
                 usage[owner] = usage.get(owner, 0.0) + dt * n
         if state.pending_version != self._pending_version:
             self._pending_version = state.pending_version
-            self._pending = tuple([lv.pending for lv in state.pending.values()])
+            inputs = state.pending_inputs
+            if len(inputs) == len(state.pending):
+                self._pending = tuple(inputs.values())
+            else:  # a state built by hand (tests): from the waiting steps themselves
+                self._pending = tuple([lv.pending for lv in state.pending.values()])
         if _INPUT_PLAIN:
             inp = object.__new__(PolicyInput)  # see _frozen: one input per decision
             f = inp.__dict__
