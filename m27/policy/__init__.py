@@ -326,6 +326,15 @@ def _immediate(queue: Iterable[Ranked], pa: _Pass) -> None:
     shadow = math.inf  # when the reserved step is expected to have all its GPUs
     free = [i for i in usable if gpus[i].primary is None]
     bg_hosts = [] if cfg.fifo else [i for i in usable if is_bg_host(gpus[i], cfg)]
+    if pa.fast and not free and not bg_hosts and not cfg.fifo:
+        # Nothing can start: only the first multi-GPU step that fits may act (its hold);
+        # the loop would only step over the others (their notes come from a full pass).
+        width = len(usable)
+        wide = next(
+            (r for r in queue if 1 < r.pending.gpus <= width and r.pending.key not in granted),
+            None,
+        )
+        queue = () if wide is None else (wide,)
     for r in queue:
         p = r.pending
         if p.key in granted:
