@@ -179,16 +179,6 @@ def small_ca_file(home: Path) -> Path | None:
     return path
 
 
-def _open_store_once(home: Path) -> None:
-    """Open (and close) the node's event log once: the per-kind row codecs it builds (type
-    hints of every event class, ~0.05-0.1 s of CPU) are then inherited by every forked run.
-    Nothing stays open across a fork."""
-    from m27.store.sqlite import open_store
-
-    with contextlib.suppress(Exception), open_store(home):
-        pass
-
-
 def _check_server_version() -> None:
     """Prefect checks the API server's version once per process and API address (the HTTP
     clients and the events websocket each: 2 requests, 2 clients per run): done here,
@@ -538,10 +528,12 @@ def serve_runner(argv: list[str], entry: Callable[[list[str]], int]) -> int:
     prefect_defaults(os.environ, verbose=False)  # before Prefect reads its settings
     import importlib
 
+    from m27.events import prepare_codecs
+
     for name in PRELOAD:
         importlib.import_module(name)
     _complete_models()
-    _open_store_once(home)
+    prepare_codecs()  # every event class's codec plan, inherited by every forked run
     # Entered for the runner's life, so every forked run inherits it (the object is kept:
     # a collected generator context would exit).
     from m27.node.service import find_service

@@ -37,6 +37,7 @@ from m27.events._base import (
     decode,
     encode,
     event,
+    prepare_codecs,
 )
 from m27.events._rows import (
     Layouts,
@@ -116,4 +117,5 @@ __all__ = [
     "encode",
     "encode_positional",
     "event",
+    "prepare_codecs",
 ]

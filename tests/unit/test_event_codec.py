@@ -139,3 +139,36 @@ def test_a_big_read_decodes_every_row_and_leaves_the_collector_as_found(tmp_path
     assert [r.event for r in records] == events
     assert [r.seq for r in records] == list(range(1, len(events) + 1))
     assert gc.isenabled() and gc.get_freeze_count() == frozen
+
+
+def test_after_prepare_codecs_no_kind_resolves_type_hints_again(tmp_path: Path) -> None:
+    """The warm runner prepares every codec before it forks; a forked run that still
+    resolved an event class's type hints would pay ~1.5 ms per kind itself."""
+    code = (
+        "import typing\n"
+        "from m27.events import EVENT_TYPES, decode, encode, prepare_codecs\n"
+        "from tests.unit.event_samples import sample_event\n"
+        "samples = [sample_event(cls) for cls in EVENT_TYPES.values()]\n"
+        "prepare_codecs()\n"
+        "def refuse(*a, **k):\n"
+        "    raise AssertionError('type hints resolved after prepare_codecs')\n"
+        "typing.get_type_hints = refuse\n"
+        "for ev in samples:\n"
+        "    assert decode(*encode(ev)) == ev\n"
+        "print(len(EVENT_TYPES))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == len(EVENT_TYPES)
