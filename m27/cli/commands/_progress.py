@@ -81,6 +81,7 @@ class Progress:
             for s in pipeline.steps
         }
         self._stop = threading.Event()
+        self._ended = False  # the run's end event was applied: the follower has shown it all
         self._thread = threading.Thread(target=self._follow, name="m27-progress", daemon=True)
         self._lock = threading.Lock()
         self._live: Live | None = None
@@ -132,6 +133,8 @@ class Progress:
             for rec in records:
                 self._after = rec.seq
                 self._apply(rec.event)
+            if self._ended:
+                return  # the run's end is shown; `stop` then drains what came after it
             now = time.monotonic()
             if self._live is not None and (records or now - drawn >= REDRAW_S):
                 drawn = now
@@ -193,6 +196,8 @@ class Progress:
             self._live.console.print(text)
 
     def _run_end(self, ev: Event) -> str | None:
+        if isinstance(ev, (RunSucceeded, RunFailed, RunCancelled)):
+            self._ended = True
         if isinstance(ev, RunSucceeded):
             return f"run {self.run_id} succeeded in {format_duration(ev.duration_s)}"
         if isinstance(ev, RunFailed):
