@@ -60,7 +60,14 @@ def arm_standby(
         h, prim = held.get(key), primaries.get(gpu)
         ch = channels.get(key)
         pch = channels.get(prim.key) if prim is not None else None
-        if h is None or prim is None or ch is None or key in stopped or not ch.uses_gate():
+        if h is None or ch is None or key in stopped or not ch.uses_gate():
+            continue
+        if prim is None:
+            # a GPU held free for a reservation: its guest computes alone, gate as decided
+            # (not left following a primary that ended, which would stop it)
+            if ch.following():
+                ch.set_gate(not paused_now.get(key, h.paused))
+            chosen.add(key)
             continue
         paused = paused_now.get(key, h.paused)
         if pch is None or not hints(prim.key):

@@ -26,14 +26,14 @@ meanwhile (EASY backfill).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import cached_property
 
+from m27.policy._admit import Note, Notes, Pass, guests
 from m27.policy._explain import explain
 from m27.policy._gate import gate, outrank, promote, run_or_pause
-from m27.policy._hold import Needs, nothing_starts, waiting_needs
-from m27.policy._memory import _no_fit_text, _unknown_host, _unknown_text
+from m27.policy._hold import nothing_starts, waiting_needs
 from m27.policy._model import (
     Action,
     Demote,
@@ -60,14 +60,13 @@ from m27.policy._state import (
     Ranked,
     Slot,
     effective_priority,
+    fits_beside,
     is_bg_host,
     room_beside,
     split_queues,
 )
 
 #: A reason fragment: text, or a function that builds it when someone asks.
-Note = str | Callable[[], str]
-Notes = dict[StepKey, list[Note]]
 
 __all__ = [
     "Action",
@@ -208,6 +207,7 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
             hold = _reservation(gpus, usable, wide.gpus, [])
             for i in hold:
                 gpus[i].reserved_for, gpus[i].reserved_gpus = wide.key, wide.gpus
+                gpus[i].reserved_need = wide.gpu_memory or wide.memory_peak
             actions.append(Reserve(wide.key, tuple(hold)))
     else:
         ranked = order_pending(inp.pending, held, inp.usage_by_owner, now, cfg)
@@ -231,7 +231,7 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
             )
         promote(gpus, usable, actions, first_wide_ranked, cfg)
         needs = waiting_needs(inp.pending) if shortcut else None
-        pa = _Pass(gpus, usable, cfg, now, actions, notes, granted, shortcut, needs)
+        pa = Pass(gpus, usable, cfg, now, actions, notes, granted, shortcut, needs)
         _place(ranked, pa, cpu_busy)
     standby: dict[int, StepKey] = {}
     next_check = run_or_pause(gpus, usable, cfg, now, actions, standby)
@@ -277,25 +277,7 @@ def _gate_only(inp: PolicyInput) -> Decision:
     return _decision(tuple(actions), next_check, standby, inp)
 
 
-@dataclass
-class _Pass:
-    """One placement pass over the pending steps: the GPUs as the pass changes them, the
-    configuration and time it decides for, and what it decided so far."""
-
-    gpus: dict[int, GpuState]
-    usable: list[int]
-    cfg: PolicyConfig
-    now: float
-    actions: list[Action]
-    notes: Notes
-    granted: set[StepKey]
-    #: actions only: skip what only feeds the notes (the reasons redo the pass in full)
-    fast: bool = False
-    #: what the waiting steps need (a fast pass stops where nothing further can fit)
-    needs: Needs | None = None
-
-
-def _place(ranked: list[Ranked], pa: _Pass, cpu_busy: int) -> None:
+def _place(ranked: list[Ranked], pa: Pass, cpu_busy: int) -> None:
     """Pending steps onto GPUs (primaries, background, guests) and CPU slots, by rank."""
     cfg = pa.cfg
     qs = split_queues(ranked, cfg, lazy=pa.fast)
@@ -306,8 +288,8 @@ def _place(ranked: list[Ranked], pa: _Pass, cpu_busy: int) -> None:
         _background_on_free(qs.background, pa)
         # gpu_light steps are natural guests: they compete for guest slots by rank (as
         # background guests), but never take a GPU from a gpu step.
-        _guests(qs.guest, pa)
-        _guests(qs.background, pa)
+        guests(qs.guest, pa)
+        guests(qs.background, pa)
     free_cpu = cfg.cpu_slots - cpu_busy
     if pa.needs is not None and not pa.needs.cpu:
         free_cpu = 0  # no cpu step waits: skip the scan of the queue for one
@@ -319,12 +301,13 @@ def _place(ranked: list[Ranked], pa: _Pass, cpu_busy: int) -> None:
         free_cpu -= 1
 
 
-def _immediate(queue: Iterable[Ranked], pa: _Pass) -> None:
+def _immediate(queue: Iterable[Ranked], pa: Pass) -> None:
     gpus, usable, cfg, now = pa.gpus, pa.usable, pa.cfg, pa.now
     actions, notes, granted = pa.actions, pa.notes, pa.granted
     reserved = False
     shadow = math.inf  # when the reserved step is expected to have all its GPUs
     free = [i for i in usable if gpus[i].primary is None]
+    loaded = {i for i in free if gpus[i].guests}
     bg_hosts = [] if cfg.fifo else [i for i in usable if is_bg_host(gpus[i], cfg)]
     if pa.fast and not free and not bg_hosts and not cfg.fifo:
         # Nothing can start: only the first multi-GPU step that fits may act (its hold);
@@ -351,6 +334,9 @@ def _immediate(queue: Iterable[Ranked], pa: _Pass) -> None:
                 break  # no multi-GPU step to hold for (likewise)
             continue
         avail = [i for i in free if gpus[i].reserved_for in (None, p.key)] if reserved else free
+        if loaded:
+            # a free GPU that hosts guests takes a primary only if it fits beside them
+            avail = [i for i in avail if i not in loaded or fits_beside(gpus[i], p, cfg)]
         demote: list[int] = []
         if len(avail) < k and bg_hosts:
             demote = [i for i in bg_hosts if room_beside(gpus[i], p.gpu_memory, cfg)]
@@ -374,7 +360,11 @@ def _immediate(queue: Iterable[Ranked], pa: _Pass) -> None:
         # EASY backfill: a step whose declared limit ends before the reserved step can
         # start may use GPUs held for it; they stay held, so no guest settles there.
         if reserved and p.time_limit is not None and now + p.time_limit <= shadow < math.inf:
-            held = [i for i in free if i not in avail]
+            held = [
+                i
+                for i in free
+                if i not in avail and (i not in loaded or fits_beside(gpus[i], p, cfg))
+            ]
             if len(avail) + len(held) >= k:
                 take = (avail + held)[:k]
                 for i in take:
@@ -384,13 +374,19 @@ def _immediate(queue: Iterable[Ranked], pa: _Pass) -> None:
                 granted.add(p.key)
                 continue
         if k > 1 and not reserved and not cfg.fifo:
-            hold = _reservation(gpus, usable, k, free)
+            # a background primary that could step aside for it counts as free now
+            now_free = free + [
+                i for i in bg_hosts if room_beside(gpus[i], p.gpu_memory or p.memory_peak, cfg)
+            ]
+            hold = _reservation(gpus, usable, k, now_free)
+            shadow = max(_free_at(gpus[i], i in now_free, now) for i in hold)
             for i in hold:
                 gpus[i].reserved_for = p.key
                 gpus[i].reserved_gpus = k
+                gpus[i].reserved_need = p.gpu_memory or p.memory_peak
+                gpus[i].reserved_until = shadow
             actions.append(Reserve(p.key, tuple(hold)))
             reserved = True
-            shadow = max(_free_at(gpus[i], i in free, now) for i in hold)
             notes[p.key] = [f"holds GPU {', '.join(map(str, hold))} until all {k} are free"]
         if cfg.fifo:
             notes[p.key] = [f"fifo: at the head, needs {k} free GPUs"]
@@ -431,82 +427,7 @@ def _reservation(
     return sorted(sorted(candidates, key=expected_free)[:k])
 
 
-def _guests(queue: Iterable[Ranked], pa: _Pass) -> None:
-    gpus, usable, cfg, now = pa.gpus, pa.usable, pa.cfg, pa.now
-    actions, notes, granted = pa.actions, pa.notes, pa.granted
-    hosts = [
-        i
-        for i in usable
-        if gpus[i].primary is not None
-        and gpus[i].primary.tier == "immediate"  # type: ignore[union-attr]
-        and gpus[i].reserved_for is None
-        and len(gpus[i].guests) < cfg.guests_per_gpu
-    ]
-    if not hosts:
-        return
-    # Memory per host, kept up to date here: a long queue asks about every host per step.
-    cap = {i: gpus[i].view.memory_total * cfg.memory_overprovision for i in hosts}
-    used = {i: gpus[i].used_memory() for i in hosts}
-    room = max(cap[i] - used[i] for i in hosts)
-    needs = pa.needs
-    if needs is not None and not needs.unknown and needs.least - room > 1.0:
-        return  # a fast pass: no waiting step fits any open slot (only notes would follow)
-    seen: tuple[tuple[int, int, int], ...] | None = None
-    unknown_seen: tuple[tuple[int, int, float], ...] | None = None
-    # `room` only shrinks during the pass, so a step that misses it now is skipped below
-    # whatever happens before its turn: a fast pass visits only the others (`room` read
-    # as it shrinks: the steps left out could only have added notes).
-    order = (r for r in queue if r.need - room <= 1.0) if pa.fast else queue
-    for r in order:
-        if not hosts:
-            return
-        p = r.pending
-        if p.key in granted:
-            continue
-        if max(1, p.gpus) > 1:
-            notes.setdefault(p.key, []).append("multi-GPU steps do not run as guests")
-            continue
-        memory = p.gpu_memory or p.memory_peak
-        if memory <= 0:
-            # Unknown need: only where the observed free memory leaves the margin, and it
-            # is taken to use all of that free memory (nobody else joins it this time).
-            i = _unknown_host(hosts, gpus, cap, used, cfg)
-            if i is None:
-                if unknown_seen is None:  # one snapshot per layout, not one per step
-                    unknown_seen = tuple((j, used[j], cap[j]) for j in hosts)
-                notes.setdefault(p.key, []).append(partial(_unknown_text, unknown_seen, cfg))
-                continue
-            memory = max(1, int(cap[i] - used[i]))
-            fitting = [i]
-        else:
-            # `room` is a float difference: only a clear miss skips the exact test below.
-            fitting = (
-                []
-                if memory - room > 1.0
-                else [i for i in hosts if cap[i] > 0 and used[i] + memory <= cap[i]]
-            )
-        if not fitting:
-            if seen is None:
-                seen = tuple((i, used[i], gpus[i].view.memory_total) for i in hosts)
-            over = cfg.memory_overprovision
-            notes.setdefault(p.key, []).append(partial(_no_fit_text, memory, over, seen))
-            continue
-        i = max(fitting, key=lambda j: (cap[j] - used[j], -j))
-        tier: Tier = "background" if r.background else "ready"
-        slot = Slot.of_pending(p, r.eff, tier, paused=True, started_at=now)
-        slot.memory = memory
-        gpus[i].guests.append(slot)
-        used[i] = gpus[i].used_memory()
-        if len(gpus[i].guests) >= cfg.guests_per_gpu:
-            hosts.remove(i)
-        if hosts:
-            room = max(cap[j] - used[j] for j in hosts)
-        seen = unknown_seen = None
-        actions.append(Grant(p.key, (i,), tier))
-        granted.add(p.key)
-
-
-def _background_on_free(queue: Iterable[Ranked], pa: _Pass) -> None:
+def _background_on_free(queue: Iterable[Ranked], pa: Pass) -> None:
     """Background work on GPUs that no gpu step took (nor holds by reservation)."""
     gpus, usable, now, actions, granted = pa.gpus, pa.usable, pa.now, pa.actions, pa.granted
     free = [i for i in usable if gpus[i].primary is None and gpus[i].reserved_for is None]

@@ -39,7 +39,7 @@ def promote(
             if (
                 wide is not None
                 and cfg is not None
-                and wide.eff > best.eff
+                and wide.eff >= best.eff
                 and room_beside(st, wide.pending.gpu_memory, cfg)
             ):
                 continue
@@ -122,12 +122,19 @@ def run_or_pause(
     actions: list[Action],
     standby: dict[int, StepKey],
 ) -> float | None:
-    """Let the best guest compute while its primary waits on I/O; pause all others."""
+    """Let the best guest compute while its primary waits on I/O; pause all others. On a
+    GPU with guests and no primary (held free for a reservation) the best guest computes
+    alone until the reserved step starts there (then it is paused like any guest)."""
     next_check: float | None = None
     for i in usable:
         st = gpus[i]
         prim = st.primary
-        if prim is None or not st.guests:
+        if not st.guests:
+            continue
+        if prim is None:
+            next_check = gate(
+                i, st.view, False, True, st.guests, cfg, now, actions, next_check, standby
+            )
             continue
         next_check = gate(
             i,
@@ -175,7 +182,10 @@ def gate(
                 return next_check
     low_since = view.util_low_since
     util_low = view.primary_util is None or view.primary_util < cfg.io_util_threshold
-    inferred = low_since is not None and util_low and now - low_since >= cfg.io_timeout
+    # `now >= low_since + io_timeout`, the very sum `next_check` asks to be woken at: the
+    # difference `now - low_since` can round below io_timeout at that instant, and the
+    # guests would stay paused until some other event (minutes, in a simulated week)
+    inferred = low_since is not None and util_low and now >= low_since + cfg.io_timeout
     io = not fresh and (io_waiting or inferred)
     if not io and not fresh and low_since is not None and util_low:
         due = low_since + cfg.io_timeout

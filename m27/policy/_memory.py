@@ -11,7 +11,7 @@ def _unknown_host(
     hosts: list[int],
     gpus: dict[int, GpuState],
     cap: dict[int, float],
-    used: dict[int, int],
+    used: dict[int, float],
     cfg: PolicyConfig,
 ) -> int | None:
     """The host with the most observed free memory, if it keeps ``guest_memory_margin``
@@ -27,7 +27,7 @@ def _unknown_host(
     return best
 
 
-def _unknown_text(seen: tuple[tuple[int, int, float], ...], cfg: PolicyConfig) -> str:
+def _unknown_text(seen: tuple[tuple[int, float, float], ...], cfg: PolicyConfig) -> str:
     parts = ", ".join(f"GPU {i} {_gib(max(0.0, c - u))} free of {_gib(c)}" for i, u, c in seen)
     return (
         "declares no gpu_memory and has no measured peak: a guest only where observed free"
@@ -36,7 +36,7 @@ def _unknown_text(seen: tuple[tuple[int, int, float], ...], cfg: PolicyConfig) -
     )
 
 
-def _no_fit_text(memory: int, over: float, seen: tuple[tuple[int, int, int], ...]) -> str:
+def _no_fit_text(memory: int, over: float, seen: tuple[tuple[int, float, int], ...]) -> str:
     free = ", ".join(
         f"GPU {i} has {_gib(max(0.0, total * over - used))} free of {_gib(total)}"
         f" × overprovision {over}"

@@ -41,7 +41,7 @@ class PolicyConfig:
     guest_memory_margin: float = 0.2
     io_timeout: float = 0.05
     io_util_threshold: float = 10.0
-    guests_per_gpu: int = 1
+    guests_per_gpu: int = 3
     cpu_slots: int = 2
     aging_per_s: float = 1.0 / 1800.0
     aging_cap: int = 1000

@@ -79,18 +79,20 @@ class Slot:
     def of_pending(
         cls, p: Pending, eff: int, tier: Tier, paused: bool = False, started_at: float = 0.0
     ) -> Slot:
+        n = p.gpus
         return cls(
-            key=p.key,
-            tier=tier,
-            memory=p.gpu_memory,
-            eff=eff,
-            queued_at=p.queued_at,
-            owner=p.owner,
-            paused=paused,
-            fresh=True,
-            started_at=started_at,
-            time_limit=p.time_limit,
-            gpus=max(1, p.gpus),
+            p.key,
+            tier,
+            p.gpu_memory,
+            eff,
+            p.queued_at,
+            p.owner,
+            paused,
+            True,
+            False,
+            started_at,
+            p.time_limit,
+            n if n > 1 else 1,
         )
 
     def guest_rank(self) -> tuple[bool, int, float, StepKey]:
@@ -105,14 +107,31 @@ class GpuState:
     guests: list[Slot] = field(default_factory=list)
     reserved_for: StepKey | None = None
     reserved_gpus: int = 0
+    #: the reserved step's memory need (declared or measured; 0: unknown)
+    reserved_need: int = 0
+    #: when the reserved step is expected to have all its GPUs (by declared limits)
+    reserved_until: float = math.inf
 
     def used_memory(self) -> int:
         """The larger of what was observed and what the residents declared."""
-        declared = sum(g.memory for g in self.guests)
+        declared = 0
+        for g in self.guests:
+            declared += g.memory
         if self.primary is not None:
             declared += self.primary.memory
         observed = self.view.memory_used or 0
         return max(observed, declared)
+
+    def guest_used(self) -> float:
+        """The memory a new guest must fit beside: what the GPU holds, and on a GPU held
+        for a reservation also what it will hold once the reserved step is its primary
+        (its need beside the guests; no room at all while that need is unknown)."""
+        used = self.used_memory()
+        if self.reserved_for is None:
+            return used
+        if self.reserved_need <= 0 or any(g.memory <= 0 for g in self.guests):
+            return math.inf
+        return max(used, sum(g.memory for g in self.guests) + self.reserved_need)
 
     def free_memory(self, cfg: PolicyConfig) -> float:
         return self.view.memory_total * cfg.memory_overprovision - self.used_memory()
@@ -152,6 +171,14 @@ def is_bg_host(st: GpuState, cfg: PolicyConfig) -> bool:
         and not bg.fresh
         and len(st.guests) + 1 <= cfg.guests_per_gpu
     )
+
+
+def fits_beside(st: GpuState, p: Pending, cfg: PolicyConfig) -> bool:
+    """Whether `p` fits as the primary beside the guests loaded on a free GPU (an unknown
+    need, or a GPU of unknown size, is not judged here, as on a GPU with no guests)."""
+    cap = st.view.memory_total * cfg.memory_overprovision
+    need = p.gpu_memory or p.memory_peak
+    return cap <= 0 or need <= 0 or st.used_memory() + need <= cap
 
 
 def room_beside(st: GpuState, memory: int, cfg: PolicyConfig) -> bool:

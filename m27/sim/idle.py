@@ -60,6 +60,8 @@ class _Tracked(_Engine):
             prim_id = st.primary[g]
             guests = [st.running[x] for x in st.guests[g]]
             if prim_id is None:
+                if any(not x.paused and not x.in_io for x in guests):
+                    continue  # a guest computes alone on a GPU held for a reservation
                 if g in self._reserved:
                     out.append("free, reserved for a multi-GPU step")
                 elif not pending:

@@ -251,18 +251,32 @@ CASES: tuple[Case, ...] = (
         expected=(Grant(_k("u/urgent"), (0,), "immediate"),),
     ),
     # A 2-GPU step cannot start: it holds the free GPU 1 and GPU 0 (no declared end, so
-    # last), and the 1-GPU step behind it may not take GPU 1; GPU 0 is held, so it gets
-    # no guest either.
+    # last), and the 1-GPU step behind it may not take GPU 1; it cannot wait loaded as a
+    # guest either: beside big's 13 GiB only 3 GiB of a held GPU stay free.
     Case(
         "a multi-GPU step reserves GPUs that lower steps may not take",
         gpus=2,
         now=50.0,
         steps=(
             Step("a/md", 0.0, role="primary", on=(0,)),
-            Step("big/train", 5.0, priority=10, gpus=2),
+            Step("big/train", 5.0, priority=10, gpus=2, gpu_memory=13 * GIB),
             Step("small/fit", 6.0),
         ),
         expected=(Reserve(_k("big/train"), (0, 1)),),
+    ),
+    # GPU 1 is held free for a 2-GPU step that outranks its loaded guest (and fits beside
+    # it): the guest is not promoted (that would push the reservation back) but computes
+    # alone there until big starts.
+    Case(
+        "a guest computes alone on a GPU held free for a multi-GPU step",
+        gpus=2,
+        now=50.0,
+        steps=(
+            Step("a/md", 0.0, role="primary", on=(0,)),
+            Step("g/ana", 1.0, role="guest", tier="ready", on=(1,), paused=True),
+            Step("big/train", 5.0, priority=10, gpus=2),
+        ),
+        expected=(Reserve(_k("big/train"), (0, 1)), ResumeGuest(_k("g/ana"), 1)),
     ),
     # One of two CPU slots is busy: the higher-priority cpu step starts, the other waits.
     Case(

@@ -30,7 +30,9 @@ def test_losing_a_gpu_requeues_its_primary_and_guest_on_the_gpu_left(
 
     def step(name: str, priority: int) -> object:
         argv = step_argv(tmp_path / f"{name}.txt", compute=0.02, io=0.02, until=flags[name])
-        return run_step_leased(lease, "r", name, argv, priority=priority, gpu_memory=GiB)
+        # 7 GiB each: beside the primary on the GPU left (16 GiB) only one more fits, so of
+        # the two steps requeued there one must wait
+        return run_step_leased(lease, "r", name, argv, priority=priority, gpu_memory=7 * GiB)
 
     runs = {"a": step("a", 9)}
     wait_until(lambda: len(node.of(ev.StepStarted)) == 1)
@@ -52,7 +54,7 @@ def test_losing_a_gpu_requeues_its_primary_and_guest_on_the_gpu_left(
     # one of them takes the remaining GPU's guest slot; the other waits, and says why
     wait_until(lambda: count(ev.LeaseGranted, host) + count(ev.LeaseGranted, "g") == 3)
     waiting = host if count(ev.LeaseGranted, host) == 1 else "g"
-    monkeypatch.setenv("M27_GPUS", "sim:2")
+    monkeypatch.setenv("M27_GPUS", "sim:2x16GiB")  # as the node's GPUs
     assert queue.run(argparse.Namespace(why=f"r/{waiting}", json=False)) == 0
     assert f"GPU {lost_gpu} lost" in capsys.readouterr().out
     for f in flags.values():

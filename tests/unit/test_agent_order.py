@@ -295,7 +295,7 @@ def test_a_black_box_primary_lends_its_gpu_when_its_own_utilization_stays_low(
 def test_a_real_higher_priority_step_takes_the_gpu_before_the_loaded_guest_is_promoted(
     hands: Callable[..., Hand],
 ) -> None:
-    h = hands()
+    h = hands(guests_per_gpu=1)  # one guest slot, so the urgent step cannot also be a guest
     h.submit("holder", gpu_memory=4 * GiB, priority=5)
     h.cycle()
     h.started("holder")

@@ -249,10 +249,14 @@ def test_fair_share_prefers_the_owner_with_less_recent_usage() -> None:
 
 def test_multi_gpu_step_reserves_gpus_so_lower_steps_cannot_take_them() -> None:
     gpus = (gpu(0), gpu(1))
-    pending = (pend("big", gpus=2, priority=10), pend("small", priority=5, queued_at=1.0))
+    # small (13 GiB) fits neither beside x nor beside big on the held GPU 1 (16 GiB)
+    small = pend("small", priority=5, queued_at=1.0, gpu_memory=13 * G)
+    pending = (pend("big", gpus=2, priority=10), small)
     d = run(pending, (prim("x", gpu=0, time_limit=100.0),), gpus)
     assert Reserve(("r", "big"), (0, 1)) in d.actions
-    assert grants(d).get("small", ((), ""))[1] != "immediate"
+    assert grants(d) == {}
+    assert "does not fit as a guest" in d.reasons[("r", "small")]
+    d = run(pending, (prim("x", gpu=0, time_limit=100.0),), gpus, guests_per_gpu=0)
     assert "reserved for r/big" in d.reasons[("r", "small")]
     after = run(pending, (), gpus, now=100.0)
     assert grants(after)["big"] == ((0, 1), "immediate")
@@ -273,7 +277,8 @@ def test_short_step_backfills_a_reserved_gpu_only_if_it_ends_before_the_reservat
     # GPU 0 frees at 100 (declared); big holds 0 and the free 1 until then (EASY backfill).
     gpus = (gpu(0), gpu(1))
     running = (prim("x", gpu=0, started_at=0.0, time_limit=100.0),)
-    big = pend("big", gpus=2, priority=10)
+    # big leaves 3 GiB beside it, so no 4 GiB step can wait loaded as a guest on GPU 0/1
+    big = pend("big", gpus=2, priority=10, gpu_memory=13 * G)
     fits = pend("fits", queued_at=1.0, time_limit=90.0)  # ends at 100: in time
     late = pend("late", queued_at=1.0, time_limit=91.0)
     unknown = pend("unknown", queued_at=1.0)  # no declared limit: never backfilled
@@ -299,7 +304,8 @@ def test_a_step_granted_in_the_same_decision_counts_as_started_now_for_reservati
 def test_no_backfill_while_a_reserved_gpu_has_no_declared_end() -> None:
     gpus = (gpu(0), gpu(1))
     running = (prim("x", gpu=0),)  # no time limit: when big can start is unknown
-    d = run((pend("big", gpus=2), pend("short", queued_at=1.0, time_limit=1.0)), running, gpus)
+    big = pend("big", gpus=2, gpu_memory=13 * G)  # no 4 GiB guest fits beside it
+    d = run((big, pend("short", queued_at=1.0, time_limit=1.0)), running, gpus)
     assert grants(d) == {}
 
 
@@ -307,13 +313,17 @@ def test_a_backfilled_gpu_stays_held_so_no_guest_settles_beside_it() -> None:
     gpus = (gpu(0), gpu(1))
     running = (prim("x", gpu=0, time_limit=100.0),)
     pending = (
-        pend("big", gpus=2, priority=10),
+        pend("big", gpus=2, priority=10, gpu_memory=13 * G),
         pend("fits", priority=5, time_limit=50.0),
         pend("guest", queued_at=2.0),
     )
     d = run(pending, running, gpus)
     assert grants(d) == {"fits": ((1,), "immediate")}
-    assert "reserved for r/big" in d.reasons[("r", "guest")]
+    assert "does not fit as a guest" in d.reasons[("r", "guest")]
+    # a guest that fits beside big may settle there: it stays loaded when big starts
+    pending = (pending[0], pending[1], pend("guest", queued_at=2.0, gpu_memory=2 * G))
+    d = run(pending, running, gpus)
+    assert grants(d) == {"fits": ((1,), "immediate"), "guest": ((0,), "ready")}
 
 
 def test_higher_priority_single_step_still_beats_a_waiting_multi_gpu_step() -> None:

@@ -42,7 +42,9 @@ def test_a_freed_gpu_waits_for_an_outranking_multi_gpu_step_instead_of_promoting
     views = (GpuView(0, 16 * G), GpuView(1, 16 * G))
     wide = Pending(("r", "wide"), priority=20, gpus=2, gpu_memory=4 * G)
     d = decide(PolicyInput((wide,), running, views, 0.0))
-    assert d.actions == (Reserve(("r", "wide"), (0, 1)),)
+    # the guest stays a guest, and computes alone on the held GPU until wide starts there
+    assert d.actions == (Reserve(("r", "wide"), (0, 1)), ResumeGuest(("r", "loaded"), 0))
+    assert d.standby == {0: ("r", "loaded")}
     assert "GPU 0 free, guests r/loaded, reserved for r/wide" in d.why(("r", "wide"))
     # a multi-GPU step that does not outrank the guest: the guest is promoted as before
     low = Pending(("r", "wide"), priority=0, gpus=2, gpu_memory=4 * G)

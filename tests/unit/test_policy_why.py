@@ -11,7 +11,7 @@ from tests.unit.test_policy import G, gpu, grants, guest, node_inputs, pend, pri
 
 def test_why_names_the_full_guest_slots_and_who_holds_them() -> None:
     running = (prim("a", 0), guest("ga", 0), prim("b", 1), guest("gb", 1))
-    d = run((pend("w"),), running, gpus=(gpu(0), gpu(1)))
+    d = run((pend("w"),), running, gpus=(gpu(0), gpu(1)), guests_per_gpu=1)
     assert grants(d) == {}
     assert "guest slots on GPU 0, 1 full (guests_per_gpu=1): held by r/ga, r/gb" in d.why(
         ("r", "w")
@@ -27,14 +27,14 @@ def test_why_names_the_memory_a_step_needs_and_what_each_gpu_has_free() -> None:
 
 def test_why_names_the_reservation_that_holds_a_free_gpu() -> None:
     big = Pending(("big", "train"), priority=10, gpus=2, gpu_memory=4 * G)
-    d = run((big, pend("small")), (prim("a", 0),), gpus=(gpu(0), gpu(1)))
+    d = run((big, pend("small")), (prim("a", 0),), gpus=(gpu(0), gpu(1)), guests_per_gpu=0)
     assert Reserve(("big", "train"), (0, 1)) in d.actions
     assert "GPU 1 reserved for big/train (gpus: 2)" in d.why(("r", "small"))
 
 
 def test_why_names_a_lost_gpu() -> None:
     running = (prim("a", 0), guest("ga", 0), prim("b", 1), guest("gb", 1))
-    d = run((pend("w"),), running, gpus=(gpu(0), gpu(1), gpu(2, lost=True)))
+    d = run((pend("w"),), running, gpus=(gpu(0), gpu(1), gpu(2, lost=True)), guests_per_gpu=1)
     assert "GPU 2 lost" in d.why(("r", "w"))
     gone = run((pend("w"),), gpus=(gpu(0, lost=True),))
     assert "needs 1 GPU, this node has 0 usable (GPU 0 lost)" in gone.why(("r", "w"))
@@ -42,9 +42,9 @@ def test_why_names_a_lost_gpu() -> None:
 
 def test_why_stays_specific_on_the_next_tick_when_slots_stay_full() -> None:
     # tick 1: "w1" becomes the guest; tick 2: the slot is full, "w2" still gets a reason
-    first = run((pend("w1"), pend("w2")), (prim("a"),))
+    first = run((pend("w1"), pend("w2")), (prim("a"),), guests_per_gpu=1)
     assert grants(first) == {"w1": ((0,), "ready")}
-    second = run((pend("w2"),), (prim("a"), guest("w1")), now=1.0)
+    second = run((pend("w2"),), (prim("a"), guest("w1")), now=1.0, guests_per_gpu=1)
     assert "guest slots on GPU 0 full (guests_per_gpu=1): held by r/w1" in second.why(("r", "w2"))
 
 

@@ -108,11 +108,12 @@ def test_m27_backfills_a_short_step_into_a_gpu_held_for_a_multi_gpu_step() -> No
     )
     t = times(trace, "m27")
     # big holds both GPUs from t=1 until long's declared end (100); short ends by 42, so it
-    # runs on the held GPU 1; late would end after 100, so it waits, then joins big as a
-    # guest and is promoted when big ends.
+    # runs on the held GPU 1; late would end after 100, so it is no primary there: it is
+    # loaded at once as a guest of long (it fits beside big), stays paused while long and
+    # then big compute, and is promoted when big ends.
     assert t["short"] == (2, 32)
     assert t["big"] == (100, 110)
-    assert t["late"] == (100, 140)
+    assert t["late"] == (3, 140)
 
 
 def test_manual_starts_jobs_after_a_delay_in_working_hours_only() -> None:
