@@ -66,3 +66,55 @@ def test_a_paused_guest_that_hints_its_io_keeps_doing_its_io_in_the_simulator() 
     )  # fmt: skip
     ends = {lv.job.id: lv.finished_at for lv in simulate(trace, make_scheduler("m27")).jobs}
     assert ends == {"a/main": 50.0, "b/main": 40.0}
+
+
+def test_an_inferred_io_wait_is_seen_at_the_instant_the_decision_asked_to_be_woken() -> None:
+    # low since 0.3: `next_check` is 0.3 + io_timeout, and at that instant `now - low_since`
+    # rounds below io_timeout; the guest must resume all the same
+    low = 0.3
+    assert (low + 0.05) - low < 0.05
+    view = GpuView(0, 16 * G, None, False, 0.0, low)
+    running = (Running(("r", "md"), gpus=(0,), gpu_memory=4 * G), _guest("g"))
+    first = decide(PolicyInput((), running, (view,), low))
+    assert first.actions == () and first.next_check == low + 0.05
+    woken = decide(PolicyInput((), running, (view,), first.next_check))
+    assert woken.actions == (ResumeGuest(("r", "g"), 0),)
+
+
+def test_a_held_gpu_takes_a_guest_that_fits_beside_the_reserved_step_too() -> None:
+    # GPU 0: x (4 GiB) computes until 100; GPU 1 free; wide (2 GPUs, 10 GiB) holds both.
+    views = (GpuView(0, 16 * G), GpuView(1, 16 * G))
+    running = (Running(("r", "x"), gpus=(0,), gpu_memory=4 * G, time_limit=100.0),)
+    wide = Pending(("r", "wide"), priority=10, gpus=2, gpu_memory=10 * G)
+    fits = Pending(("r", "fits"), gpu_memory=6 * G, queued_at=1.0)
+    big = Pending(("r", "big"), gpu_memory=7 * G, queued_at=1.0)  # 7 + 10 > 16
+    d = decide(PolicyInput((wide, fits), running, views, 10.0))
+    assert Reserve(("r", "wide"), (0, 1)) in d.actions
+    # both held GPUs leave 6 GiB beside wide: the lower index
+    assert [(a.key[1], a.gpus, a.tier) for a in d.actions if hasattr(a, "tier")] == [
+        ("fits", (0,), "ready")
+    ]
+    d = decide(PolicyInput((wide, big), running, views, 10.0))
+    assert not [a for a in d.actions if hasattr(a, "tier")]
+    assert "does not fit as a guest" in d.why(("r", "big"))
+
+
+def test_where_the_reserved_step_leaves_no_room_a_guest_may_backfill_by_its_limit() -> None:
+    # wide needs 15 of 16 GiB (under guest_memory_margin left): a guest must end, by its
+    # declared limit, before the reservation is complete (x's end at 100)
+    views = (GpuView(0, 16 * G), GpuView(1, 16 * G))
+    running = (Running(("r", "x"), gpus=(0,), gpu_memory=4 * G, time_limit=100.0),)
+    wide = Pending(("r", "wide"), priority=10, gpus=2, gpu_memory=15 * G)
+    # time limits too long for EASY backfill as a primary on GPU 1 would be checked first
+    short = Pending(("r", "short"), gpu_memory=4 * G, queued_at=1.0, time_limit=90.0)
+    late = Pending(("r", "late"), gpu_memory=4 * G, queued_at=1.0, time_limit=91.0)
+    cfg = PolicyConfig(guests_per_gpu=2)
+    d = decide(PolicyInput((wide, late), running, views, 10.0, cfg))
+    assert not [a for a in d.actions if hasattr(a, "tier")]
+    # short ends by 100: backfilled as the primary of the held free GPU 1 (EASY), and a
+    # second short step, as a guest beside x
+    other = Pending(("r", "other"), gpu_memory=4 * G, queued_at=2.0, time_limit=80.0)
+    d = decide(PolicyInput((wide, short, other), running, views, 10.0, cfg))
+    got = {a.key[1]: (a.gpus, a.tier) for a in d.actions if hasattr(a, "tier")}
+    assert got["short"] == ((1,), "immediate")
+    assert got["other"][1] == "ready"
