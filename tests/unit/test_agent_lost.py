@@ -34,31 +34,36 @@ def test_losing_a_gpu_requeues_its_primary_and_guest_on_the_gpu_left(
         # the two steps requeued there one must wait
         return run_step_leased(lease, "r", name, argv, priority=priority, gpu_memory=7 * GiB)
 
-    runs = {"a": step("a", 9)}
-    wait_until(lambda: len(node.of(ev.StepStarted)) == 1)
-    runs["b"] = step("b", 8)
-    wait_until(lambda: len(node.of(ev.StepStarted)) == 2)
-    runs["g"] = step("g", 1)  # a guest beside one of them
-    wait_until(lambda: any(e.step == "g" for e in node.of(ev.GuestStarted)))  # type: ignore[attr-defined]
-    (guest,) = [e for e in node.of(ev.GuestStarted) if e.step == "g"]  # type: ignore[attr-defined]
-    lost_gpu = guest.gpu  # type: ignore[attr-defined]
-    (host,) = [e.step for e in node.of(ev.LeaseGranted) if e.gpus == (lost_gpu,) and e.step != "g"]  # type: ignore[attr-defined]
+    # the steps loop until their flag exists: written in any case, so that a failing test
+    # leaves no step process behind
+    try:
+        runs = {"a": step("a", 9)}
+        wait_until(lambda: len(node.of(ev.StepStarted)) == 1)
+        runs["b"] = step("b", 8)
+        wait_until(lambda: len(node.of(ev.StepStarted)) == 2)
+        runs["g"] = step("g", 1)  # a guest beside one of them
+        wait_until(lambda: any(e.step == "g" for e in node.of(ev.GuestStarted)))  # type: ignore[attr-defined]
+        (guest,) = [e for e in node.of(ev.GuestStarted) if e.step == "g"]  # type: ignore[attr-defined]
+        lost_gpu = guest.gpu  # type: ignore[attr-defined]
+        granted = node.of(ev.LeaseGranted)
+        (host,) = [e.step for e in granted if e.gpus == (lost_gpu,) and e.step != "g"]  # type: ignore[attr-defined]
 
-    node.backend.lose(lost_gpu)
+        node.backend.lose(lost_gpu)
 
-    def count(cls: type[ev.Event], name: str) -> int:
-        return sum(getattr(e, "step", "") == name for e in node.of(cls))
+        def count(cls: type[ev.Event], name: str) -> int:
+            return sum(getattr(e, "step", "") == name for e in node.of(cls))
 
-    # both steps that were on it are stopped and ask again (for the GPU that is left)
-    wait_until(lambda: count(ev.StepRequested, host) == 2 and count(ev.StepRequested, "g") == 2)
-    # one of them takes the remaining GPU's guest slot; the other waits, and says why
-    wait_until(lambda: count(ev.LeaseGranted, host) + count(ev.LeaseGranted, "g") == 3)
-    waiting = host if count(ev.LeaseGranted, host) == 1 else "g"
-    monkeypatch.setenv("M27_GPUS", "sim:2x16GiB")  # as the node's GPUs
-    assert queue.run(argparse.Namespace(why=f"r/{waiting}", json=False)) == 0
-    assert f"GPU {lost_gpu} lost" in capsys.readouterr().out
-    for f in flags.values():
-        f.write_text("done")
+        # both steps that were on it are stopped and ask again (for the GPU that is left)
+        wait_until(lambda: count(ev.StepRequested, host) == 2 and count(ev.StepRequested, "g") == 2)
+        # one of them takes the remaining GPU's guest slot; the other waits, and says why
+        wait_until(lambda: count(ev.LeaseGranted, host) + count(ev.LeaseGranted, "g") == 3)
+        waiting = host if count(ev.LeaseGranted, host) == 1 else "g"
+        monkeypatch.setenv("M27_GPUS", "sim:2x16GiB")  # as the node's GPUs
+        assert queue.run(argparse.Namespace(why=f"r/{waiting}", json=False)) == 0
+        assert f"GPU {lost_gpu} lost" in capsys.readouterr().out
+    finally:
+        for f in flags.values():
+            f.write_text("done")
     for r in runs.values():
         result = r.wait()  # type: ignore[attr-defined]
         assert result is not None and result.ok
