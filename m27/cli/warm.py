@@ -30,6 +30,7 @@ The socket is in Linux's abstract namespace (no path-length limit for a deep
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import io
 import json
@@ -542,6 +543,11 @@ def serve_runner(argv: list[str], entry: Callable[[list[str]], int]) -> int:
     _KEPT.append(run_settings(small_ca_file(home), own_server=bool(info and info.own_server)))
     _KEPT[-1].__enter__()
     _check_server_version()
+    # Everything imported so far lives as long as the runner: out of the collector's sight
+    # (gc.freeze), a forked run neither scans those objects in its collections nor, by
+    # scanning them, copies the pages they are on.
+    gc.collect()
+    gc.freeze()
     runner = _Runner(home, parent)
     signal.signal(signal.SIGTERM, runner.on_term)
     print(f"m27 warm runner: pid {os.getpid()} ready", flush=True)
