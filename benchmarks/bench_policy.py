@@ -1,12 +1,15 @@
 """decide() at scale: one node of 8 GPUs with a long queue, timed call by call.
 
 The input is what a busy node's agent hands the policy every tick: 8 GPUs, each with a
-primary (a tenth of them 2-GPU steps) and a guest, and N pending steps (``--queued``,
-default 500) of mixed priorities, owners, memory and time limits, 5 % of them multi-GPU
-(so a reservation is held and EASY backfill is tried down the queue). Each call moves
-`now` on by 50 ms (the agent's tick), so aging and the I/O inference change as they
-would. Reported: p50 / p99 / max per call, against the same input with an empty queue
-(the cost floor of a tick) in the same run.
+primary (a tenth of them 2-GPU steps) and its guests, as many as the policy's
+``guests_per_gpu`` (``--guests``; a saturated node, as the policy leaves it), and N pending
+steps (``--queued``, default 500) of mixed priorities, owners, memory and time limits, 5 %
+of them multi-GPU (so a reservation is held and EASY backfill is tried down the queue).
+Each call moves `now` on by 50 ms (the agent's tick), so aging and the I/O inference
+change as they would. Reported: p50 / p99 per call, against the same input with an empty
+queue (the cost floor of a tick) in the same run, and the same queue on a node with one
+guest per GPU (``open_slots``): there every call fills the free guest slots (16 grants),
+the tick right after guests ended, not a steady one.
 
     python benchmarks/bench_policy.py [--queued 500] [--calls 400] [--json] [--profile]
 """
@@ -30,8 +33,9 @@ from m27.policy import GpuView, Pending, PolicyConfig, PolicyInput, Running, dec
 GiB = 1024**3
 
 
-def node_input(queued: int, gpus: int = 8, seed: int = 0) -> PolicyInput:
+def node_input(queued: int, gpus: int = 8, seed: int = 0, guests: int | None = None) -> PolicyInput:
     rng = random.Random(seed)
+    per_gpu = PolicyConfig().guests_per_gpu if guests is None else guests
     running: list[Running] = []
     g = 0
     n = 0
@@ -49,9 +53,9 @@ def node_input(queued: int, gpus: int = 8, seed: int = 0) -> PolicyInput:
                 io_waiting=rng.random() < 0.3,
             )
         )
-        running.append(
+        running.extend(
             Running(
-                (f"run{n}", "guest"),
+                (f"run{n}", "guest" if j == 0 else f"guest{j}"),
                 role="guest",
                 tier="ready",
                 gpus=(g,),
@@ -60,6 +64,7 @@ def node_input(queued: int, gpus: int = 8, seed: int = 0) -> PolicyInput:
                 priority=10,
                 owner=rng.choice("abcd"),
             )
+            for j in range(per_gpu)
         )
         g += k
         n += 1
@@ -101,11 +106,14 @@ def time_calls(inp: PolicyInput, calls: int) -> dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--queued", type=int, default=500)
+    p.add_argument(
+        "--guests", type=int, default=None, help="guests per GPU (default: the policy's)"
+    )
     p.add_argument("--calls", type=int, default=400)
     p.add_argument("--json", action="store_true")
     p.add_argument("--profile", action="store_true")
     args = p.parse_args()
-    inp = node_input(args.queued)
+    inp = node_input(args.queued, guests=args.guests)
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
@@ -115,15 +123,21 @@ def main() -> int:
         return 0
     results: dict[str, Any] = {
         f"queued_{args.queued}": time_calls(inp, args.calls),
-        "queued_0": time_calls(node_input(0), args.calls),
+        "queued_0": time_calls(node_input(0, guests=args.guests), args.calls),
+        f"queued_{args.queued}_open_slots": time_calls(
+            node_input(args.queued, guests=1), args.calls
+        ),
     }
+    results["guests_per_gpu"] = (
+        PolicyConfig().guests_per_gpu if args.guests is None else args.guests
+    )
     results["target_p99_ms"] = 1.0
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
     print(f"decide() on 8 GPUs, {args.calls} calls (50 ms apart)")
     for name, row in results.items():
-        print(f"{name:<12} {row}")
+        print(f"{name:<24} {row}")
     return 0
 
 
