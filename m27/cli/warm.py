@@ -41,20 +41,25 @@ import socket
 import struct
 import sys
 import threading
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from m27.cli.prefect_run import (
+    check_server_version,
+    complete_models,
+    prefect_defaults,
+    prefect_env,
+    run_settings,
+    small_ca_file,
+)
+
 __all__ = [
     "address",
-    "prefect_defaults",
-    "prefect_env",
-    "run_settings",
     "run_warm",
     "runner_pid",
     "serve_runner",
-    "small_ca_file",
 ]
 
 #: Name of the file that tells a client (and `bench_startup.py`) the runner's pid.
@@ -91,16 +96,6 @@ def address(home: Path) -> bytes:
     return b"\0m27-warm-" + digest.encode()
 
 
-def prefect_defaults(env: MutableMapping[str, str], *, verbose: bool) -> None:
-    """Quiet, offline-safe Prefect defaults for a run; anything the user set wins."""
-    env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    env.setdefault("DO_NOT_TRACK", "1")
-    if not verbose:
-        env.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-        env.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
-        env.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
-
-
 def runner_pid(home: Path) -> int | None:
     """The pid of the warm runner serving `home`, or None (not started yet, or gone)."""
     from m27 import liveness
@@ -110,99 +105,6 @@ def runner_pid(home: Path) -> int | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return pid if liveness.alive(pid) else None
-
-
-def run_settings(
-    ca_file: Path | None = None, *, own_server: bool = False
-) -> contextlib.AbstractContextManager[object]:
-    """Prefect settings for a run, around its flow (and entered once for its whole life by
-    the warm runner, so forked runs inherit them instead of each paying a settings copy,
-    ~0.2 s of CPU):
-
-    - no flow heartbeats: OSS Prefect does nothing with them, the node service's crash
-      watcher is what marks a dead run Crashed, and joining their thread costs ~1 s;
-    - with a plain ``http://`` API and a `ca_file` (the warm runner's, :func:`small_ca_file`),
-      that file as Prefect's CA bundle: Prefect builds a certificate-verifying SSL context
-      for each of a run's ~4 API clients, parsing a whole CA bundle each time (30-60 ms of
-      CPU each here), though plain HTTP never uses it. A one-certificate bundle costs
-      ~0.2 ms, and anything that did try TLS would still verify (against that one root);
-    - with the node's `own_server` (started without CSRF protection, Prefect's default:
-      m27.node.prefect_server.server_env), no CSRF token fetched by each API client.
-    """
-    from prefect.settings import (
-        PREFECT_API_SSL_CERT_FILE,
-        PREFECT_API_URL,
-        PREFECT_CLIENT_CSRF_SUPPORT_ENABLED,
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        temporary_settings,
-    )
-
-    updates: dict[Any, Any] = {}
-    if PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is not None:
-        updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
-    url = PREFECT_API_URL.value() or ""
-    # (its default is $SSL_CERT_FILE, a system's full bundle: only an explicit setting wins)
-    if ca_file is not None and url.startswith("http://") and not _said("PREFECT_API_SSL_CERT_FILE"):
-        updates[PREFECT_API_SSL_CERT_FILE] = str(ca_file)
-    if own_server and PREFECT_CLIENT_CSRF_SUPPORT_ENABLED.value():
-        updates[PREFECT_CLIENT_CSRF_SUPPORT_ENABLED] = False
-    if not updates:
-        return contextlib.nullcontext()
-    return temporary_settings(updates=updates)
-
-
-def _said(name: str) -> bool:
-    """Whether the user set Prefect setting `name` (its environment variable or profile)."""
-    from prefect.settings import get_current_settings
-
-    return name in os.environ or name in get_current_settings().to_environment_variables(
-        exclude_unset=True
-    )
-
-
-def small_ca_file(home: Path) -> Path | None:
-    """A CA bundle of one certificate (certifi's first) under `home`, for :func:`run_settings`;
-    None when it cannot be written (runs then parse the full bundle, as before)."""
-    import certifi
-
-    marker = "-----END CERTIFICATE-----"
-    try:
-        bundle = Path(certifi.where()).read_text(encoding="ascii")
-        start = bundle.index("-----BEGIN CERTIFICATE-----")
-        pem = bundle[start : bundle.index(marker, start) + len(marker)] + "\n"
-        path = home / "prefect" / "http-only-ca.pem"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(pem, encoding="ascii")
-        os.replace(tmp, path)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return path
-
-
-def _check_server_version() -> None:
-    """Prefect checks the API server's version once per process and API address (the HTTP
-    clients and the events websocket each: 2 requests, 2 clients per run): done here,
-    before forking, every forked run inherits the result. Both connections are closed
-    again; a server that cannot be reached now is checked by each run instead."""
-    import asyncio
-
-    from prefect.client.orchestration import get_client
-    from prefect.events.clients import PrefectEventsClient
-
-    async def events() -> None:
-        async with PrefectEventsClient():
-            pass
-
-    with contextlib.suppress(Exception), get_client(sync_client=True) as client:
-        client.raise_for_api_version_mismatch_once()
-    with contextlib.suppress(Exception):
-        asyncio.run(events())
-
-
-def prefect_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The settings Prefect reads at import: a run may use the runner only when they match."""
-    return {k: v for k, v in env.items() if k.startswith("PREFECT_") or k == "DO_NOT_TRACK"}
 
 
 def _identity() -> dict[str, str]:
@@ -502,24 +404,6 @@ class _Runner:
         self.stop = True
 
 
-def _complete_models() -> None:
-    """Build every pydantic model that Prefect defers (``defer_build``) now, once: a forked
-    run would otherwise build the ~15 it touches itself, ~0.14 s of CPU per run."""
-    from pydantic import BaseModel
-
-    todo: list[type[BaseModel]] = [BaseModel]
-    seen: set[type[BaseModel]] = set()
-    while todo:
-        for cls in todo.pop().__subclasses__():
-            if cls not in seen:
-                seen.add(cls)
-                todo.append(cls)
-    for cls in seen:
-        if not cls.__pydantic_complete__:
-            with contextlib.suppress(Exception):  # a model whose forward refs never resolve
-                cls.model_rebuild()
-
-
 def serve_runner(argv: list[str], entry: Callable[[list[str]], int]) -> int:
     """``python -m m27.cli --warm-runner HOME SERVICE_PID``: import everything a run needs,
     then serve; a forked child runs `entry` (the `m27` command's main) with its client's
@@ -533,7 +417,7 @@ def serve_runner(argv: list[str], entry: Callable[[list[str]], int]) -> int:
 
     for name in PRELOAD:
         importlib.import_module(name)
-    _complete_models()
+    complete_models()
     prepare_codecs()  # every event class's codec plan, inherited by every forked run
     # Entered for the runner's life, so every forked run inherits it (the object is kept:
     # a collected generator context would exit).
@@ -542,7 +426,7 @@ def serve_runner(argv: list[str], entry: Callable[[list[str]], int]) -> int:
     info = find_service(home)
     _KEPT.append(run_settings(small_ca_file(home), own_server=bool(info and info.own_server)))
     _KEPT[-1].__enter__()
-    _check_server_version()
+    check_server_version()
     # Everything imported so far lives as long as the runner: out of the collector's sight
     # (gc.freeze), a forked run neither scans those objects in its collections nor, by
     # scanning them, copies the pages they are on.

@@ -50,7 +50,7 @@ def server_env(prefect_home: Path, base: dict[str, str] | None = None) -> dict[s
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "DO_NOT_TRACK": "1",
             # (Prefect's default; said here because the warm runner's runs rely on it and
-            # skip fetching a CSRF token: m27.cli.warm.run_settings)
+            # skip fetching a CSRF token: m27.cli.prefect_run.run_settings)
             "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "false",
         }
     )

@@ -18,7 +18,7 @@ from prefect.settings import (
     temporary_settings,
 )
 
-from m27.cli.warm import run_settings, small_ca_file
+from m27.cli.prefect_run import run_settings, small_ca_file
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from m27._exceptions import StoreError
 from m27.cli.commands import _common
 from m27.cli.commands._options import add_set_option
 from m27.cli.commands._progress import Progress
-from m27.cli.warm import prefect_defaults, run_settings
+from m27.cli.prefect_run import prefect_defaults, run_settings
 from m27.events import CancelRequested, RunFailed
 from m27.gpu import detect
 from m27.spec import Pipeline, load_pipeline, parse_set_args
