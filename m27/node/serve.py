@@ -33,7 +33,13 @@ from m27 import liveness
 from m27.events.state import NodeState, fold
 from m27.locks import NodeLock
 from m27.node import service
-from m27.node.crash import close_task_runs, dead_runs, sweep, with_prefect
+from m27.node.crash import (
+    close_task_runs,
+    dead_runs,
+    mark_prefect_crashed,
+    sweep,
+    with_prefect,
+)
 from m27.node.embed import build_agent
 from m27.node.prefect_server import PrefectServer
 from m27.node.runner import WarmRunner
@@ -75,6 +81,8 @@ class _Watcher:
         self.host = socket.gethostname()
         #: flow run id -> (until when, why): crashed runs whose task runs are checked again
         self.recheck: dict[str, tuple[float, str]] = {}
+        #: flow run id -> why: closed in the log, not yet marked Crashed in Prefect
+        self.unmarked: dict[str, str] = {}
         self.recheck_at = 0.0
         self.thread = threading.Thread(target=self._main, name="m27-crash-watch", daemon=True)
 
@@ -92,21 +100,33 @@ class _Watcher:
         if busy(self.state, self.host):
             self.last_busy = now
         if dead_runs(self.state, self.host):
-            with_prefect(self._sweep)
+            self.close_dead()
             self.state = fold(self.store.read(self.state.last_seq), self.state)
-        elif self.recheck and now >= self.recheck_at:
+        if self.unmarked or (self.recheck and now >= self.recheck_at):
             self.recheck_at = now + RECHECK_EVERY_S
-            with_prefect(self._recheck)
+            with_prefect(self._tell_prefect)
 
-    async def _sweep(self, client: PrefectClient) -> None:
-        closed = await sweep(self.store, client, host=self.host, log=self.log, grace_s=STOP_GRACE_S)
+    def close_dead(self) -> None:
+        """Close this host's dead runs in the log first, without Prefect: the log is the
+        truth, and a Prefect server that cannot answer now (restarting, its own disk full)
+        must not keep them running there. Prefect is told next (:meth:`_tell_prefect`)."""
+        import asyncio
+
+        closed = asyncio.run(
+            sweep(self.store, None, host=self.host, log=self.log, grace_s=STOP_GRACE_S)
+        )
         for finding in closed:
             if finding.flow_run_id:
-                self.recheck[finding.flow_run_id] = (time.time() + RECHECK_FOR_S, finding.reason)
+                self.unmarked[finding.flow_run_id] = finding.reason
 
-    async def _recheck(self, client: PrefectClient) -> None:
-        """Task runs of a crashed flow run that Prefect recorded only after it was closed
-        (their states arrive as events, seconds late) are closed too."""
+    async def _tell_prefect(self, client: PrefectClient) -> None:
+        """Mark the runs closed in the log Crashed in Prefect (kept until that worked), then
+        close task runs of crashed flow runs that Prefect recorded only after it was closed
+        (their states arrive as events, seconds late)."""
+        for flow_run_id, reason in list(self.unmarked.items()):
+            await mark_prefect_crashed(client, flow_run_id, reason)
+            del self.unmarked[flow_run_id]
+            self.recheck[flow_run_id] = (time.time() + RECHECK_FOR_S, reason)
         now = time.time()
         for flow_run_id, (until, reason) in list(self.recheck.items()):
             if now > until:
