@@ -215,6 +215,10 @@ class Agent(GuestControl, FollowControl):
         The gates and signals come first, right after the decision (a guest waits on
         them); the bookkeeping that does not change the decision (memory peaks, health,
         lost processes) is done after, and its events go first in the same batch."""
+        # The book first: a wait that ended early (an I/O change) may not have read what
+        # the last tick appended, and a tick on a stale book appends it again (a second
+        # GpuLost for the same GPU, seen under load).
+        self.poll()
         now = self.clock.now()
         samples = self._sampler.sample(now)
         inp = policy_input(
