@@ -149,6 +149,7 @@ class Agent(GuestControl, FollowControl):
         self._watch = IoWatch(self.config)
         self._peaks = PeakMemory()
         self._later: list[Event] = []  # appended with the next tick's batch
+        self._told_lost: set[int] = set()  # GPUs this agent appended GpuLost for
         self._paused_now: dict[StepKey, bool] = {}
         self._standby: Mapping[int, StepKey] = {}  # the last decision's (m27.node.follow)
         self._due: dict[int, tuple[tuple[StepKey, float], float]] = {}
@@ -215,10 +216,6 @@ class Agent(GuestControl, FollowControl):
         The gates and signals come first, right after the decision (a guest waits on
         them); the bookkeeping that does not change the decision (memory peaks, health,
         lost processes) is done after, and its events go first in the same batch."""
-        # The book first: a wait that ended early (an I/O change) may not have read what
-        # the last tick appended, and a tick on a stale book appends it again (a second
-        # GpuLost for the same GPU, seen under load).
-        self.poll()
         now = self.clock.now()
         samples = self._sampler.sample(now)
         inp = policy_input(
@@ -238,7 +235,10 @@ class Agent(GuestControl, FollowControl):
         self._peaks.observe(samples, self.book.held, self._pgid)
         out += self.health.check(samples, now)
         for s in samples:
-            if s.lost and s.index not in self.book.lost_gpus:
+            # (`_told_lost` too: a wait that ended early on an I/O change may not have read
+            # last tick's GpuLost into the book yet; it is not appended twice)
+            if s.lost and s.index not in self.book.lost_gpus and s.index not in self._told_lost:
+                self._told_lost.add(s.index)
                 out.append(GpuLost(at=now, gpu=s.index, uuid=s.uuid or "", reason="lost"))
         if now - self._checked_at >= self.check_every:
             self._checked_at = now
