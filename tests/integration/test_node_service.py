@@ -88,6 +88,10 @@ def test_one_service_from_first_run_to_stop(
     assert info is not None and info.own_server and info.state == "ready"
     assert info.url == f"http://127.0.0.1:{info.port}/api" and healthy(info.url)
     assert (m27_home / "prefect" / "prefect.db").exists()
+    # its uvicorn runs on uvloop and httptools (dependencies: a quarter less CPU per run)
+    assert info.prefect_pid is not None
+    maps = Path(f"/proc/{info.prefect_pid}/maps").read_text()
+    assert "/uvloop/" in maps and "/httptools/" in maps
 
     # 2. the next command shares it: no second start, same service
     second = call_m27("run", str(quick), "--plain", timeout=300)
