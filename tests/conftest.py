@@ -33,6 +33,20 @@ def m27_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("M27_CONFIG", str(empty))
     yield home
     _stop_node_service(home)
+    _stop_embedded_agent()
+
+
+def _stop_embedded_agent() -> None:
+    """Stop an agent a test's flow left embedded in this process (a flow stopped midway).
+
+    Left running, its thread outlives the test's home and, at the session's end, logs
+    "cannot write the GPU snapshot" into pytest's closed output.
+    """
+    from m27.node.embed import running_embedded
+
+    agent = running_embedded()
+    if agent is not None:
+        agent.stop()
 
 
 def _stop_node_service(home: Path) -> None:
