@@ -142,6 +142,7 @@ class Agent(GuestControl, FollowControl):
         self._stopped: set[StepKey] = set()  # guests this agent holds with SIGSTOP
         self._attached: dict[StepKey, tuple[int, tuple[int, ...]]] = {}
         self._low: dict[int, tuple[StepKey, float]] = {}
+        self._guest_low: dict[StepKey, float] = {}
         self._pgids: dict[int, int | None] = {}
         self._checked_at = -math.inf
         self._memory = {d.index: d.memory_total or 0 for d in backend.devices()}
@@ -218,13 +219,16 @@ class Agent(GuestControl, FollowControl):
         lost processes) is done after, and its events go first in the same batch."""
         now = self.clock.now()
         samples = self._sampler.sample(now)
+        views = self._views(samples, now)
+        self._track_guests(samples, now)
         inp = policy_input(
             self.book,
-            self._views(samples, now),
+            views,
             now,
             self.config,
             usage=self.book.usage.at(now),  # folded from the log: survives a restart
             io_waiting=self._io_waiting,
+            util_low_since=self._guest_low.get,
         )
         decision = decide(inp)
         acted: set[StepKey] = set()

@@ -228,8 +228,11 @@ def policy_input(
     *,
     usage: Mapping[str, float] | None = None,
     io_waiting: Callable[[StepKey], bool] = lambda key: False,
+    util_low_since: Callable[[StepKey], float | None] = lambda key: None,
 ) -> PolicyInput:
-    """The policy's input for this book; requests of an unknown step type are left out."""
+    """The policy's input for this book; requests of an unknown step type are left out.
+    `io_waiting` is a step's hint; `util_low_since` a guest's own low utilization (the
+    agent's samples), for guests that give no hint."""
     pending = tuple(
         Pending(
             key=key,
@@ -266,6 +269,7 @@ def policy_input(
                 started_at=h.started_at if h.started_at is not None else h.granted_at,
                 time_limit=req.time_limit if req else None,
                 io_waiting=role != "cpu" and io_waiting(key),
+                util_low_since=util_low_since(key) if role == "guest" else None,
             )
         )
     return PolicyInput(

@@ -6,6 +6,13 @@ gate within ``gate_grace`` (it has none, or computes between gate calls) is stop
 SIGSTOP on its process group, and continued with SIGCONT when it may compute again. A
 guest whose step has not opened its channel yet is still starting and is left alone for
 ``start_grace``; a following guest (m27.node.follow) computes only in its primary's I/O.
+
+A guest that gives no I/O hint (``gmx``) may be waiting on its own I/O: the agent keeps
+since when its own utilization has stayed low while it was let compute
+(:meth:`GuestControl._track_guests`, reported as ``Running.util_low_since``), and the
+policy lets another guest fill the gap. Such a guest, once paused, is not stopped while
+its own I/O goes on (stopping it would stop that I/O too): only when a sample shows it
+computing again (``_escalate``), as the simulator models it.
 """
 
 from __future__ import annotations
@@ -30,9 +37,44 @@ class GuestControl:
     start_grace: float
     _channels: dict[StepKey, Channel]
     _stopped: set[StepKey]
+    _paused_now: dict[StepKey, bool]
+    #: guests without hints whose own utilization is low, and since when (see the module)
+    _guest_low: dict[StepKey, float]
 
     def _util(self, s: GpuSample, h: Held) -> float | None:
         raise NotImplementedError
+
+    def _hints(self, key: StepKey) -> bool:
+        raise NotImplementedError
+
+    def _track_guests(self, samples: list[GpuSample], now: float) -> None:
+        """Since when each guest that gives no hint shows low utilization of its own.
+
+        The clock starts only while the guest may compute (a paused one shows none
+        because it is paused) and is kept while it is paused (it has not computed since);
+        a sample showing it compute, or no per-process figure, ends it."""
+        by_gpu = {s.index: s for s in samples}
+        low = self._guest_low
+        seen: set[StepKey] = set()
+        for key, h in self.book.held.items():
+            if not h.guest or not h.gpus or h.pid is None or self._hints(key):
+                continue
+            s = by_gpu.get(h.gpus[0])
+            util = self._util(s, h) if s is not None else None
+            if util is None or util >= self.config.io_util_threshold:
+                continue
+            if key in low:
+                seen.add(key)
+            elif not self._paused_now.get(key, h.paused) and key not in self._stopped:
+                low[key] = now
+                seen.add(key)
+        for key in [k for k in low if k not in seen]:
+            del low[key]
+
+    def _own_io(self, key: StepKey, now: float) -> bool:
+        """Whether a guest without hints is in its own I/O wait (low for ``io_timeout``)."""
+        since = self._guest_low.get(key)
+        return since is not None and now >= since + self.config.io_timeout
 
     def _primary_in_io(self, guest: Held) -> bool:
         """Whether the primary on the guest's GPU is inside ``io_wait()`` now."""
@@ -48,6 +90,7 @@ class GuestControl:
         settled = h.started_at is not None and now - h.started_at >= self.gate_grace
         settled = settled and not self._starting(ch, h, now)
         may_stop = h.pid is not None and gateless and (settled or ch is None)
+        may_stop = may_stop and not self._own_io(key, now)  # its I/O goes on (module doc)
         if may_stop and key not in self._stopped and proc.stop(h.pgid, h.pid):
             self._stopped.add(key)
             return "signal"
@@ -91,7 +134,7 @@ class GuestControl:
             # A guest that never used its gate and shows compute is stopped at once; a gate
             # user gets gate_grace to reach its gate (it may be between two gate calls).
             gateless_busy = (ch is None or not ch.uses_gate()) and self._busy(h, samples)
-            if now - since < self.gate_grace and not gateless_busy:
+            if (now - since < self.gate_grace or self._own_io(key, now)) and not gateless_busy:
                 continue
             if proc.stop(h.pgid, h.pid):
                 self._stopped.add(key)

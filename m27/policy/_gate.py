@@ -201,8 +201,19 @@ def gate(
             g.paused = True
         return next_check
     order = sorted(guests, key=Slot.guest_rank)
-    # a guest in its own I/O wait (its hint) would leave the gap unused: the next one fills it
-    ready = next((g for g in order if not g.io_waiting), order[0])
+    # a guest in its own I/O wait (its hint, or its own utilization low for io_timeout)
+    # would leave the gap unused: the next one fills it
+    timeout = cfg.io_timeout
+    ready = None
+    for g in order:
+        since = g.low_since
+        inferred = since is not None and now >= since + timeout
+        if since is not None and not inferred:  # its own I/O is inferred then: ask again
+            due = since + timeout
+            next_check = due if next_check is None else min(next_check, due)
+        if ready is None and not g.io_waiting and not inferred:
+            ready = g
+    ready = ready or order[0]
     standby[i] = ready.key
     best = ready if io else None
     for g in order:

@@ -78,7 +78,12 @@ class Running:
     """A step that holds a lease: a GPU primary, a guest, or a CPU step.
 
     ``io_waiting`` is the step's own hint (``with m27.io_wait():``); the agent may also
-    infer I/O waits from utilization, which it reports in :class:`GpuView`.
+    infer I/O waits from utilization, which it reports in :class:`GpuView` for a primary
+    and in ``util_low_since`` for a guest: since when the guest's own utilization has
+    stayed under ``io_util_threshold`` while its gate was open (kept while it is paused:
+    it has not computed since; None while it computes, or when unknown). A guest that
+    gives no hint (``gmx``) is then known to wait on its own I/O after ``io_timeout``, and
+    another guest fills the primary's gap instead.
     """
 
     key: StepKey
@@ -95,6 +100,7 @@ class Running:
     started_at: float = 0.0
     time_limit: float | None = None
     io_waiting: bool = False
+    util_low_since: float | None = None
 
 
 @dataclass(frozen=True)

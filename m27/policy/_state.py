@@ -47,6 +47,8 @@ class Slot:
     started_at: float = 0.0
     time_limit: float | None = None
     gpus: int = 1
+    #: a guest's own utilization low since then (inferred I/O; see `Running`)
+    low_since: float | None = None
 
     @classmethod
     def of_running(cls, r: Running, now: float, cfg: PolicyConfig) -> Slot:
@@ -73,6 +75,7 @@ class Slot:
             r.started_at,
             r.time_limit,
             n if n > 1 else 1,
+            r.util_low_since,
         )
 
     @classmethod

@@ -370,7 +370,7 @@ class _Engine:
 def _io_goes_on(lv: Live) -> bool:
     """A paused guest that marks its I/O (``m27.io_wait``, so it has a gate) keeps doing
     its I/O: only its gate is closed, and it stops there when the I/O ends."""
-    return lv.in_io and lv.job.io_hint
+    return lv.in_io
 
 
 def simulate(trace: Trace, scheduler: Scheduler, gpus: int | None = None) -> SimResult:

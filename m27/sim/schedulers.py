@@ -161,7 +161,11 @@ class PolicyScheduler:
             job_id = lv.job.id
             if job_id in live:
                 r = lv.memo
-                if r is None or r.io_waiting != (lv.job.io_hint and lv.role != "cpu" and lv.in_io):
+                if (
+                    r is None
+                    or r.io_waiting != (lv.job.io_hint and lv.role != "cpu" and lv.in_io)
+                    or r.util_low_since != _low_since(lv)
+                ):
                     r = lv.memo = _running(lv)
                 if by_id.get(job_id) is not r:
                     by_id[job_id] = r
@@ -229,8 +233,19 @@ def _running(lv: Live) -> Running:
             "started_at": lv.started_at or 0.0,
             "time_limit": job.time_limit,
             "io_waiting": job.io_hint and lv.role != "cpu" and lv.in_io,
+            "util_low_since": _low_since(lv),
         },
     )
+
+
+def _low_since(lv: Live) -> float | None:
+    """What the agent's samples would say of a guest that gives no I/O hint: its own
+    utilization is low since its I/O phase began (it can only enter one while it runs: a
+    paused guest without a hint stands still, and the agent keeps the time while it is
+    paused). Hinted steps and primaries report none (their hint, or the GPU view)."""
+    if lv.role != "guest" or lv.job.io_hint or not lv.in_io:
+        return None
+    return lv.phase_started
 
 
 def _free_gpus(state: SimState) -> list[int]:

@@ -59,7 +59,8 @@ class Step:
     on: tuple[int, ...] = ()
     started_at: float = 0.0
     paused: bool = False
-    #: a primary in an I/O phase since this time (None: it computes)
+    #: in an I/O phase since this time (None: it computes); a guest's own I/O, when it
+    #: gives no hint, is what its own utilization shows (``Running.util_low_since``)
     io_since: float | None = None
     #: the step marks its own I/O waits (``m27.io_wait``)
     io_hint: bool = False
@@ -74,7 +75,7 @@ class Step:
         """What a GPU sample would show for this step's process."""
         if self.role == "primary":
             return self.io_since is None
-        return self.role == "guest" and not self.paused
+        return self.role == "guest" and not self.paused and self.io_since is None
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class Case:
                 queued_at=s.queued_at,
                 started_at=s.started_at,
                 io_waiting=s.io_hint and s.role == "primary" and s.io_since is not None,
+                util_low_since=s.io_since if s.role == "guest" and not s.io_hint else None,
             )
             for s in self.running
             if s.role is not None
@@ -184,6 +186,20 @@ CASES: tuple[Case, ...] = (
             Step("g/ana", 5.0, role="guest", tier="ready", on=(0,), started_at=50.0, paused=True),
         ),
         expected=(ResumeGuest(_k("g/ana"), 0),),
+    ),
+    # No hints: the primary and its running guest (an md of its own) both show no compute
+    # since 500.0, longer than io_timeout: the guest waits on its own I/O, so the next
+    # guest fills the gap (the first is paused; its I/O goes on, see docs/policy.md).
+    Case(
+        "a guest in its own unhinted I/O gives way to the next guest",
+        gpus=1,
+        now=500.2,
+        steps=(
+            Step("a/md", 0.0, role="primary", on=(0,), io_since=500.0),
+            Step("g/md", 5.0, priority=5, role="guest", tier="ready", on=(0,), io_since=500.0),
+            Step("h/ana", 6.0, role="guest", tier="ready", on=(0,), paused=True),
+        ),
+        expected=(PauseGuest(_k("g/md"), 0), ResumeGuest(_k("h/ana"), 0)),
     ),
     # No hint and only 20 ms of low utilization: wait, and look again at 500.05.
     Case(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from m27.policy import (
     GpuView,
+    PauseGuest,
     Pending,
     PolicyInput,
     Promote,
@@ -118,3 +119,42 @@ def test_where_the_reserved_step_leaves_no_room_a_guest_may_backfill_by_its_limi
     got = {a.key[1]: (a.gpus, a.tier) for a in d.actions if hasattr(a, "tier")}
     assert got["short"] == ((1,), "immediate")
     assert got["other"][1] == "ready"
+
+
+def test_a_guest_without_hints_whose_own_utilization_stays_low_gives_way_to_the_next() -> None:
+    # the primary's I/O is inferred (idle since 0); the running guest shows no compute of
+    # its own since 10.0: after io_timeout it is known to wait on its own I/O
+    view = GpuView(0, 16 * G, None, False, 0.0, 0.0)
+    prim = Running(("r", "md"), gpus=(0,), gpu_memory=4 * G)
+    first = Running(("r", "first"), role="guest", tier="ready", gpus=(0,), gpu_memory=2 * G,
+                    priority=9, util_low_since=10.0)  # fmt: skip
+    running = (prim, first, _guest("second", priority=1))
+    cfg = PolicyConfig(guests_per_gpu=2)
+    d = decide(PolicyInput((), running, (view,), 10.01, cfg))
+    assert d.actions == () and d.next_check == 10.0 + cfg.io_timeout
+    assert d.standby == {0: ("r", "first")}
+    d = decide(PolicyInput((), running, (view,), 10.0 + cfg.io_timeout, cfg))
+    assert d.actions == (PauseGuest(("r", "first"), 0), ResumeGuest(("r", "second"), 0))
+    assert d.standby == {0: ("r", "second")}
+
+
+def test_a_paused_guest_without_hints_keeps_doing_its_own_io_while_another_fills_the_gap() -> None:
+    # b (no hint, ranked first) enters its own I/O at 15 while a waits on I/O: c computes
+    # instead from 15.05; b's I/O goes on while it is paused (the agent stops it only once
+    # it computes), so at 35 it is ready and takes the gap back (it ranks first) and ends
+    # at 40; c has 0.05 s left, done once promoted at 50. Without the rule c would have
+    # computed nothing before 50 and end at 70.
+    def job(id: str, phases: tuple[tuple[str, float], ...], **kw: object) -> Job:
+        return Job(id, 0, phases, gpu_memory=4 * GIB, **kw)  # type: ignore[arg-type]
+
+    trace = Trace(
+        jobs=(
+            job("a/main", (("compute", 10), ("io", 30), ("compute", 10)), priority=10),
+            job("b/md", (("compute", 5), ("io", 20), ("compute", 5)), priority=5, io_hint=False),
+            job("c/fit", (("compute", 20),), priority=1),
+        ),
+        gpus=1,
+    )
+    result = simulate(trace, make_scheduler("m27", PolicyConfig(guests_per_gpu=2)))
+    ends = {lv.job.id: round(lv.finished_at or 0.0, 2) for lv in result.jobs}
+    assert ends == {"a/main": 50.0, "b/md": 40.0, "c/fit": 50.05}

@@ -170,10 +170,20 @@ def agent_input(case: Case, home: Path) -> PolicyInput:
         lows = {s.io_since for s in case.running if s.io_since is not None}
         assert len(lows) <= 1, "the agent learns one I/O start per sampling pass"
         for t in lows:  # the pass at which utilization dropped
-            agent._views(backend.sample(t), t)
-        views = agent._views(backend.sample(case.now), case.now)
+            samples = backend.sample(t)
+            agent._views(samples, t)
+            agent._track_guests(samples, t)
+        samples = backend.sample(case.now)
+        views = agent._views(samples, case.now)
+        agent._track_guests(samples, case.now)
         return policy_input(
-            agent.book, views, case.now, case.config, usage={}, io_waiting=agent._io_waiting
+            agent.book,
+            views,
+            case.now,
+            case.config,
+            usage={},
+            io_waiting=agent._io_waiting,
+            util_low_since=agent._guest_low.get,
         )
     finally:
         agent.close()

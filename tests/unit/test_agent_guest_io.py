@@ -1,0 +1,103 @@
+"""A guest that gives no I/O hint, in its own I/O: the agent tells the policy (its own
+utilization is low while it may compute) and does not stop it by signal while that I/O
+goes on, only once a sample shows it computing again (docs/policy.md, "Filling the gaps")."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from m27 import events as ev
+from m27 import liveness
+from m27.clock import FakeClock
+from m27.gpu.sim import SimBackend
+from m27.node.agent import Agent, channel_path
+from m27.node.book import policy_input
+from m27.step._channel import Channel
+from m27.store.memory import MemoryEventStore
+
+#: Far above any pid_max: the primary is a made-up process, never signalled.
+PRIMARY_PID = 90_000_000
+GIB = 2**30
+
+
+@pytest.fixture
+def guest_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A real process in its own group, standing for a ``gmx`` guest (stopped by signal)."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield proc
+    proc.send_signal(signal.SIGCONT)
+    proc.kill()
+    proc.wait()
+
+
+def _node(home: Path, guest_pid: int) -> tuple[Agent, SimBackend, Channel]:
+    store = MemoryEventStore()
+    backend = SimBackend(1, memory_total=16 * GIB)
+    path = channel_path(home, ("g", "md"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    chan = Channel.create(path, gate_open=True)
+    events: list[ev.Event] = []
+    for run, pid, tier in (("a", PRIMARY_PID, "immediate"), ("g", guest_pid, "ready")):
+        events.append(
+            ev.StepRequested(at=0.0, run_id=run, step="md", type="gpu", priority=5,
+                             gpus=1, gpu_memory=4 * GIB, owner="ann", pid=PRIMARY_PID)
+        )  # fmt: skip
+        channel = str(path) if run == "g" else ""
+        events.append(ev.LeaseGranted(0.0, run, "md", (0,), tier, channel))
+        if run == "g":
+            events.append(ev.GuestStarted(at=0.0, run_id=run, step="md", gpu=0))
+        events.append(
+            ev.StepStarted(at=0.0, run_id=run, step="md", attempt=1, pid=pid, pgid=pid,
+                           command=("gmx",), gpus=(0,))
+        )  # fmt: skip
+    store.append(events)
+    agent = Agent(store, backend, home, clock=FakeClock(100.0), snapshot_every=None)
+    for rec in store.read():
+        agent._apply(rec)
+    return agent, backend, chan
+
+
+def _stopped(pid: int) -> bool:
+    return liveness.status(pid) in liveness.STOPPED
+
+
+def test_a_guest_without_hints_in_its_own_io_is_reported_and_not_stopped_until_it_computes(
+    m27_home: Path, guest_process: subprocess.Popen[bytes]
+) -> None:
+    pid = guest_process.pid
+    agent, backend, chan = _node(m27_home, pid)
+    key = ("g", "md")
+    try:
+        backend.set_computing(PRIMARY_PID, False)
+        backend.set_computing(pid, False)  # its gate is open, it shows no compute: I/O
+        agent._track_guests(backend.sample(100.0), 100.0)
+        samples = backend.sample(100.2)
+        agent._track_guests(samples, 100.2)
+        inp = policy_input(agent.book, agent._views(samples, 100.2), 100.2, agent.config,
+                           util_low_since=agent._guest_low.get)  # fmt: skip
+        assert {r.key: r.util_low_since for r in inp.running} == {("a", "md"): None, key: 100.0}
+        # paused (another guest fills the gap): its own I/O goes on, no SIGSTOP
+        held = agent.book.held[key]
+        assert agent._pause(key, held, 100.2) == "gate" and not _stopped(pid)
+        agent.book.apply(ev.GuestPaused(at=100.2, run_id="g", step="md", gpu=0))
+        assert agent._escalate(101.0, set(), backend.sample(101.0)) == []
+        assert not _stopped(pid)
+        # while paused the time is kept (it has not computed since), so it stays in its I/O
+        agent._track_guests(backend.sample(101.0), 101.0)
+        assert agent._guest_low == {key: 100.0}
+        # its I/O ends and it computes: stopped by signal at once, and no longer in I/O
+        backend.set_computing(pid, True)
+        samples = backend.sample(101.1)
+        agent._track_guests(samples, 101.1)
+        assert agent._guest_low == {}
+        (paused,) = agent._escalate(101.1, set(), samples)
+        assert isinstance(paused, ev.GuestPaused) and paused.how == "signal"
+        assert _stopped(pid)
+    finally:
+        agent.close()
+        chan.close()
