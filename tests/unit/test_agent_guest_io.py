@@ -19,6 +19,7 @@ from m27.node.agent import Agent, channel_path
 from m27.node.book import policy_input
 from m27.step._channel import Channel
 from m27.store.memory import MemoryEventStore
+from tests.waiting import wait_until
 
 #: Far above any pid_max: the primary is a made-up process, never signalled.
 PRIMARY_PID = 90_000_000
@@ -97,7 +98,7 @@ def test_a_guest_without_hints_in_its_own_io_is_reported_and_not_stopped_until_i
         assert agent._guest_low == {}
         (paused,) = agent._escalate(101.1, set(), samples)
         assert isinstance(paused, ev.GuestPaused) and paused.how == "signal"
-        assert _stopped(pid)
+        wait_until(lambda: _stopped(pid), what="the guest stopped by SIGSTOP")
     finally:
         agent.close()
         chan.close()
