@@ -10,9 +10,9 @@ guest whose step has not opened its channel yet is still starting and is left al
 A guest that gives no I/O hint (``gmx``) may be waiting on its own I/O: the agent keeps
 since when its own utilization has stayed low while it was let compute
 (:meth:`GuestControl._track_guests`, reported as ``Running.util_low_since``), and the
-policy lets another guest fill the gap. Such a guest, once paused, is not stopped while
-its own I/O goes on (stopping it would stop that I/O too): only when a sample shows it
-computing again (``_escalate``), as the simulator models it.
+policy lets another guest fill the gap. Such a guest, paused while its own utilization
+is low, is not stopped while that lasts (stopping it would stop its I/O too): only when a
+sample shows it computing again (``_escalate``), as the simulator models it.
 """
 
 from __future__ import annotations
@@ -71,11 +71,6 @@ class GuestControl:
         for key in [k for k in low if k not in seen]:
             del low[key]
 
-    def _own_io(self, key: StepKey, now: float) -> bool:
-        """Whether a guest without hints is in its own I/O wait (low for ``io_timeout``)."""
-        since = self._guest_low.get(key)
-        return since is not None and now >= since + self.config.io_timeout
-
     def _primary_in_io(self, guest: Held) -> bool:
         """Whether the primary on the guest's GPU is inside ``io_wait()`` now."""
         prim = self.book.primaries().get(guest.gpus[0]) if guest.gpus else None
@@ -90,7 +85,7 @@ class GuestControl:
         settled = h.started_at is not None and now - h.started_at >= self.gate_grace
         settled = settled and not self._starting(ch, h, now)
         may_stop = h.pid is not None and gateless and (settled or ch is None)
-        may_stop = may_stop and not self._own_io(key, now)  # its I/O goes on (module doc)
+        may_stop = may_stop and key not in self._guest_low  # its I/O goes on (module doc)
         if may_stop and key not in self._stopped and proc.stop(h.pgid, h.pid):
             self._stopped.add(key)
             return "signal"
@@ -134,7 +129,7 @@ class GuestControl:
             # A guest that never used its gate and shows compute is stopped at once; a gate
             # user gets gate_grace to reach its gate (it may be between two gate calls).
             gateless_busy = (ch is None or not ch.uses_gate()) and self._busy(h, samples)
-            if (now - since < self.gate_grace or self._own_io(key, now)) and not gateless_busy:
+            if (now - since < self.gate_grace or key in self._guest_low) and not gateless_busy:
                 continue
             if proc.stop(h.pgid, h.pid):
                 self._stopped.add(key)

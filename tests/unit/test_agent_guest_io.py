@@ -77,15 +77,16 @@ def test_a_guest_without_hints_in_its_own_io_is_reported_and_not_stopped_until_i
         backend.set_computing(PRIMARY_PID, False)
         backend.set_computing(pid, False)  # its gate is open, it shows no compute: I/O
         agent._track_guests(backend.sample(100.0), 100.0)
+        # paused (the primary computes again, or another guest fills the gap) while its
+        # own utilization is low: its own I/O goes on, no SIGSTOP
+        held = agent.book.held[key]
+        assert agent._pause(key, held, 100.02) == "gate" and not _stopped(pid)
+        agent.book.apply(ev.GuestPaused(at=100.02, run_id="g", step="md", gpu=0))
         samples = backend.sample(100.2)
         agent._track_guests(samples, 100.2)
         inp = policy_input(agent.book, agent._views(samples, 100.2), 100.2, agent.config,
                            util_low_since=agent._guest_low.get)  # fmt: skip
         assert {r.key: r.util_low_since for r in inp.running} == {("a", "md"): None, key: 100.0}
-        # paused (another guest fills the gap): its own I/O goes on, no SIGSTOP
-        held = agent.book.held[key]
-        assert agent._pause(key, held, 100.2) == "gate" and not _stopped(pid)
-        agent.book.apply(ev.GuestPaused(at=100.2, run_id="g", step="md", gpu=0))
         assert agent._escalate(101.0, set(), backend.sample(101.0)) == []
         assert not _stopped(pid)
         # while paused the time is kept (it has not computed since), so it stays in its I/O
