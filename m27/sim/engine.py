@@ -4,7 +4,8 @@ The engine knows nothing about policy. At every instant where something happened
 arrival, a phase change, an end, a requested wake-up) it asks a scheduler for actions
 (the same action types :func:`m27.policy.decide` returns) and applies them. Model: GPU
 compute is exclusive; a guest computes at full speed while its primary is in an I/O
-phase; a paused guest makes no progress; I/O does not use the GPU.
+phase; a paused guest makes no progress, except through its own I/O; I/O does not use
+the GPU.
 """
 
 from __future__ import annotations
@@ -368,8 +369,9 @@ class _Engine:
 
 
 def _io_goes_on(lv: Live) -> bool:
-    """A paused guest that marks its I/O (``m27.io_wait``, so it has a gate) keeps doing
-    its I/O: only its gate is closed, and it stops there when the I/O ends."""
+    """A paused guest keeps doing its own I/O and stops when that I/O ends: one that marks
+    it (``m27.io_wait``) has only its gate closed; one without hints is not stopped by the
+    agent while its own utilization is low, only once it computes (m27.node.guests)."""
     return lv.in_io
 
 
