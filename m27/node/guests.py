@@ -52,12 +52,14 @@ class GuestControl:
 
         The clock starts only while the guest may compute (a paused one shows none
         because it is paused) and is kept while it is paused (it has not computed since);
-        a sample showing it compute, or no per-process figure, ends it."""
+        a sample showing it compute, or no per-process figure, ends it. Primaries are
+        followed too (the policy reads only the guests'): a background primary demoted in
+        its own I/O keeps its time, as the simulator's phase does."""
         by_gpu = {s.index: s for s in samples}
         low = self._guest_low
         seen: set[StepKey] = set()
         for key, h in self.book.held.items():
-            if not h.guest or not h.gpus or h.pid is None or self._hints(key):
+            if not h.gpus or h.pid is None or self._hints(key):
                 continue
             s = by_gpu.get(h.gpus[0])
             util = self._util(s, h) if s is not None else None

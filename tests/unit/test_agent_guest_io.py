@@ -36,14 +36,16 @@ def guest_process() -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
-def _node(home: Path, guest_pid: int) -> tuple[Agent, SimBackend, Channel]:
+def _node(
+    home: Path, guest_pid: int, primary_pid: int = PRIMARY_PID
+) -> tuple[Agent, SimBackend, Channel]:
     store = MemoryEventStore()
     backend = SimBackend(1, memory_total=16 * GIB)
     path = channel_path(home, ("g", "md"))
     path.parent.mkdir(parents=True, exist_ok=True)
     chan = Channel.create(path, gate_open=True)
     events: list[ev.Event] = []
-    for run, pid, tier in (("a", PRIMARY_PID, "immediate"), ("g", guest_pid, "ready")):
+    for run, pid, tier in (("a", primary_pid, "immediate"), ("g", guest_pid, "ready")):
         events.append(
             ev.StepRequested(at=0.0, run_id=run, step="md", type="gpu", priority=5,
                              gpus=1, gpu_memory=4 * GIB, owner="ann", pid=PRIMARY_PID)
@@ -91,15 +93,31 @@ def test_a_guest_without_hints_in_its_own_io_is_reported_and_not_stopped_until_i
         assert not _stopped(pid)
         # while paused the time is kept (it has not computed since), so it stays in its I/O
         agent._track_guests(backend.sample(101.0), 101.0)
-        assert agent._guest_low == {key: 100.0}
+        assert agent._guest_low.get(key) == 100.0
         # its I/O ends and it computes: stopped by signal at once, and no longer in I/O
         backend.set_computing(pid, True)
         samples = backend.sample(101.1)
         agent._track_guests(samples, 101.1)
-        assert agent._guest_low == {}
+        assert key not in agent._guest_low
         (paused,) = agent._escalate(101.1, set(), samples)
         assert isinstance(paused, ev.GuestPaused) and paused.how == "signal"
         wait_until(lambda: _stopped(pid), what="the guest stopped by SIGSTOP")
+    finally:
+        agent.close()
+        chan.close()
+
+
+def test_a_primary_without_hints_demoted_in_its_own_io_is_not_stopped_until_it_computes(
+    m27_home: Path, guest_process: subprocess.Popen[bytes]
+) -> None:
+    # the simulator lets a demoted primary's own I/O go on as a guest's: so does the agent
+    pid = guest_process.pid
+    agent, backend, chan = _node(m27_home, PRIMARY_PID, primary_pid=pid)
+    try:
+        backend.set_computing(pid, False)
+        agent._track_guests(backend.sample(100.0), 100.0)
+        held = agent.book.held[("a", "md")]
+        assert agent._pause(("a", "md"), held, 100.02) == "gate" and not _stopped(pid)
     finally:
         agent.close()
         chan.close()
