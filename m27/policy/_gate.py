@@ -206,7 +206,7 @@ def gate(
     timeout = cfg.io_timeout
     ready = None
     for g in order:
-        since = g.low_since
+        since = g.util_low_since
         inferred = since is not None and now >= since + timeout
         if since is not None and not inferred:  # its own I/O is inferred then: ask again
             due = since + timeout

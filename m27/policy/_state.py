@@ -48,7 +48,7 @@ class Slot:
     time_limit: float | None = None
     gpus: int = 1
     #: a guest's own utilization low since then (inferred I/O; see `Running`)
-    low_since: float | None = None
+    util_low_since: float | None = None
 
     @classmethod
     def of_running(cls, r: Running, now: float, cfg: PolicyConfig) -> Slot:
