@@ -61,15 +61,17 @@ def guests(queue: Iterable[Ranked], pa: Pass) -> None:
     # Memory per host, kept up to date here: a long queue asks about every host per step.
     cap = {i: gpus[i].view.memory_total * cfg.memory_overprovision for i in hosts}
     used = {i: gpus[i].guest_used() for i in hosts}
-    # On a held GPU where the reserved step leaves less than `guest_memory_margin` of the
-    # GPU beside it, a guest whose declared limit ends before that step is expected to
-    # have all its GPUs need not fit beside it (EASY backfill, as a guest): only beside
-    # who is there now.
+    # On a held GPU with no primary (a guest computes alone there, at the speed its
+    # declared limit assumes), or where the reserved step leaves less than
+    # `guest_memory_margin` of the GPU beside it, a guest whose declared limit ends before
+    # that step is expected to have all its GPUs need not fit beside it (EASY backfill,
+    # as a guest): only beside who is there now.
     margin = cfg.guest_memory_margin
     now_used = {
         i: gpus[i].used_memory()
         for i in hosts
-        if gpus[i].reserved_for is not None and cap[i] - gpus[i].reserved_need < margin * cap[i]
+        if gpus[i].reserved_for is not None
+        and (gpus[i].primary is None or cap[i] - gpus[i].reserved_need < margin * cap[i])
     }
     room = max(cap[i] - now_used.get(i, used[i]) for i in hosts)
     needs = pa.needs
@@ -117,9 +119,11 @@ def guests(queue: Iterable[Ranked], pa: Pass) -> None:
                     and cap[i] > 0
                     and u + memory <= cap[i]
                 ]
-            if r.background and fitting:
+            if r.eff < cfg.background_priority_max and fitting:
                 # a background grant on a GPU with no primary would be a primary (the
-                # background tier's own meaning): background guests need a primary
+                # background tier's own meaning): background guests need a primary. A
+                # gpu_light step above that bound is a natural guest, not background
+                # work: on a held free GPU it is a ready guest, computing alone.
                 fitting = [i for i in fitting if gpus[i].primary is not None]
         if not fitting:
             if seen is None:
@@ -133,7 +137,7 @@ def guests(queue: Iterable[Ranked], pa: Pass) -> None:
             for j in fitting:
                 if cap[j] - used[j] > best:
                     i, best = j, cap[j] - used[j]
-        tier: Tier = "background" if r.background else "ready"
+        tier: Tier = "background" if r.background and gpus[i].primary is not None else "ready"
         slot = Slot.of_pending(p, r.eff, tier, paused=True, started_at=now)
         slot.memory = memory
         gpus[i].guests.append(slot)

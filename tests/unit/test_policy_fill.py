@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from m27.policy import (
     GpuView,
+    Grant,
     PauseGuest,
     Pending,
     PolicyInput,
@@ -158,3 +159,35 @@ def test_a_paused_guest_without_hints_keeps_doing_its_own_io_while_another_fills
     result = simulate(trace, make_scheduler("m27", PolicyConfig(guests_per_gpu=2)))
     ends = {lv.job.id: round(lv.finished_at or 0.0, 2) for lv in result.jobs}
     assert ends == {"a/main": 50.0, "b/md": 40.0, "c/fit": 50.05}
+
+
+def _held_free() -> tuple[tuple[GpuView, GpuView], Running, Pending]:
+    """GPU 0 free and GPU 1 busy for an hour at most: both held for a 2-GPU step."""
+    views = (GpuView(0, 16 * G), GpuView(1, 16 * G))
+    other = Running(("r", "other"), gpus=(1,), gpu_memory=4 * G, time_limit=3600.0)
+    return views, other, Pending(("r", "wide"), priority=20, gpus=2, gpu_memory=10 * G)
+
+
+def test_a_gpu_light_step_is_a_ready_guest_on_a_held_free_gpu_and_background_work_is_not() -> None:
+    views, other, wide = _held_free()
+    light = Pending(("r", "light"), type="gpu_light", priority=10, gpu_memory=4 * G)
+    sweep = Pending(("r", "sweep"), priority=-5, gpu_memory=4 * G)
+    d = decide(PolicyInput((wide, light, sweep), (other,), views, 0.0))
+    # light computes alone where nothing runs; the sweep needs a primary to be a guest beside
+    assert Grant(("r", "light"), (0,), "ready") in d.actions
+    assert Grant(("r", "sweep"), (1,), "background") in d.actions
+    assert d.standby[0] == ("r", "light")
+
+
+def test_a_guest_that_ends_by_its_limit_before_the_reservation_need_not_fit_beside_it() -> None:
+    views, other, wide = _held_free()
+    # 8 GiB beside the reserved 10 GiB does not fit a 16 GiB GPU; on the held free GPU the
+    # guest computes alone, so a declared limit within the hour is kept
+    short = Pending(("r", "short"), type="gpu_light", priority=10, gpu_memory=8 * G,
+                    time_limit=1800.0)  # fmt: skip
+    d = decide(PolicyInput((wide, short), (other,), views, 0.0))
+    assert Grant(("r", "short"), (0,), "ready") in d.actions
+    late = Pending(("r", "late"), type="gpu_light", priority=10, gpu_memory=8 * G,
+                   time_limit=7200.0)  # fmt: skip
+    d = decide(PolicyInput((wide, late), (other,), views, 0.0))
+    assert not any(isinstance(a, Grant) for a in d.actions)
