@@ -44,6 +44,7 @@ from m27.events._rows import (
     current_layouts,
     decode_records,
     decode_row,
+    decode_span,
     encode_positional,
 )
 from m27.events._run import (
@@ -114,6 +115,7 @@ __all__ = [
     "decode",
     "decode_records",
     "decode_row",
+    "decode_span",
     "encode",
     "encode_positional",
     "event",

@@ -37,6 +37,7 @@ from m27.events import (
     current_layouts,
     decode_records,
     decode_row,
+    decode_span,
     encode_positional,
 )
 from m27.store import _encode
@@ -312,23 +313,60 @@ class SqliteEventStore:
         Chunks, not one ``fetchall``: each chunk's row tuples are freed before the next is
         fetched, so their memory is reused while it is still in the CPU's caches, and a 1M
         replay never holds a million rows beside a million events (measured ~0.5 us per
-        event less CPU than ``fetchall`` in a 300k replay on this VM). The statement's read
-        snapshot is kept to the end, so a read sees one consistent log, as before.
+        event less CPU than ``fetchall`` in a 300k replay on this VM). A read sees one
+        consistent log: the first statement's read snapshot is kept to the end (by the
+        statement itself, or by the read transaction :meth:`_spans` opens while it is
+        still pending).
         """
         with self._failing("read event log"):
             cursor = conn.execute(
-                "SELECT seq, kind, version, payload FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
-                (after, -1 if limit is None else limit),
+                _ROWS + " ORDER BY seq LIMIT ?", (after, -1 if limit is None else limit)
             )
             rows = cursor.fetchmany(_CHUNK)
             if len(rows) < _CHUNK:
                 return self._decode(rows)  # the common read: a follower's few new events
             out: list[Recorded] = []
             with _collector_paused():
+                if limit is None:
+                    return self._spans(conn, cursor, self._decode(rows))
                 while rows:
                     out += self._decode(rows)
                     rows = cursor.fetchmany(_CHUNK)
             return out
+
+    def _spans(
+        self, conn: sqlite3.Connection, pending: sqlite3.Cursor, out: list[Recorded]
+    ) -> list[Recorded]:
+        """The rest of the log after `out` (the first chunk of a read to the end, whose
+        statement `pending` still holds its snapshot) in spans of :data:`_CHUNK` seqs.
+
+        A span that holds all of its seqs (``seq`` is gapless, see the module) is read
+        without the ``seq`` column and, for rows at version 1, without ``version``
+        (:data:`_SPAN`, :func:`m27.events.decode_span`): two columns for sqlite3 to turn
+        into objects instead of four, ~0.1 us per event less. Any other span (a gap, a
+        row at another version, a row that fails) is read again with all four columns.
+        """
+        conn.execute("BEGIN")  # keeps the pending statement's snapshot after it ends
+        try:
+            pending.close()
+            start = out[-1].seq
+            (last,) = conn.execute("SELECT MAX(seq) FROM events").fetchone()
+            while start < last:
+                end = start + _CHUNK
+                span = conn.execute(_SPAN, (start, end)).fetchall()
+                try:
+                    got = decode_span(start, span, self._layouts) if len(span) == _CHUNK else None
+                except UnknownEventError:
+                    got = None
+                del span
+                if got is None:
+                    rows = conn.execute(_ROWS + " AND seq <= ? ORDER BY seq", (start, end))
+                    got = self._decode(rows.fetchall())
+                out += got
+                start = end
+        finally:
+            _rollback(conn)  # it only read: nothing to keep
+        return out
 
     def _decode(self, rows: list[tuple[int, str, int, str]]) -> list[Recorded]:
         try:
@@ -352,6 +390,13 @@ class SqliteEventStore:
 #: garbage collector paused.
 _CHUNK = 1000
 _MANY_ROWS = _CHUNK
+_ROWS = "SELECT seq, kind, version, payload FROM events WHERE seq > ?"
+#: A gapless span's rows: (kind, payload), the kind NULL for a row at another version than
+#: 1 (what every kind is at today; such a span is read again with :data:`_ROWS`).
+_SPAN = (
+    "SELECT CASE version WHEN 1 THEN kind END, payload FROM events"
+    " WHERE seq > ? AND seq <= ? ORDER BY seq"
+)
 
 
 @contextlib.contextmanager
