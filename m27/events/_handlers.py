@@ -34,8 +34,12 @@ def _on_step(cls: type[_S]) -> Callable[[Callable[[StepState, _S], None]], Calla
 
     def register(fn: Callable[[StepState, _S], None]) -> Callable[..., None]:
         def handler(state: NodeState, e: _S) -> None:
-            if step := _step(state, e.run_id, e.step):
-                fn(step, e)
+            # _step's lookups, inline (a replay calls this for most events)
+            run = state.runs.get(e.run_id)
+            if run is None:
+                state.unknown_run_events += 1
+                return
+            fn(run.steps.get(e.step) or run.step(e.step), e)
 
         _HANDLERS[cls] = handler
         return fn

@@ -133,6 +133,25 @@ def test_replaying_a_mixed_log_builds_the_projection_of_its_events_one_by_one(
     assert replayed.last_seq == len(events) and replayed.runs  # the log had content
 
 
+def test_fold_does_what_apply_does_for_records_events_and_kinds_without_a_handler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from m27.events._handlers import _HANDLERS
+
+    monkeypatch.delitem(_HANDLERS, GpuLost)  # a kind added without a handler
+    events = _mixed(len(ALL) * 4)
+    mixed: list[Recorded | Event] = [
+        Recorded(seq, e) if seq % 3 else e for seq, e in enumerate(events, start=1)
+    ]
+    state = fold([])
+    for rec in mixed:
+        apply(state, rec)
+    folded = fold(mixed)
+    assert folded == state
+    assert folded.unhandled_kinds == {"GpuLost"}
+    assert folded.last_seq == max(r.seq for r in mixed if isinstance(r, Recorded))
+
+
 @pytest.mark.usefixtures("small_chunks")
 def test_a_gap_in_the_seqs_is_read_with_the_seqs_it_has(tmp_path: Path) -> None:
     """m27 writes no gaps; a log with one (edited, or pruned) still reads exactly."""
