@@ -1,6 +1,6 @@
 """Event log benchmark: m27's SQLite EventStore against raw sqlite3 on the same rows.
 
-    python benchmarks/bench_store.py [--events 1000000] [--batch 100] [--named] [--json]
+    python benchmarks/bench_store.py [--events 1000000] [--batch 100] [--named] [--fold] [--json]
 
 A mix of typical events (StepStarted, StepSucceeded, GuestPaused, GuestResumed) is
 appended in batches of --batch through ``SqliteEventStore.append`` and, as the baseline,
@@ -13,7 +13,9 @@ fastest kept), so a busy machine slows both alike. A replay's time includes free
 it read (the list is dropped), on both sides; ``replay_free_s*`` says how much of it that
 was. ``--named`` also replays the same events stored in the named format (JSON objects,
 what every log before schema version 2 holds) through the same m27, in the same rounds.
-Ratios are m27 / baseline, same run, in wall time and in CPU time of this process (the
+``--fold`` also folds each m27 replay into the projection (``m27.events.state.fold``: what
+the agent and ``m27 replay`` do with a replay), timed on its own (``fold_s*``). Ratios are
+m27 / baseline, same run, in wall time and in CPU time of this process (the
 steadier figure on a shared machine); the load average is recorded before and after.
 Targets (issue 16): append >= 50k events/s batched, replay of 1M events <= 5 s.
 """
@@ -36,11 +38,13 @@ from m27.events import (
     Event,
     GuestPaused,
     GuestResumed,
+    RunSubmitted,
     StepStarted,
     StepSucceeded,
     encode,
     encode_positional,
 )
+from m27.events.state import fold
 from m27.store.sqlite import SqliteEventStore
 
 TARGET_APPEND_PER_S = 50_000.0
@@ -48,9 +52,14 @@ TARGET_REPLAY_1M_S = 5.0
 
 
 def sample(i: int) -> Event:
-    """One of four typical events, cycling (payloads 60-250 bytes of JSON)."""
+    """One of four typical events, cycling (payloads 60-250 bytes of JSON); every 1000th
+    submits the run the next 999 are about (so a fold has runs and steps to change)."""
     at = 1_700_000_000.0 + i * 0.001
     run, step = f"r-{i // 1000:06d}", f"step-{i % 50}"
+    if i % 1000 == 0:
+        return RunSubmitted(
+            at=at, run_id=run, pipeline="md", spec_path="/home/u/md.yaml", steps=STEPS
+        )
     match i % 4:
         case 0:
             return StepStarted(
@@ -70,8 +79,16 @@ def sample(i: int) -> Event:
             return GuestResumed(at=at, run_id=run, step=step, gpu=i % 8)
         case _:
             return StepSucceeded(
-                at=at, run_id=run, step=step, attempt=1, duration_s=12.5, outputs=("out.gro",)
+                at=at,
+                run_id=run,
+                step=step,
+                attempt=1,
+                duration_s=12.5,
+                outputs=("out.gro",),
             )
+
+
+STEPS = tuple(f"step-{i}" for i in range(50))
 
 
 class M27Side:
@@ -175,7 +192,19 @@ class Clock:
         self.cpu.append(time.process_time() - cpu)
 
 
-def run(count: int, batch: int, root: Path, *, named: bool = False) -> dict[str, Any]:
+def _fold(side: M27Side, count: int) -> tuple[float, float]:
+    """Read the whole log, then fold it into the projection: (wall, CPU) of the fold."""
+    records = side.replay()
+    wall, cpu = time.perf_counter(), time.process_time()
+    state = fold(records)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert state.last_seq == count and state.runs
+    return wall, cpu
+
+
+def run(
+    count: int, batch: int, root: Path, *, named: bool = False, folds: bool = False
+) -> dict[str, Any]:
     """Append in alternating blocks, then replay in alternating rounds (fastest kept)."""
     load_before = _loadavg()
     m27, raw = M27Side(root / "m27.db"), RawSide(root / "raw.db")
@@ -199,6 +228,7 @@ def run(count: int, batch: int, root: Path, *, named: bool = False) -> dict[str,
         for _ in range(REPLAY_ROUNDS):
             for name, side in sides:
                 replays[name].append(_replay(side, count))
+        folded = [_fold(m27, count) for _ in range(REPLAY_ROUNDS) if folds]
     finally:
         for _, side in sides:
             side.close()
@@ -238,6 +268,12 @@ def run(count: int, batch: int, root: Path, *, named: bool = False) -> dict[str,
                 f"replay_named_ratio{suffix}": r_named / r_raw,
                 f"replay_named_1m_s{suffix}": r_named * scale,
             }
+    if folded:
+        res |= {
+            "fold_s": min(w for w, _ in folded),
+            "fold_s_cpu": min(c for _, c in folded),
+            "fold_1m_s_cpu": min(c for _, c in folded) * scale,
+        }
     res |= {
         "append_target_per_s": TARGET_APPEND_PER_S,
         "replay_1m_target_s": TARGET_REPLAY_1M_S,
@@ -263,13 +299,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="100k events")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument(
-        "--named", action="store_true", help="also replay the events in the named format"
+        "--named",
+        action="store_true",
+        help="also replay the events in the named format",
+    )
+    parser.add_argument(
+        "--fold", action="store_true", help="also fold each replay into the projection"
     )
     args = parser.parse_args(argv)
     count = 100_000 if args.quick else args.events
     root = Path(tempfile.mkdtemp(prefix="m27-bench-store-"))
     try:
-        res = run(count, args.batch, root, named=args.named)
+        res = run(count, args.batch, root, named=args.named, folds=args.fold)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
@@ -303,6 +344,11 @@ def main(argv: list[str]) -> int:
                 f"| {res[f'replay_s{suffix}_baseline']:.2f} s "
                 f"| {res[f'replay_named_ratio{suffix}']:.2f}x | |"
             )
+    if "fold_s" in res:
+        print(
+            f"| fold the replay into the projection | {res['fold_s']:.2f} s wall,"
+            f" {res['fold_s_cpu']:.2f} s CPU | | | |"
+        )
     return 0
 
 
