@@ -42,6 +42,7 @@ from m27.events._base import (
 from m27.events._rows import (
     Layouts,
     current_layouts,
+    decode_group,
     decode_records,
     decode_row,
     decode_span,
@@ -113,6 +114,7 @@ __all__ = [
     "StepSucceeded",
     "current_layouts",
     "decode",
+    "decode_group",
     "decode_records",
     "decode_row",
     "decode_span",

@@ -321,6 +321,45 @@ def decode_span(
     return out
 
 
+def decode_group(
+    first: int, kinds: str, payloads: str, count: int, layouts: Layouts
+) -> list[Recorded] | None:
+    """The records of seqs ``first + 1 ... first + count`` from one span's rows joined by
+    the store: `kinds` their kinds separated by spaces, `payloads` their payloads as one
+    JSON array (``[p1,p2,...]``), all at version 1; None unless every row is a positional
+    one its kind's builder builds (the caller then reads the span row by row).
+
+    Why joined: a row then costs sqlite3 no tuple and no payload string, and orjson one
+    call per span instead of one per row: ~0.3 us per event less in a 300k replay on this
+    VM. A row that is not one value of its own (garbled text) makes the array invalid,
+    or its length or an element's shape wrong, and so sends the span to the checked path.
+    """
+    try:
+        values = orjson.loads(payloads)
+    except orjson.JSONDecodeError:
+        return None
+    names = kinds.split(" ")
+    if len(values) != count or len(names) != count:
+        return None
+    out: list[Recorded] = []
+    append = out.append
+    fast = layouts.fast
+    seq = first
+    for kind, data in zip(names, values, strict=True):
+        seq += 1
+        try:
+            build = fast[kind]
+        except KeyError:
+            build = layouts.builder(kind)
+        if data.__class__ is not list:
+            return None
+        record = build(seq, 1, data)
+        if record is None:
+            return None
+        append(record)
+    return out
+
+
 def _other(
     seq: int, kind: str, version: int, payload: str, data: Any, layouts: Layouts | None
 ) -> Recorded:

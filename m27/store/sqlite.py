@@ -35,6 +35,7 @@ from m27.events import (
     Layouts,
     Recorded,
     current_layouts,
+    decode_group,
     decode_records,
     decode_row,
     decode_span,
@@ -310,13 +311,10 @@ class SqliteEventStore:
     def _read(self, conn: sqlite3.Connection, after: int, limit: int | None) -> list[Recorded]:
         """Rows after `after`, decoded; fetched and decoded in chunks of :data:`_CHUNK`.
 
-        Chunks, not one ``fetchall``: each chunk's row tuples are freed before the next is
-        fetched, so their memory is reused while it is still in the CPU's caches, and a 1M
-        replay never holds a million rows beside a million events (measured ~0.5 us per
-        event less CPU than ``fetchall`` in a 300k replay on this VM). A read sees one
-        consistent log: the first statement's read snapshot is kept to the end (by the
-        statement itself, or by the read transaction :meth:`_spans` opens while it is
-        still pending).
+        Chunks, not one ``fetchall``: each chunk's rows are freed before the next is
+        fetched, so their memory is reused while still in the CPU's caches (~0.5 us per
+        event less CPU in a 300k replay on this VM). A read sees one log: the first
+        statement's snapshot is kept to the end (by it, or by :meth:`_spans`).
         """
         with self._failing("read event log"):
             cursor = conn.execute(
@@ -337,28 +335,29 @@ class SqliteEventStore:
     def _spans(
         self, conn: sqlite3.Connection, pending: sqlite3.Cursor, out: list[Recorded]
     ) -> list[Recorded]:
-        """The rest of the log after `out` (the first chunk of a read to the end, whose
-        statement `pending` still holds its snapshot) in spans of :data:`_CHUNK` seqs.
-
-        A span that holds all of its seqs (``seq`` is gapless, see the module) is read
-        without the ``seq`` column and, for rows at version 1, without ``version``
-        (:data:`_SPAN`, :func:`m27.events.decode_span`): two columns for sqlite3 to turn
-        into objects instead of four, ~0.1 us per event less. Any other span (a gap, a
-        row at another version, a row that fails) is read again with all four columns.
-        """
+        """The log after `out` (a read's first chunk; its statement `pending` holds the
+        snapshot) in spans of :data:`_CHUNK` seqs. A span holding all its seqs (``seq``
+        is gapless) needs no ``seq`` column, nor ``version`` at version 1: it is read
+        joined into one row (:meth:`_joined`), else as (kind, payload) rows (:data:`_SPAN`,
+        :func:`m27.events.decode_span`), else (a gap, a failing row) with all four."""
         conn.execute("BEGIN")  # keeps the pending statement's snapshot after it ends
         try:
             pending.close()
             start = out[-1].seq
             (last,) = conn.execute("SELECT MAX(seq) FROM events").fetchone()
+            wait = 0  # spans to read row by row before the next joined read is tried
             while start < last:
                 end = start + _CHUNK
-                span = conn.execute(_SPAN, (start, end)).fetchall()
-                try:
-                    got = decode_span(start, span, self._layouts) if len(span) == _CHUNK else None
-                except UnknownEventError:
-                    got = None
-                del span
+                got = None if wait else self._joined(conn, start, end)
+                wait = max(wait - 1, 0) if wait or got is not None else _JOINED_WAIT
+                if got is None:
+                    span = conn.execute(_SPAN, (start, end)).fetchall()
+                    try:
+                        got = (
+                            decode_span(start, span, self._layouts) if len(span) == _CHUNK else None
+                        )
+                    except UnknownEventError:
+                        got = None
                 if got is None:
                     rows = conn.execute(_ROWS + " AND seq <= ? ORDER BY seq", (start, end))
                     got = self._decode(rows.fetchall())
@@ -367,6 +366,16 @@ class SqliteEventStore:
         finally:
             _rollback(conn)  # it only read: nothing to keep
         return out
+
+    def _joined(self, conn: sqlite3.Connection, start: int, end: int) -> list[Recorded] | None:
+        """The span read joined (:data:`_JOINED`, :func:`m27.events.decode_group`), or None."""
+        kinds, payloads, count, low, high, tail = conn.execute(_JOINED, (start, end)).fetchone()
+        if count != _CHUNK or low != 1 or high != 1 or not payloads.endswith(tail + "]"):
+            return None  # a gap, another version, or not the rows in seq order
+        try:
+            return decode_group(start, kinds, payloads, count, self._layouts)
+        except UnknownEventError:
+            return None
 
     def _decode(self, rows: list[tuple[int, str, int, str]]) -> list[Recorded]:
         try:
@@ -391,12 +400,21 @@ class SqliteEventStore:
 _CHUNK = 1000
 _MANY_ROWS = _CHUNK
 _ROWS = "SELECT seq, kind, version, payload FROM events WHERE seq > ?"
-#: A gapless span's rows: (kind, payload), the kind NULL for a row at another version than
-#: 1 (what every kind is at today; such a span is read again with :data:`_ROWS`).
+#: A gapless span's rows: (kind, payload), kind NULL at a version other than 1 (all today).
 _SPAN = (
     "SELECT CASE version WHEN 1 THEN kind END, payload FROM events"
     " WHERE seq > ? AND seq <= ? ORDER BY seq"
 )
+
+#: A span's rows in one: kinds (space-separated), payloads (one JSON array), count, lowest
+#: and highest version, and the last row's payload (checks that they were joined in order).
+_JOINED = (
+    "SELECT group_concat(kind, ' '), '[' || group_concat(payload, ',') || ']', count(*),"
+    " min(version), max(version), (SELECT payload FROM events WHERE seq = ?2)"
+    " FROM events WHERE seq > ?1 AND seq <= ?2"
+)
+#: Spans read row by row after one that could not be read joined (an older log's rows).
+_JOINED_WAIT = 16
 
 
 @contextlib.contextmanager

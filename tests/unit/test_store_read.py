@@ -153,6 +153,38 @@ def test_fold_does_what_apply_does_for_records_events_and_kinds_without_a_handle
 
 
 @pytest.mark.usefixtures("small_chunks")
+@pytest.mark.parametrize("garble", ["", '[1.0,"r","s",1],[2.0,"r","s",2]', '[1.0,"r"'])
+def test_spans_read_joined_give_the_same_records_and_a_garbled_row_still_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, garble: str
+) -> None:
+    """Most spans of a log of plain positional rows are read joined (one row per span);
+    a row that is not one JSON value of its own sends its span to the checked path."""
+    path = tmp_path / "events.db"
+    events = [e for e in _mixed(CHUNK * 40) if not hasattr(type(e), "__post_init__")]
+    joined: list[bool] = []
+    real = sqlite_store.decode_group  # type: ignore[attr-defined]
+
+    def spy(*args: Any) -> Any:
+        got = real(*args)
+        joined.append(got is not None)
+        return got
+
+    monkeypatch.setattr(sqlite_store, "decode_group", spy)
+    with SqliteEventStore(path) as store:
+        store.append(events)
+        if garble:
+            bad = len(events) + 1
+            _insert(path, (bad, "GuestPaused", 1, garble))
+            store.append(events[: CHUNK * 2])
+            with pytest.raises(UnknownEventError, match=f"seq {bad} in {path}"):
+                store.read()
+            return
+        records = store.read()
+        _same(records, _one_by_one(store, path))
+    assert sum(joined) >= len(events) // CHUNK // 2
+
+
+@pytest.mark.usefixtures("small_chunks")
 def test_a_gap_in_the_seqs_is_read_with_the_seqs_it_has(tmp_path: Path) -> None:
     """m27 writes no gaps; a log with one (edited, or pruned) still reads exactly."""
     path = tmp_path / "events.db"
