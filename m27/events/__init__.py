@@ -45,7 +45,6 @@ from m27.events._rows import (
     decode_group,
     decode_records,
     decode_row,
-    decode_span,
     encode_positional,
 )
 from m27.events._run import (
@@ -117,7 +116,6 @@ __all__ = [
     "decode_group",
     "decode_records",
     "decode_row",
-    "decode_span",
     "encode",
     "encode_positional",
     "event",

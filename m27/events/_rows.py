@@ -262,9 +262,13 @@ def decode_records(
     """
     out: list[Recorded] = []
     append = out.append
+    plans = _PLANS
     fast: dict[str, _Build] = layouts.fast if layouts is not None else {}
+    new = object.__new__
+    set_seq, set_event = _RECORDED_SEQ.__set__, _RECORDED_EVENT.__set__
     loads, bad_json = orjson.loads, orjson.JSONDecodeError
     for seq, kind, version, payload in rows:
+        ev: Event
         try:
             data = loads(payload)
         except bad_json:
@@ -278,46 +282,38 @@ def decode_records(
                 if record is not None:
                     append(record)
                     continue
-        append(_other(seq, kind, version, payload, data, layouts))
-    return out
-
-
-def decode_span(
-    first: int, rows: Iterable[tuple[str | None, str]], layouts: Layouts
-) -> list[Recorded] | None:
-    """The records of seqs ``first + 1, first + 2, ...``: one per row of `rows`, each
-    ``(kind, payload)`` of a row at version 1, the kind None for a row at any other version;
-    None if one is (the caller reads those rows with :func:`decode_records`).
-
-    What a big read of a gapless stretch of the log goes through (the sqlite store checks
-    that the stretch is gapless): its rows hold two columns instead of four, which is
-    ~0.1 us per row less for sqlite3 to make, and the loop does what
-    :func:`decode_records` does with fewer steps per row. A row it does not build itself
-    takes the same path as there (:func:`_other`), so both read every row alike.
-    """
-    out: list[Recorded] = []
-    append = out.append
-    fast = layouts.fast
-    loads, bad_json = orjson.loads, orjson.JSONDecodeError
-    seq = first
-    for kind, payload in rows:
-        seq += 1
-        try:
-            build = fast[kind]  # type: ignore[index]
-        except KeyError:
-            if kind is None:
-                return None
-            build = layouts.builder(kind)
-        try:
-            data = loads(payload)
-        except bad_json:
-            data = None
-        if data.__class__ is list:
-            record = build(seq, 1, data)
-            if record is not None:
-                append(record)
-                continue
-        append(_other(seq, kind, 1, payload, data, layouts))  # type: ignore[arg-type]
+            ev = _positional(kind, version, payload, layouts)
+        elif data.__class__ is dict:
+            plan = plans.get(kind) or _plan(kind)
+            if plan is None or version > plan[1]:
+                ev = decode(kind, version, data)
+            else:
+                cls, _, known, named_ints, named_tuples = plan
+                for name in named_ints:
+                    if data.get(name).__class__ is float:  # see _base._loads
+                        data = json.loads(payload)
+                        break
+                for name in named_tuples:
+                    value = data.get(name)
+                    if value.__class__ is list:
+                        data[name] = (
+                            tuple(map(tuple, value))
+                            if value and value[0].__class__ is list
+                            else tuple(value)
+                        )
+                if data.keys() == known:
+                    ev = new(cls)
+                    # update, not an assignment of ``__dict__``: measured 0.7-0.9 us per
+                    # event faster in a 1M replay (the instance keeps its own compact dict)
+                    ev.__dict__.update(data)
+                else:
+                    ev = decode(kind, version, data)
+        else:
+            ev = _checked(kind, version, payload, layouts)
+        record = new(Recorded)
+        set_seq(record, seq)
+        set_event(record, ev)
+        append(record)
     return out
 
 
@@ -334,6 +330,8 @@ def decode_group(
     VM. A row that is not one value of its own (garbled text) makes the array invalid,
     or its length or an element's shape wrong, and so sends the span to the checked path.
     """
+    if not payloads.startswith("[["):
+        return None  # a named first row (an older log's): not parsed twice
     try:
         values = orjson.loads(payloads)
     except orjson.JSONDecodeError:
@@ -358,49 +356,6 @@ def decode_group(
             return None
         append(record)
     return out
-
-
-def _other(
-    seq: int, kind: str, version: int, payload: str, data: Any, layouts: Layouts | None
-) -> Recorded:
-    """The record of a row its kind's builder did not build: `data` is its parsed payload
-    (None: not JSON to orjson). A named payload that names exactly its kind's fields is
-    built without ``__init__`` as a positional one is; anything else takes the checked
-    path (:func:`decode`)."""
-    ev: Event
-    if data.__class__ is list:
-        ev = _positional(kind, version, payload, layouts)
-    elif data.__class__ is dict:
-        plan = _PLANS.get(kind) or _plan(kind)
-        if plan is None or version > plan[1]:
-            ev = decode(kind, version, data)
-        else:
-            cls, _, known, named_ints, named_tuples = plan
-            for name in named_ints:
-                if data.get(name).__class__ is float:  # see _base._loads
-                    data = json.loads(payload)
-                    break
-            for name in named_tuples:
-                value = data.get(name)
-                if value.__class__ is list:
-                    data[name] = (
-                        tuple(map(tuple, value))
-                        if value and value[0].__class__ is list
-                        else tuple(value)
-                    )
-            if data.keys() == known:
-                ev = object.__new__(cls)
-                # update, not an assignment of ``__dict__``: measured 0.7-0.9 us per
-                # event faster in a 1M replay (the instance keeps its own compact dict)
-                ev.__dict__.update(data)
-            else:
-                ev = decode(kind, version, data)
-    else:
-        ev = _checked(kind, version, payload, layouts)
-    record = object.__new__(Recorded)
-    _RECORDED_SEQ.__set__(record, seq)
-    _RECORDED_EVENT.__set__(record, ev)
-    return record
 
 
 def decode_row(kind: str, version: int, payload: str, layouts: Layouts | None = None) -> Event:

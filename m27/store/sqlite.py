@@ -38,7 +38,6 @@ from m27.events import (
     decode_group,
     decode_records,
     decode_row,
-    decode_span,
     encode_positional,
 )
 from m27.store import _encode
@@ -336,10 +335,10 @@ class SqliteEventStore:
         self, conn: sqlite3.Connection, pending: sqlite3.Cursor, out: list[Recorded]
     ) -> list[Recorded]:
         """The log after `out` (a read's first chunk; its statement `pending` holds the
-        snapshot) in spans of :data:`_CHUNK` seqs. A span holding all its seqs (``seq``
-        is gapless) needs no ``seq`` column, nor ``version`` at version 1: it is read
-        joined into one row (:meth:`_joined`), else as (kind, payload) rows (:data:`_SPAN`,
-        :func:`m27.events.decode_span`), else (a gap, a failing row) with all four."""
+        snapshot) in spans of :data:`_CHUNK` seqs. A span that holds all its seqs
+        (``seq`` is gapless) of positional rows at version 1 is read joined into one row
+        (:meth:`_joined`); any other span, and the next :data:`_JOINED_WAIT` after it,
+        as the rows themselves (:func:`m27.events.decode_records`)."""
         conn.execute("BEGIN")  # keeps the pending statement's snapshot after it ends
         try:
             pending.close()
@@ -350,15 +349,7 @@ class SqliteEventStore:
                 end = start + _CHUNK
                 got = None if wait else self._joined(conn, start, end)
                 wait = max(wait - 1, 0) if wait or got is not None else _JOINED_WAIT
-                if got is None:
-                    span = conn.execute(_SPAN, (start, end)).fetchall()
-                    try:
-                        got = (
-                            decode_span(start, span, self._layouts) if len(span) == _CHUNK else None
-                        )
-                    except UnknownEventError:
-                        got = None
-                if got is None:
+                if got is None:  # a gap, another version, named or garbled rows
                     rows = conn.execute(_ROWS + " AND seq <= ? ORDER BY seq", (start, end))
                     got = self._decode(rows.fetchall())
                 out += got
@@ -400,12 +391,6 @@ class SqliteEventStore:
 _CHUNK = 1000
 _MANY_ROWS = _CHUNK
 _ROWS = "SELECT seq, kind, version, payload FROM events WHERE seq > ?"
-#: A gapless span's rows: (kind, payload), kind NULL at a version other than 1 (all today).
-_SPAN = (
-    "SELECT CASE version WHEN 1 THEN kind END, payload FROM events"
-    " WHERE seq > ? AND seq <= ? ORDER BY seq"
-)
-
 #: A span's rows in one: kinds (space-separated), payloads (one JSON array), count, lowest
 #: and highest version, and the last row's payload (checks that they were joined in order).
 _JOINED = (

@@ -1,10 +1,10 @@
 """A big read of the sqlite log (a replay) gives exactly what reading each row alone gives.
 
-A read of more than one chunk fetches gapless spans of the log without the ``seq`` and
-``version`` columns (:func:`m27.events.decode_span`) and every other span with all four;
-these tests mix every kind, named and positional rows, rows at another version, values
-that stay named, a gap and a garbled row, and compare the result with the checked
-one-row decode and with the projection built by applying the same events one by one.
+A read of more than one chunk reads each gapless span of positional rows joined into one
+row by SQLite (:func:`m27.events.decode_group`) and every other span row by row; these
+tests mix every kind, named and positional rows, a row at another version, values that
+stay named, a gap and garbled rows, and compare the result with the checked one-row
+decode and with the projection built by applying the same events one by one.
 """
 
 from __future__ import annotations
