@@ -361,8 +361,10 @@ class SqliteEventStore:
     def _joined(self, conn: sqlite3.Connection, start: int, end: int) -> list[Recorded] | None:
         """The span read joined (:data:`_JOINED`, :func:`m27.events.decode_group`), or None."""
         kinds, payloads, count, low, high, tail = conn.execute(_JOINED, (start, end)).fetchone()
-        if count != _CHUNK or low != 1 or high != 1 or not payloads.endswith(tail + "]"):
-            return None  # a gap, another version, or not the rows in seq order
+        if count != _CHUNK or low != 1 or high != 1 or tail.__class__ is not str:
+            return None  # a gap, another version, or a payload stored as a blob
+        if not payloads.endswith(tail + "]"):
+            return None  # not the rows in seq order
         try:
             return decode_group(start, kinds, payloads, count, self._layouts)
         except UnknownEventError:

@@ -93,7 +93,7 @@ def test_a_big_read_of_a_mixed_log_equals_reading_each_row_alone(tmp_path: Path)
             store.append(events[first : first + 7])
         last = len(events)
         # rows m27 writes named (an int beyond 64 bits), an older log's named rows, a row
-        # at version 0 (read as named, defaults filled): each in a span of its own
+        # at version 0 (read as named, defaults filled), a payload stored as a blob
         big = GpuLost(at=2.0, gpu=2**70)
         named = events[3]
         _insert(
@@ -101,10 +101,11 @@ def test_a_big_read_of_a_mixed_log_equals_reading_each_row_alone(tmp_path: Path)
             (last + 1, *encode(big)),
             (last + 2, *encode(named)),
             (last + 3, "GpuLost", 0, '{"at":3.0,"gpu":1}'),
+            (last + 4, "GpuLost", 1, b'{"at":4.0,"gpu":2}'),  # type: ignore[arg-type]
         )
         store.append(events[: CHUNK * 3])
         records = store.read()
-        assert len(records) == last + 3 + CHUNK * 3
+        assert len(records) == last + 4 + CHUNK * 3
         _same(records, _one_by_one(store, path))
         assert records[last].event == big and records[last].event.gpu == 2**70  # type: ignore[attr-defined]
         # the same log paged with a limit (the chunked path of one statement) agrees
