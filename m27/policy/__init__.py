@@ -62,6 +62,7 @@ from m27.policy._state import (
     effective_priority,
     fits_beside,
     is_bg_host,
+    lease_rank,
     room_beside,
     split_queues,
 )
@@ -239,40 +240,72 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
     return _decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes, shortcut)
 
 
+#: The last lease tuple's guests by GPU (in GPU order) and primaries by GPU, and the last
+#: GPU view tuple by index: the simulator hands the same tuples again while nothing there
+#: moved. Keyed by identity, each memo holds its tuple (so the id stays that tuple's);
+#: the tuples and their items are frozen, so a hit gives what a rebuild would.
+_hosting_memo: tuple[tuple[Running, ...], list[tuple[int, list[Running]]], dict[int, Running]]
+_hosting_memo = ((), [], {})
+_views_memo: tuple[tuple[GpuView, ...], dict[int, GpuView]] = ((), {})
+
+
+def _hosting(
+    running: tuple[Running, ...],
+) -> tuple[list[tuple[int, list[Running]]], dict[int, Running]]:
+    global _hosting_memo
+    memo = _hosting_memo
+    if memo[0] is running:
+        return memo[1], memo[2]
+    by_gpu: dict[int, list[Running]] = {}
+    for r in running:
+        if r.role == "guest" and r.gpus:
+            by_gpu.setdefault(r.gpus[0], []).append(r)
+    # the primaries are looked up only where guests wait (most calls have none)
+    primary = {g: r for r in running if r.role == "primary" for g in r.gpus} if by_gpu else {}
+    hosted = sorted(by_gpu.items())
+    _hosting_memo = (running, hosted, primary)
+    return hosted, primary
+
+
+def _views(gpus: tuple[GpuView, ...]) -> dict[int, GpuView]:
+    global _views_memo
+    memo = _views_memo
+    if memo[0] is gpus:
+        return memo[1]
+    views = {v.index: v for v in gpus}
+    _views_memo = (gpus, views)
+    return views
+
+
 def _gate_only(inp: PolicyInput) -> Decision:
     """Nothing pending: only promotions and guest gating can change, and only on GPUs
-    that host guests (most simulator decisions are this one, so it builds no more)."""
-    hosted: dict[int, list[Running]] = {}
-    for r in inp.running:
-        if r.role == "guest" and r.gpus:
-            hosted.setdefault(r.gpus[0], []).append(r)
+    that host guests (most simulator decisions are this one, so it builds no Slot: it
+    gates the leases themselves, ranked as their Slots would be)."""
+    hosted, primary = _hosting(inp.running)
     if not hosted:
         return _decision((), None, {}, inp)
-    # the primaries are looked up only where guests wait (most calls have none)
-    primary = {g: r for r in inp.running if r.role == "primary" for g in r.gpus}
     cfg, now = inp.config, inp.now
-    views = {v.index: v for v in inp.gpus}
-    gated: list[tuple[int, GpuView, bool, bool, list[Slot]]] = []
+    views = _views(inp.gpus)
+    gated: list[tuple[int, GpuView, bool, bool, list[Running]]] = []
     actions: list[Action] = []
-    for i in sorted(hosted):
+    for i, leases in hosted:
         view = views.get(i)
         if view is None or view.lost:
             continue
-        guests = [Slot.of_running(r, now, cfg) for r in hosted[i]]
+        if len(leases) > 1:
+            leases = sorted(leases, key=lambda r: lease_rank(r, now, cfg))
         prim = primary.get(i)
         if prim is None:
-            best = min(guests, key=Slot.guest_rank)
-            guests.remove(best)
-            actions.append(Promote(best.key, i))
-            gated.append((i, view, True, False, guests))
+            actions.append(Promote(leases[0].key, i))
+            gated.append((i, view, True, False, leases[1:]))
         else:
-            gated.append((i, view, False, prim.io_waiting, guests))
+            gated.append((i, view, False, prim.io_waiting, leases))
     next_check: float | None = None
     standby: dict[int, StepKey] = {}
-    for i, view, fresh, io_waiting, guests in gated:
-        if guests:
+    for i, view, fresh, io_waiting, order in gated:
+        if order:
             next_check = gate(
-                i, view, fresh, io_waiting, guests, cfg, now, actions, next_check, standby
+                i, view, fresh, io_waiting, order, cfg, now, actions, next_check, standby
             )
     return _decision(tuple(actions), next_check, standby, inp)
 

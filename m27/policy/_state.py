@@ -50,21 +50,12 @@ class Slot:
 
     @classmethod
     def of_running(cls, r: Running, now: float, cfg: PolicyConfig) -> Slot:
-        # effective_priority, inlined: this runs for every lease on every decision.
-        if cfg.fifo:
-            eff = 0
-        elif cfg.aging_per_s <= 0:
-            eff = r.priority + r.bump
-        else:
-            waited = now - r.queued_at
-            aged = int(cfg.aging_per_s * waited) if waited > 0 else 0
-            eff = r.priority + r.bump + min(cfg.aging_cap, aged)
         n = len(r.gpus)
         return cls(
             r.key,
             r.tier,
             r.gpu_memory,
-            eff,
+            lease_eff(r, now, cfg),
             r.queued_at,
             r.owner,
             r.paused,
@@ -98,6 +89,28 @@ class Slot:
     def guest_rank(self) -> tuple[bool, int, float, StepKey]:
         """Which guest runs (and is promoted) first: ready before background, then order."""
         return (self.tier == "background", -self.eff, self.queued_at, self.key)
+
+    @property
+    def gpu_memory(self) -> int:
+        """`memory` under the lease's name for it (gating reads Slots and leases alike)."""
+        return self.memory
+
+
+def lease_eff(r: Running, now: float, cfg: PolicyConfig) -> int:
+    """A lease's effective priority: :func:`effective_priority`, inlined (it runs for every
+    lease on every decision)."""
+    if cfg.fifo:
+        return 0
+    if cfg.aging_per_s <= 0:
+        return r.priority + r.bump
+    waited = now - r.queued_at
+    aged = int(cfg.aging_per_s * waited) if waited > 0 else 0
+    return r.priority + r.bump + min(cfg.aging_cap, aged)
+
+
+def lease_rank(r: Running, now: float, cfg: PolicyConfig) -> tuple[bool, int, float, StepKey]:
+    """:meth:`Slot.guest_rank` of the Slot `r` would have, without building it."""
+    return (r.tier == "background", -lease_eff(r, now, cfg), r.queued_at, r.key)
 
 
 @dataclass(slots=True)
