@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from m27.policy._admit import Note, Notes, Pass, guests
@@ -63,6 +63,7 @@ from m27.policy._state import (
     fits_beside,
     is_bg_host,
     lease_rank,
+    lease_slot,
     room_beside,
     split_queues,
 )
@@ -175,7 +176,7 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
         if r.role == "cpu":
             cpu_busy += 1
             continue
-        slot = Slot.of_running(r, now, cfg)
+        slot = lease_slot(r, now, cfg)
         if r.role == "primary":
             held[r.owner] = held.get(r.owner, 0) + len(r.gpus)
             for g in r.gpus:
@@ -378,9 +379,8 @@ def _immediate(queue: Iterable[Ranked], pa: Pass) -> None:
             for i in take:
                 st = gpus[i]
                 if st.primary is not None:
-                    bg = st.primary
-                    bg.paused, bg.fresh = True, True
-                    st.guests.append(bg)
+                    bg = st.primary  # a changed copy, as in promote()
+                    st.guests.append(replace(bg, paused=True, fresh=True))
                     actions.append(Demote(bg.key, i))
                     bg_hosts.remove(i)
                 else:

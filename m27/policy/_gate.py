@@ -8,6 +8,7 @@ when nothing waits (then it is all that runs).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from m27.policy._model import (
@@ -19,6 +20,7 @@ from m27.policy._model import (
     Promote,
     ResumeGuest,
     StepKey,
+    Tier,
 )
 from m27.policy._state import GpuState, Ranked, Slot, is_bg_host, room_beside
 
@@ -61,11 +63,9 @@ def promote(
             ):
                 continue
             st.guests.remove(best)
-            best.fresh = True
-            best.paused = False
-            if best.tier == "ready":
-                best.tier = "immediate"
-            st.primary = best
+            # a changed copy: a lease's Slot may be shared with other decisions (lease_slot)
+            tier: Tier = "immediate" if best.tier == "ready" else best.tier
+            st.primary = replace(best, fresh=True, paused=False, tier=tier)
             actions.append(Promote(best.key, i))
 
 
