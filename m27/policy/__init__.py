@@ -258,11 +258,18 @@ def _hosting(
     if memo[0] is running:
         return memo[1], memo[2]
     by_gpu: dict[int, list[Running]] = {}
+    primary: dict[int, Running] = {}
     for r in running:
-        if r.role == "guest" and r.gpus:
-            by_gpu.setdefault(r.gpus[0], []).append(r)
-    # the primaries are looked up only where guests wait (most calls have none)
-    primary = {g: r for r in running if r.role == "primary" for g in r.gpus} if by_gpu else {}
+        role = r.role
+        if role == "primary":
+            for g in r.gpus:
+                primary[g] = r
+        elif role == "guest" and r.gpus:
+            g = r.gpus[0]
+            if g in by_gpu:
+                by_gpu[g].append(r)
+            else:
+                by_gpu[g] = [r]
     hosted = sorted(by_gpu.items())
     _hosting_memo = (running, hosted, primary)
     return hosted, primary
