@@ -233,9 +233,7 @@ class _Engine:
 
     def track_queue(self, now: float, closing: bool = False) -> None:
         st = self.st
-        waiting = not closing and (
-            st.gpu_waiting > 0 or any(st.running[g].paused for gs in st.guests for g in gs)
-        )
+        waiting = not closing and (st.gpu_waiting > 0 or _any_paused(st))
         if waiting and self.queued_since is None:
             self.queued_since = now
         elif not waiting and self.queued_since is not None:
@@ -374,6 +372,16 @@ class _Engine:
                 lv.role, lv.paused = "guest", True
                 changed = True
         return changed
+
+
+def _any_paused(st: SimState) -> bool:
+    """Whether some guest is paused (GPU work waits at a gate); at every instant."""
+    running = st.running
+    for gs in st.guests:
+        for g in gs:
+            if running[g].paused:
+                return True
+    return False
 
 
 def _io_goes_on(lv: Live) -> bool:
