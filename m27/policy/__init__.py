@@ -60,10 +60,10 @@ from m27.policy._state import (
     GpuState,
     Ranked,
     Slot,
+    by_guest_rank,
     effective_priority,
     fits_beside,
     is_bg_host,
-    lease_rank,
     lease_slot,
     room_beside,
     split_queues,
@@ -318,7 +318,7 @@ def _gate_only(inp: PolicyInput) -> Decision:
         if view is None or view.lost:
             continue
         if len(leases) > 1:
-            leases = sorted(leases, key=lambda r: lease_rank(r, now, cfg))
+            leases = by_guest_rank(leases, now, cfg)
         prim = primary.get(i)
         if prim is None:
             actions.append(Promote(leases[0].key, i))

@@ -131,9 +131,15 @@ def lease_slot(r: Running, now: float, cfg: PolicyConfig) -> Slot:
     return slot
 
 
-def lease_rank(r: Running, now: float, cfg: PolicyConfig) -> tuple[bool, int, float, StepKey]:
-    """:meth:`Slot.guest_rank` of the Slot `r` would have, without building it."""
-    return (r.tier == "background", -lease_eff(r, now, cfg), r.queued_at, r.key)
+def by_guest_rank(leases: list[Running], now: float, cfg: PolicyConfig) -> list[Running]:
+    """`leases` in the order of :meth:`Slot.guest_rank` of the Slots they would have,
+    without building them (ties, which distinct keys never leave, in list order)."""
+    keyed = [
+        (r.tier == "background", -lease_eff(r, now, cfg), r.queued_at, r.key, n)
+        for n, r in enumerate(leases)
+    ]
+    keyed.sort()
+    return [leases[k[4]] for k in keyed]
 
 
 @dataclass(slots=True)
