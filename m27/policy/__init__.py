@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple
 
 from m27.policy._admit import Note, Notes, Pass, guests
 from m27.policy._explain import explain
@@ -64,7 +63,6 @@ from m27.policy._state import (
     effective_priority,
     fits_beside,
     is_bg_host,
-    lease_slot,
     room_beside,
     split_queues,
 )
@@ -168,19 +166,23 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
     if not inp.pending:
         return _gate_only(inp)
     cfg, now = inp.config, inp.now
-    gpus = {v.index: GpuState(v) for v in _views(inp.gpus)[1]}
+    gpus = {v.index: GpuState(v) for v in sorted(inp.gpus, key=lambda v: v.index)}
     actions: list[Action] = []
     notes: Notes = {}
-    lay = _layout(inp.running)
-    cpu_busy, held = lay.cpu_busy, lay.held
-    for r in lay.primaries:
-        slot = lease_slot(r, now, cfg)
-        for g in r.gpus:
-            if g in gpus:
-                gpus[g].primary = slot
-    for g, leases in lay.hosted:
-        if g in gpus:
-            gpus[g].guests = [lease_slot(r, now, cfg) for r in leases]
+    cpu_busy = 0
+    held: dict[str, int] = {}
+    for r in inp.running:
+        if r.role == "cpu":
+            cpu_busy += 1
+            continue
+        slot = Slot.of_running(r, now, cfg)
+        if r.role == "primary":
+            held[r.owner] = held.get(r.owner, 0) + len(r.gpus)
+            for g in r.gpus:
+                if g in gpus:
+                    gpus[g].primary = slot
+        elif r.gpus and r.gpus[0] in gpus:
+            gpus[r.gpus[0]].guests.append(slot)
     usable = [i for i, st in gpus.items() if not st.view.lost]
 
     ranked: Sequence[Ranked] = ()
@@ -238,79 +240,60 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
     return _decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes, shortcut)
 
 
-class _Layout(NamedTuple):
-    """Who holds what, read from a lease tuple (the same for the same tuple)."""
-
-    #: per GPU that hosts guests, in GPU order: its guest leases, in lease order
-    hosted: list[tuple[int, list[Running]]]
-    #: the primary lease by GPU (a multi-GPU one on each of its GPUs)
-    primary: dict[int, Running]
-    #: the primary leases, in lease order
-    primaries: list[Running]
-    #: GPUs held by primaries, per owner (fair share)
-    held: dict[str, int]
-    cpu_busy: int
+#: The last lease tuple's guests by GPU (in GPU order) and primaries by GPU, and the last
+#: GPU view tuple's views by index: the simulator hands the same tuples again while
+#: nothing there moved (a decision with nothing pending is ~80 % of its calls). Keyed by
+#: identity, each memo holds its tuple (so the id stays that tuple's); the tuples and
+#: their items are frozen, so a hit gives what a rebuild would. Never changed in place.
+_hosting_memo: tuple[tuple[Running, ...], list[tuple[int, list[Running]]], dict[int, Running]]
+_hosting_memo = ((), [], {})
+_views_memo: tuple[tuple[GpuView, ...], dict[int, GpuView]] = ((), {})
 
 
-#: The last lease tuple's layout, and the last GPU view tuple's views by index and in
-#: index order: the simulator and the agent hand the same tuples again while nothing
-#: there moved. Keyed by identity, each memo holds its tuple (so the id stays that
-#: tuple's); the tuples and their items are frozen, so a hit gives what a rebuild would.
-#: Read them, never change them.
-_layout_memo: tuple[tuple[Running, ...], _Layout] = ((), _Layout([], {}, [], {}, 0))
-_views_memo: tuple[tuple[GpuView, ...], dict[int, GpuView], list[GpuView]] = ((), {}, [])
-
-
-def _layout(running: tuple[Running, ...]) -> _Layout:
-    global _layout_memo
-    memo = _layout_memo
+def _hosting(
+    running: tuple[Running, ...],
+) -> tuple[list[tuple[int, list[Running]]], dict[int, Running]]:
+    global _hosting_memo
+    memo = _hosting_memo
     if memo[0] is running:
-        return memo[1]
+        return memo[1], memo[2]
     by_gpu: dict[int, list[Running]] = {}
     primary: dict[int, Running] = {}
-    primaries: list[Running] = []
-    held: dict[str, int] = {}
-    cpu_busy = 0
     for r in running:
         role = r.role
         if role == "primary":
-            primaries.append(r)
-            held[r.owner] = held.get(r.owner, 0) + len(r.gpus)
             for g in r.gpus:
                 primary[g] = r
-        elif role == "cpu":
-            cpu_busy += 1
-        elif r.gpus:
+        elif role == "guest" and r.gpus:
             g = r.gpus[0]
             if g in by_gpu:
                 by_gpu[g].append(r)
             else:
                 by_gpu[g] = [r]
-    layout = _Layout(sorted(by_gpu.items()), primary, primaries, held, cpu_busy)
-    _layout_memo = (running, layout)
-    return layout
+    hosted = sorted(by_gpu.items())
+    _hosting_memo = (running, hosted, primary)
+    return hosted, primary
 
 
-def _views(gpus: tuple[GpuView, ...]) -> tuple[dict[int, GpuView], list[GpuView]]:
+def _views(gpus: tuple[GpuView, ...]) -> dict[int, GpuView]:
     global _views_memo
     memo = _views_memo
     if memo[0] is gpus:
-        return memo[1], memo[2]
+        return memo[1]
     views = {v.index: v for v in gpus}
-    in_order = sorted(gpus, key=lambda v: v.index)
-    _views_memo = (gpus, views, in_order)
-    return views, in_order
+    _views_memo = (gpus, views)
+    return views
 
 
 def _gate_only(inp: PolicyInput) -> Decision:
     """Nothing pending: only promotions and guest gating can change, and only on GPUs
     that host guests (most simulator decisions are this one, so it builds no Slot: it
     gates the leases themselves, ranked as their Slots would be)."""
-    hosted, primary = _layout(inp.running)[:2]
+    hosted, primary = _hosting(inp.running)
     if not hosted:
         return _decision((), None, {}, inp)
     cfg, now = inp.config, inp.now
-    views = _views(inp.gpus)[0]
+    views = _views(inp.gpus)
     gated: list[tuple[int, GpuView, bool, bool, list[Running]]] = []
     actions: list[Action] = []
     for i, leases in hosted:
@@ -403,8 +386,9 @@ def _immediate(queue: Iterable[Ranked], pa: Pass) -> None:
             for i in take:
                 st = gpus[i]
                 if st.primary is not None:
-                    bg = st.primary  # a changed copy, as in promote()
-                    st.guests.append(replace(bg, paused=True, fresh=True))
+                    bg = st.primary
+                    bg.paused, bg.fresh = True, True
+                    st.guests.append(bg)
                     actions.append(Demote(bg.key, i))
                     bg_hosts.remove(i)
                 else:

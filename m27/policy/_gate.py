@@ -8,7 +8,6 @@ when nothing waits (then it is all that runs).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Protocol
 
 from m27.policy._model import (
@@ -20,7 +19,6 @@ from m27.policy._model import (
     Promote,
     ResumeGuest,
     StepKey,
-    Tier,
 )
 from m27.policy._state import GpuState, Ranked, Slot, is_bg_host, room_beside
 
@@ -63,9 +61,11 @@ def promote(
             ):
                 continue
             st.guests.remove(best)
-            # a changed copy: a lease's Slot may be shared with other decisions (lease_slot)
-            tier: Tier = "immediate" if best.tier == "ready" else best.tier
-            st.primary = replace(best, fresh=True, paused=False, tier=tier)
+            best.fresh = True
+            best.paused = False
+            if best.tier == "ready":
+                best.tier = "immediate"
+            st.primary = best
             actions.append(Promote(best.key, i))
 
 

@@ -33,8 +33,7 @@ def effective_priority(
 
 @dataclass(slots=True)
 class Slot:
-    """A step occupying a GPU in this decision: primary or guest. One built from a lease
-    (:func:`lease_slot`) is shared between decisions and never changed."""
+    """A step occupying a GPU in this decision: primary or guest."""
 
     key: StepKey
     tier: Tier
@@ -51,12 +50,21 @@ class Slot:
 
     @classmethod
     def of_running(cls, r: Running, now: float, cfg: PolicyConfig) -> Slot:
+        # effective_priority, inlined: this runs for every lease on every decision.
+        if cfg.fifo:
+            eff = 0
+        elif cfg.aging_per_s <= 0:
+            eff = r.priority + r.bump
+        else:
+            waited = now - r.queued_at
+            aged = int(cfg.aging_per_s * waited) if waited > 0 else 0
+            eff = r.priority + r.bump + min(cfg.aging_cap, aged)
         n = len(r.gpus)
         return cls(
             r.key,
             r.tier,
             r.gpu_memory,
-            lease_eff(r, now, cfg),
+            eff,
             r.queued_at,
             r.owner,
             r.paused,
@@ -107,28 +115,6 @@ def lease_eff(r: Running, now: float, cfg: PolicyConfig) -> int:
     waited = now - r.queued_at
     aged = int(cfg.aging_per_s * waited) if waited > 0 else 0
     return r.priority + r.bump + min(cfg.aging_cap, aged)
-
-
-#: Slots built from leases, by the lease's identity, with the configuration and effective
-#: priority each was built for (each entry holds its lease, so the id stays that lease's).
-#: A lease's Slot is never changed once built (promotion and demotion put a changed copy
-#: in its place), so the same lease, configuration and priority may share it; the
-#: simulator and the agent pass a lease's frozen Running again while it is unchanged.
-_slot_memo: dict[int, tuple[Running, PolicyConfig, int, Slot]] = {}
-
-
-def lease_slot(r: Running, now: float, cfg: PolicyConfig) -> Slot:
-    """``Slot.of_running(r, now, cfg)``, or the equal one built for `r` before."""
-    eff = lease_eff(r, now, cfg)
-    memo = _slot_memo
-    hit = memo.get(id(r))
-    if hit is not None and hit[0] is r and hit[1] is cfg and hit[2] == eff:
-        return hit[3]
-    slot = Slot.of_running(r, now, cfg)
-    if len(memo) >= 4096:
-        memo.clear()  # leases that ended (a node holds a few dozen at a time)
-    memo[id(r)] = (r, cfg, eff, slot)
-    return slot
 
 
 def by_guest_rank(leases: list[Running], now: float, cfg: PolicyConfig) -> list[Running]:
