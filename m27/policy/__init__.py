@@ -329,8 +329,8 @@ def _place(ranked: list[Ranked], pa: Pass, cpu_busy: int) -> None:
         _background_on_free(qs.background, pa)
         # gpu_light steps are natural guests: they compete for guest slots by rank (as
         # background guests), but never take a GPU from a gpu step.
-        guests(qs.guest, pa)
-        guests(qs.background, pa)
+        if guests(qs.guest, pa):
+            guests(qs.background, pa)
     free_cpu = cfg.cpu_slots - cpu_busy
     if pa.needs is not None and not pa.needs.cpu:
         free_cpu = 0  # no cpu step waits: skip the scan of the queue for one

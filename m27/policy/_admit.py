@@ -37,10 +37,12 @@ class Pass:
     needs: Needs | None = None
 
 
-def guests(queue: Iterable[Ranked], pa: Pass) -> None:
+def guests(queue: Iterable[Ranked], pa: Pass) -> bool:
     """Load waiting single-GPU steps, by rank, as paused guests where their memory fits
     (``guests_per_gpu`` slots a GPU): a guest computes only in its primary's I/O waits, so
-    it costs the primary nothing and starts at once when the GPU frees."""
+    it costs the primary nothing and starts at once when the GPU frees. False when no
+    slot is left open, or (a fast pass) no waiting step fits one: a second queue would
+    find the same, so the caller skips it."""
     gpus, usable, cfg, now = pa.gpus, pa.usable, pa.cfg, pa.now
     actions, notes, granted = pa.actions, pa.notes, pa.granted
     # Hosts: GPUs with an immediate primary, and GPUs held for a reservation (with an
@@ -73,10 +75,10 @@ def guests(queue: Iterable[Ranked], pa: Pass) -> None:
         if c - u > room:
             room = c - u
     if not hosts:
-        return
+        return False
     needs = pa.needs
     if needs is not None and not needs.unknown and needs.least - room > 1.0:
-        return  # a fast pass: no waiting step fits any open slot (only notes would follow)
+        return False  # a fast pass: no waiting step fits any open slot (only notes follow)
     seen: tuple[tuple[int, float, int], ...] | None = None
     unknown_seen: tuple[tuple[int, float, float], ...] | None = None
     # `room` only shrinks during the pass, so a step that misses it now is skipped below
@@ -85,7 +87,7 @@ def guests(queue: Iterable[Ranked], pa: Pass) -> None:
     order = (r for r in queue if r.need - room <= 1.0) if pa.fast else queue
     for r in order:
         if not hosts:
-            return
+            return False
         p = r.pending
         if p.key in granted:
             continue
@@ -149,6 +151,7 @@ def guests(queue: Iterable[Ranked], pa: Pass) -> None:
         seen = unknown_seen = None
         actions.append(Grant(p.key, (i,), tier))
         granted.add(p.key)
+    return bool(hosts)
 
 
 def _fitting(
