@@ -63,6 +63,7 @@ from m27.policy._state import (
     effective_priority,
     fits_beside,
     is_bg_host,
+    place_leases,
     room_beside,
     split_queues,
 )
@@ -169,20 +170,7 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
     gpus = {v.index: GpuState(v) for v in sorted(inp.gpus, key=lambda v: v.index)}
     actions: list[Action] = []
     notes: Notes = {}
-    cpu_busy = 0
-    held: dict[str, int] = {}
-    for r in inp.running:
-        if r.role == "cpu":
-            cpu_busy += 1
-            continue
-        slot = Slot.of_running(r, now, cfg)
-        if r.role == "primary":
-            held[r.owner] = held.get(r.owner, 0) + len(r.gpus)
-            for g in r.gpus:
-                if g in gpus:
-                    gpus[g].primary = slot
-        elif r.gpus and r.gpus[0] in gpus:
-            gpus[r.gpus[0]].guests.append(slot)
+    cpu_busy, held = place_leases(inp.running, now, cfg, gpus)
     usable = [i for i, st in gpus.items() if not st.view.lost]
 
     ranked: Sequence[Ranked] = ()

@@ -8,8 +8,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from m27.policy import Decision, PolicyConfig, PolicyInput, Running, Tier, decide
-from m27.policy._state import Slot, by_guest_rank
+from m27.policy import Decision, GpuView, PolicyConfig, PolicyInput, Running, Tier, decide
+from m27.policy._state import GpuState, Slot, by_guest_rank, place_leases
 from tests.unit.test_policy import node_inputs
 from tests.unit.test_policy_hold import busy_nodes
 
@@ -71,5 +71,7 @@ def test_leases_rank_as_their_slots_would(
         Running(("s", str(n)), role="guest", tier=t, gpus=(0,), priority=p, queued_at=q)
         for n, (t, p, q) in enumerate(specs)
     ]
-    slots = sorted((Slot.of_running(r, now, cfg) for r in leases), key=Slot.guest_rank)
+    gpus = {0: GpuState(GpuView(0))}
+    place_leases(leases, now, cfg, gpus)
+    slots = sorted(gpus[0].guests, key=Slot.guest_rank)
     assert [r.key for r in by_guest_rank(leases, now, cfg)] == [s.key for s in slots]
