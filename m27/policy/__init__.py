@@ -59,9 +59,11 @@ from m27.policy._state import (
     GpuState,
     Ranked,
     Slot,
+    by_guest_rank,
     effective_priority,
     fits_beside,
     is_bg_host,
+    place_leases,
     room_beside,
     split_queues,
 )
@@ -168,20 +170,7 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
     gpus = {v.index: GpuState(v) for v in sorted(inp.gpus, key=lambda v: v.index)}
     actions: list[Action] = []
     notes: Notes = {}
-    cpu_busy = 0
-    held: dict[str, int] = {}
-    for r in inp.running:
-        if r.role == "cpu":
-            cpu_busy += 1
-            continue
-        slot = Slot.of_running(r, now, cfg)
-        if r.role == "primary":
-            held[r.owner] = held.get(r.owner, 0) + len(r.gpus)
-            for g in r.gpus:
-                if g in gpus:
-                    gpus[g].primary = slot
-        elif r.gpus and r.gpus[0] in gpus:
-            gpus[r.gpus[0]].guests.append(slot)
+    cpu_busy, held = place_leases(inp.running, now, cfg, gpus)
     usable = [i for i, st in gpus.items() if not st.view.lost]
 
     ranked: Sequence[Ranked] = ()
@@ -239,40 +228,80 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
     return _decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes, shortcut)
 
 
+#: The last lease tuple's guests by GPU (in GPU order) and primaries by GPU, and the last
+#: GPU view tuple's views by index: the simulator hands the same tuples again while
+#: nothing there moved (a decision with nothing pending is ~80 % of its calls). Keyed by
+#: identity, each memo holds its tuple (so the id stays that tuple's); the tuples and
+#: their items are frozen, so a hit gives what a rebuild would. Never changed in place.
+_hosting_memo: tuple[tuple[Running, ...], list[tuple[int, list[Running]]], dict[int, Running]]
+_hosting_memo = ((), [], {})
+_views_memo: tuple[tuple[GpuView, ...], dict[int, GpuView]] = ((), {})
+
+
+def _hosting(
+    running: tuple[Running, ...],
+) -> tuple[list[tuple[int, list[Running]]], dict[int, Running]]:
+    global _hosting_memo
+    memo = _hosting_memo
+    if memo[0] is running:
+        return memo[1], memo[2]
+    by_gpu: dict[int, list[Running]] = {}
+    primary: dict[int, Running] = {}
+    for r in running:
+        role = r.role
+        if role == "primary":
+            for g in r.gpus:
+                primary[g] = r
+        elif role == "guest" and r.gpus:
+            g = r.gpus[0]
+            if g in by_gpu:
+                by_gpu[g].append(r)
+            else:
+                by_gpu[g] = [r]
+    hosted = sorted(by_gpu.items())
+    _hosting_memo = (running, hosted, primary)
+    return hosted, primary
+
+
+def _views(gpus: tuple[GpuView, ...]) -> dict[int, GpuView]:
+    global _views_memo
+    memo = _views_memo
+    if memo[0] is gpus:
+        return memo[1]
+    views = {v.index: v for v in gpus}
+    _views_memo = (gpus, views)
+    return views
+
+
 def _gate_only(inp: PolicyInput) -> Decision:
     """Nothing pending: only promotions and guest gating can change, and only on GPUs
-    that host guests (most simulator decisions are this one, so it builds no more)."""
-    hosted: dict[int, list[Running]] = {}
-    for r in inp.running:
-        if r.role == "guest" and r.gpus:
-            hosted.setdefault(r.gpus[0], []).append(r)
+    that host guests (most simulator decisions are this one, so it builds no Slot: it
+    gates the leases themselves, ranked as their Slots would be)."""
+    hosted, primary = _hosting(inp.running)
     if not hosted:
         return _decision((), None, {}, inp)
-    # the primaries are looked up only where guests wait (most calls have none)
-    primary = {g: r for r in inp.running if r.role == "primary" for g in r.gpus}
     cfg, now = inp.config, inp.now
-    views = {v.index: v for v in inp.gpus}
-    gated: list[tuple[int, GpuView, bool, bool, list[Slot]]] = []
+    views = _views(inp.gpus)
+    gated: list[tuple[int, GpuView, bool, bool, list[Running]]] = []
     actions: list[Action] = []
-    for i in sorted(hosted):
+    for i, leases in hosted:
         view = views.get(i)
         if view is None or view.lost:
             continue
-        guests = [Slot.of_running(r, now, cfg) for r in hosted[i]]
+        if len(leases) > 1:
+            leases = by_guest_rank(leases, now, cfg)
         prim = primary.get(i)
         if prim is None:
-            best = min(guests, key=Slot.guest_rank)
-            guests.remove(best)
-            actions.append(Promote(best.key, i))
-            gated.append((i, view, True, False, guests))
+            actions.append(Promote(leases[0].key, i))
+            gated.append((i, view, True, False, leases[1:]))
         else:
-            gated.append((i, view, False, prim.io_waiting, guests))
+            gated.append((i, view, False, prim.io_waiting, leases))
     next_check: float | None = None
     standby: dict[int, StepKey] = {}
-    for i, view, fresh, io_waiting, guests in gated:
-        if guests:
+    for i, view, fresh, io_waiting, order in gated:
+        if order:
             next_check = gate(
-                i, view, fresh, io_waiting, guests, cfg, now, actions, next_check, standby
+                i, view, fresh, io_waiting, order, cfg, now, actions, next_check, standby
             )
     return _decision(tuple(actions), next_check, standby, inp)
 
@@ -288,8 +317,8 @@ def _place(ranked: list[Ranked], pa: Pass, cpu_busy: int) -> None:
         _background_on_free(qs.background, pa)
         # gpu_light steps are natural guests: they compete for guest slots by rank (as
         # background guests), but never take a GPU from a gpu step.
-        guests(qs.guest, pa)
-        guests(qs.background, pa)
+        if guests(qs.guest, pa):
+            guests(qs.background, pa)
     free_cpu = cfg.cpu_slots - cpu_busy
     if pa.needs is not None and not pa.needs.cpu:
         free_cpu = 0  # no cpu step waits: skip the scan of the queue for one

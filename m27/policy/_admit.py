@@ -37,46 +37,50 @@ class Pass:
     needs: Needs | None = None
 
 
-def guests(queue: Iterable[Ranked], pa: Pass) -> None:
+def guests(queue: Iterable[Ranked], pa: Pass) -> bool:
     """Load waiting single-GPU steps, by rank, as paused guests where their memory fits
     (``guests_per_gpu`` slots a GPU): a guest computes only in its primary's I/O waits, so
-    it costs the primary nothing and starts at once when the GPU frees."""
+    it costs the primary nothing and starts at once when the GPU frees. False when no
+    slot is left open, or (a fast pass) no waiting step fits one: a second queue would
+    find the same, so the caller skips it."""
     gpus, usable, cfg, now = pa.gpus, pa.usable, pa.cfg, pa.now
     actions, notes, granted = pa.actions, pa.notes, pa.granted
     # Hosts: GPUs with an immediate primary, and GPUs held for a reservation (with an
     # immediate primary or free): there a guest must also fit beside the reserved step,
     # so it stays loaded when that step starts (on a held free GPU it computes alone).
-    hosts = [
-        i
-        for i in usable
-        if len(gpus[i].guests) < cfg.guests_per_gpu
-        and (
-            gpus[i].primary.tier == "immediate"  # type: ignore[union-attr]
-            if gpus[i].primary is not None
-            else gpus[i].reserved_for is not None
-        )
-    ]
-    if not hosts:
-        return
+    #
     # Memory per host, kept up to date here: a long queue asks about every host per step.
-    cap = {i: gpus[i].view.memory_total * cfg.memory_overprovision for i in hosts}
-    used = {i: gpus[i].guest_used() for i in hosts}
     # On a held GPU with no primary (a guest computes alone there, at the speed its
     # declared limit assumes), or where the reserved step leaves less than
     # `guest_memory_margin` of the GPU beside it, a guest whose declared limit ends before
     # that step is expected to have all its GPUs need not fit beside it (EASY backfill,
-    # as a guest): only beside who is there now.
-    margin = cfg.guest_memory_margin
-    now_used = {
-        i: gpus[i].used_memory()
-        for i in hosts
-        if gpus[i].reserved_for is not None
-        and (gpus[i].primary is None or cap[i] - gpus[i].reserved_need < margin * cap[i])
-    }
-    room = max(cap[i] - now_used.get(i, used[i]) for i in hosts)
+    # as a guest): only beside who is there now (`now_used`). `room`: the most any host
+    # has (one pass builds all).
+    hosts: list[int] = []
+    cap: dict[int, float] = {}
+    used: dict[int, float] = {}
+    now_used: dict[int, float] = {}
+    room = -math.inf
+    slots, over, margin = cfg.guests_per_gpu, cfg.memory_overprovision, cfg.guest_memory_margin
+    for g in usable:
+        st = gpus[g]
+        prim = st.primary
+        if len(st.guests) >= slots or (
+            prim.tier != "immediate" if prim is not None else st.reserved_for is None
+        ):
+            continue
+        hosts.append(g)
+        c = cap[g] = st.view.memory_total * over
+        u = used[g] = st.guest_used()
+        if st.reserved_for is not None and (prim is None or c - st.reserved_need < margin * c):
+            u = now_used[g] = st.used_memory()
+        if c - u > room:
+            room = c - u
+    if not hosts:
+        return False
     needs = pa.needs
     if needs is not None and not needs.unknown and needs.least - room > 1.0:
-        return  # a fast pass: no waiting step fits any open slot (only notes would follow)
+        return False  # a fast pass: no waiting step fits any open slot (only notes follow)
     seen: tuple[tuple[int, float, int], ...] | None = None
     unknown_seen: tuple[tuple[int, float, float], ...] | None = None
     # `room` only shrinks during the pass, so a step that misses it now is skipped below
@@ -85,7 +89,7 @@ def guests(queue: Iterable[Ranked], pa: Pass) -> None:
     order = (r for r in queue if r.need - room <= 1.0) if pa.fast else queue
     for r in order:
         if not hosts:
-            return
+            return False
         p = r.pending
         if p.key in granted:
             continue
@@ -151,6 +155,7 @@ def guests(queue: Iterable[Ranked], pa: Pass) -> None:
         seen = unknown_seen = None
         actions.append(Grant(p.key, (i,), tier))
         granted.add(p.key)
+    return bool(hosts)
 
 
 def _fitting(

@@ -7,6 +7,9 @@ when nothing waits (then it is all that runs).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 from m27.policy._model import (
     Action,
     GpuView,
@@ -18,6 +21,22 @@ from m27.policy._model import (
     StepKey,
 )
 from m27.policy._state import GpuState, Ranked, Slot, is_bg_host, room_beside
+
+
+class Guest(Protocol):
+    """What gating reads of a guest: a :class:`Slot` (a full decision) or the lease's own
+    :class:`Running` (a decision with nothing pending builds no Slot)."""
+
+    @property
+    def key(self) -> StepKey: ...
+    @property
+    def paused(self) -> bool: ...
+    @property
+    def io_waiting(self) -> bool: ...
+    @property
+    def gpu_memory(self) -> int: ...
+    @property
+    def util_low_since(self) -> float | None: ...
 
 
 def promote(
@@ -126,27 +145,21 @@ def run_or_pause(
     GPU with guests and no primary (held free for a reservation) the best guest computes
     alone until the reserved step starts there (then it is paused like any guest)."""
     next_check: float | None = None
+    rank = Slot.guest_rank
     for i in usable:
         st = gpus[i]
-        prim = st.primary
-        if not st.guests:
+        guests = st.guests
+        if not guests:
             continue
+        order = guests if len(guests) == 1 else sorted(guests, key=rank)
+        prim = st.primary
         if prim is None:
             next_check = gate(
-                i, st.view, False, True, st.guests, cfg, now, actions, next_check, standby
+                i, st.view, False, True, order, cfg, now, actions, next_check, standby
             )
             continue
         next_check = gate(
-            i,
-            st.view,
-            prim.fresh,
-            prim.io_waiting,
-            st.guests,
-            cfg,
-            now,
-            actions,
-            next_check,
-            standby,
+            i, st.view, prim.fresh, prim.io_waiting, order, cfg, now, actions, next_check, standby
         )
     return next_check
 
@@ -156,29 +169,30 @@ def gate(
     view: GpuView,
     fresh: bool,
     io_waiting: bool,
-    guests: list[Slot],
+    order: Sequence[Guest],
     cfg: PolicyConfig,
     now: float,
     actions: list[Action],
     next_check: float | None,
     standby: dict[int, StepKey],
 ) -> float | None:
-    """One GPU's guests: the best computes while the primary waits on I/O (hinted, or
-    inferred from low utilization for ``io_timeout``), the others are paused. A fresh
-    primary (just granted or promoted) is taken to compute. The best guest is also the
-    GPU's `standby`: the one that computes in the primary's next I/O wait, which the agent
-    lets follow the primary's own hint without waiting for the next decision."""
+    """One GPU's guests, in rank order (:meth:`Slot.guest_rank`): the best computes while
+    the primary waits on I/O (hinted, or inferred from low utilization for
+    ``io_timeout``), the others are paused. A fresh primary (just granted or promoted) is
+    taken to compute. The best guest is also the GPU's `standby`: the one that computes in
+    the primary's next I/O wait, which the agent lets follow the primary's own hint
+    without waiting for the next decision. It reads the guests and writes nothing on them
+    (each is gated once per decision): only `actions`."""
     if view.memory_used is not None and view.memory_total > 0:
         # memory running short: guests of unknown need stay paused (they may be what
         # grows), so the primary never meets an out-of-memory error because of them
         limit = view.memory_total * cfg.memory_overprovision * (1 - cfg.guest_memory_margin / 2)
-        if view.memory_used > limit and any(g.memory <= 0 for g in guests):
-            for g in guests:
-                if g.memory <= 0 and not g.paused:
+        if view.memory_used > limit and any(g.gpu_memory <= 0 for g in order):
+            for g in order:
+                if g.gpu_memory <= 0 and not g.paused:
                     actions.append(PauseGuest(g.key, i))
-                    g.paused = True
-            guests = [g for g in guests if g.memory > 0]
-            if not guests:
+            order = [g for g in order if g.gpu_memory > 0]
+            if not order:
                 return next_check
     low_since = view.util_low_since
     util_low = view.primary_util is None or view.primary_util < cfg.io_util_threshold
@@ -190,17 +204,14 @@ def gate(
     if not io and not fresh and low_since is not None and util_low:
         due = low_since + cfg.io_timeout
         next_check = due if next_check is None else min(next_check, due)
-    if len(guests) == 1:
-        g = guests[0]
+    if len(order) == 1:
+        g = order[0]
         standby[i] = g.key
         if io and g.paused:
             actions.append(ResumeGuest(g.key, i))
-            g.paused = False
         elif not io and not g.paused:
             actions.append(PauseGuest(g.key, i))
-            g.paused = True
         return next_check
-    order = sorted(guests, key=Slot.guest_rank)
     # a guest in its own I/O wait (its hint, or its own utilization low for io_timeout)
     # would leave the gap unused: the next one fills it
     timeout = cfg.io_timeout
@@ -217,10 +228,9 @@ def gate(
     standby[i] = ready.key
     best = ready if io else None
     for g in order:
-        if g is best and g.paused:
-            actions.append(ResumeGuest(g.key, i))
-            g.paused = False
-        elif g is not best and not g.paused:
+        if g is best:
+            if g.paused:
+                actions.append(ResumeGuest(g.key, i))
+        elif not g.paused:
             actions.append(PauseGuest(g.key, i))
-            g.paused = True
     return next_check

@@ -51,34 +51,6 @@ class Slot:
     util_low_since: float | None = None
 
     @classmethod
-    def of_running(cls, r: Running, now: float, cfg: PolicyConfig) -> Slot:
-        # effective_priority, inlined: this runs for every lease on every decision.
-        if cfg.fifo:
-            eff = 0
-        elif cfg.aging_per_s <= 0:
-            eff = r.priority + r.bump
-        else:
-            waited = now - r.queued_at
-            aged = int(cfg.aging_per_s * waited) if waited > 0 else 0
-            eff = r.priority + r.bump + min(cfg.aging_cap, aged)
-        n = len(r.gpus)
-        return cls(
-            r.key,
-            r.tier,
-            r.gpu_memory,
-            eff,
-            r.queued_at,
-            r.owner,
-            r.paused,
-            False,
-            r.io_waiting,
-            r.started_at,
-            r.time_limit,
-            n if n > 1 else 1,
-            r.util_low_since,
-        )
-
-    @classmethod
     def of_pending(
         cls, p: Pending, eff: int, tier: Tier, paused: bool = False, started_at: float = 0.0
     ) -> Slot:
@@ -101,6 +73,87 @@ class Slot:
     def guest_rank(self) -> tuple[bool, int, float, StepKey]:
         """Which guest runs (and is promoted) first: ready before background, then order."""
         return (self.tier == "background", -self.eff, self.queued_at, self.key)
+
+    @property
+    def gpu_memory(self) -> int:
+        """`memory` under the lease's name for it (gating reads Slots and leases alike)."""
+        return self.memory
+
+
+def lease_eff(r: Running, now: float, cfg: PolicyConfig) -> int:
+    """A lease's effective priority: :func:`effective_priority`, inlined (it runs for every
+    lease on every decision)."""
+    if cfg.fifo:
+        return 0
+    if cfg.aging_per_s <= 0:
+        return r.priority + r.bump
+    waited = now - r.queued_at
+    aged = int(cfg.aging_per_s * waited) if waited > 0 else 0
+    return r.priority + r.bump + min(cfg.aging_cap, aged)
+
+
+def place_leases(
+    running: Iterable[Running], now: float, cfg: PolicyConfig, gpus: dict[int, GpuState]
+) -> tuple[int, dict[str, int]]:
+    """Each lease's Slot onto its GPUs in `gpus` (a primary on each of its GPUs, a guest in
+    lease order); the CPU steps running and the GPUs held per owner. One loop, the Slots
+    built in place (this runs for every lease on every full decision)."""
+    fifo, rate, cap = cfg.fifo, cfg.aging_per_s, cfg.aging_cap
+    slot_of = Slot
+    cpu_busy = 0
+    held: dict[str, int] = {}
+    for r in running:
+        role = r.role
+        if role == "cpu":
+            cpu_busy += 1
+            continue
+        # lease_eff, inlined
+        if fifo:
+            eff = 0
+        elif rate <= 0:
+            eff = r.priority + r.bump
+        else:
+            waited = now - r.queued_at
+            eff = r.priority + r.bump + min(cap, int(rate * waited) if waited > 0 else 0)
+        on = r.gpus
+        n = len(on)
+        slot = slot_of(
+            r.key,
+            r.tier,
+            r.gpu_memory,
+            eff,
+            r.queued_at,
+            r.owner,
+            r.paused,
+            False,
+            r.io_waiting,
+            r.started_at,
+            r.time_limit,
+            n if n > 1 else 1,
+            r.util_low_since,
+        )
+        if role == "primary":
+            held[r.owner] = held.get(r.owner, 0) + n
+            for g in on:
+                st = gpus.get(g)
+                if st is not None:
+                    st.primary = slot
+        elif on:
+            st = gpus.get(on[0])
+            if st is not None:
+                st.guests.append(slot)
+    return cpu_busy, held
+
+
+def by_guest_rank(leases: list[Running], now: float, cfg: PolicyConfig) -> list[Running]:
+    """`leases` in the order of :meth:`Slot.guest_rank` of the Slots they would have,
+    without building them (ties, which distinct keys never leave, in list order)."""
+    keyed = [
+        (r.tier == "background", -lease_eff(r, now, cfg), r.queued_at, r.key, n)
+        for n, r in enumerate(leases)
+    ]
+    keyed.sort()
+    return [leases[k[4]] for k in keyed]
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ the GPU.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -32,7 +33,7 @@ from m27.policy import (
 )
 from m27.sim.trace import Job, Trace
 
-_ARRIVE, _PHASE_END, _WAKE = 0, 1, 2
+_PHASE_END, _WAKE = 1, 2
 
 
 class SimulationError(M27Error):
@@ -171,19 +172,27 @@ class _Engine:
         heapq.heappush(self.heap, (t, self.seq, kind, job_id, token))
 
     def run(self) -> SimResult:
-        for j in self.jobs.values():
-            self.push(j.arrival, _ARRIVE, j.id)
-        st = self.st
-        while self.heap:
-            now = self.heap[0][0]
+        # Arrivals are known from the start: they are read in order from a sorted list
+        # instead of the heap (a heap of every job made each push and pop of the running
+        # ones cost log(jobs)). They come first at their instant, as if pushed first
+        # (before any other event, in the trace's order), which is how they were ordered.
+        arrivals = sorted((j.arrival, n, j.id) for n, j in enumerate(self.jobs.values()))
+        heap, st, inf = self.heap, self.st, math.inf
+        n_arrivals, a = len(arrivals), 0
+        while heap or a < n_arrivals:
+            now = heap[0][0] if heap else inf
+            if a < n_arrivals and arrivals[a][0] <= now:
+                now = arrivals[a][0]
             st.now = now
-            while self.heap and self.heap[0][0] <= now:
-                _, _, kind, job_id, token = heapq.heappop(self.heap)
-                if kind == _ARRIVE:
-                    self.arrived.add(job_id)
-                    if self.deps_left[job_id] == 0:
-                        self.make_pending(job_id, now)
-                elif kind == _PHASE_END:
+            while a < n_arrivals and arrivals[a][0] <= now:
+                job_id = arrivals[a][2]
+                a += 1
+                self.arrived.add(job_id)
+                if self.deps_left[job_id] == 0:
+                    self.make_pending(job_id, now)
+            while heap and heap[0][0] <= now:
+                _, _, kind, job_id, token = heapq.heappop(heap)
+                if kind == _PHASE_END:
                     lv = self.lives[job_id]
                     if lv.token == token and lv.since is not None:
                         self.phase_end(lv, now)
@@ -225,9 +234,7 @@ class _Engine:
 
     def track_queue(self, now: float, closing: bool = False) -> None:
         st = self.st
-        waiting = not closing and (
-            st.gpu_waiting > 0 or any(st.running[g].paused for gs in st.guests for g in gs)
-        )
+        waiting = not closing and (st.gpu_waiting > 0 or _any_paused(st))
         if waiting and self.queued_since is None:
             self.queued_since = now
         elif not waiting and self.queued_since is not None:
@@ -366,6 +373,16 @@ class _Engine:
                 lv.role, lv.paused = "guest", True
                 changed = True
         return changed
+
+
+def _any_paused(st: SimState) -> bool:
+    """Whether some guest is paused (GPU work waits at a gate); at every instant."""
+    running = st.running
+    for gs in st.guests:
+        for g in gs:
+            if running[g].paused:
+                return True
+    return False
 
 
 def _io_goes_on(lv: Live) -> bool:

@@ -60,6 +60,7 @@ def _frozen(cls: type[_T], template: dict[str, Any] | None, values: dict[str, An
 
 
 _RUNNING = _plain_template(Running(key=("", "")))
+_GPU_VIEW = _plain_template(GpuView(0))
 #: PolicyInput has exactly the fields the simulator sets one by one (else: its constructor)
 _INPUT_PLAIN = _plain_template(PolicyInput((), (), (), 0.0)) is not None and [
     f.name for f in fields(PolicyInput)
@@ -86,7 +87,8 @@ class PolicyScheduler:
         self._lease_version = -1
         self._pending_version = -1
         self._running: tuple[Running, ...] = ()
-        self._primaries: list[tuple[str, int]] = []
+        #: (owner, GPUs) of each primary lease, for GPU time per owner (None: to build)
+        self._primaries: list[tuple[str, int]] | None = None
         self._by_id: dict[str, Running] = {}
         self._pending: tuple[Pending, ...] = ()
 
@@ -111,7 +113,12 @@ class PolicyScheduler:
         if state.lease_version != self._lease_version:
             self._leases(state)
         if dt > 0:
-            for owner, n in self._primaries:
+            primaries = self._primaries
+            if primaries is None:
+                primaries = self._primaries = [
+                    (r.owner, len(r.gpus)) for r in self._running if r.role == "primary"
+                ]
+            for owner, n in primaries:
                 usage[owner] = usage.get(owner, 0.0) + dt * n
         if state.pending_version != self._pending_version:
             self._pending_version = state.pending_version
@@ -174,13 +181,13 @@ class PolicyScheduler:
                 moved = True
         state.touched.clear()
         if moved:
-            running = self._running = tuple(by_id.values())
-            self._primaries = [(r.owner, len(r.gpus)) for r in running if r.role == "primary"]
+            self._running = tuple(by_id.values())
+            self._primaries = None  # built when GPU time is next counted
         self._gpu_views_of(state, gpus)
 
     def _arrange(self, state: SimState) -> None:
-        running = self._running = tuple(self._by_id.values())
-        self._primaries = [(r.owner, len(r.gpus)) for r in running if r.role == "primary"]
+        self._running = tuple(self._by_id.values())
+        self._primaries = None
         self._gpu_views_of(state, range(state.gpus))
 
     def _gpu_views_of(self, state: SimState, gpus: Iterable[int]) -> None:
@@ -205,12 +212,19 @@ class PolicyScheduler:
         prim_id = state.primary[g]
         prim = state.running[prim_id] if prim_id is not None else None
         if prim is not None and prim.in_io:
-            return GpuView(g, memory, None, False, 0.0, prim.phase_started)
+            return _io_view(g, memory, prim.phase_started)
         view = self._steady.get((g, prim is not None))
         if view is None:
             view = GpuView(g, memory, None, False, 100.0 if prim else None, None)
             self._steady[(g, prim is not None)] = view
         return view
+
+
+def _io_view(g: int, memory: int, since: float) -> GpuView:
+    """GPU `g` while its primary waits on I/O since `since` (one per such phase)."""
+    values: dict[str, Any] = {"index": g, "memory_total": memory, "memory_used": None}
+    values["lost"], values["primary_util"], values["util_low_since"] = False, 0.0, since
+    return _frozen(GpuView, _GPU_VIEW, values)
 
 
 def _running(lv: Live) -> Running:

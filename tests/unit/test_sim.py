@@ -268,6 +268,12 @@ def test_the_simulators_lease_views_and_inputs_equal_the_real_constructors() -> 
     )  # fmt: skip
     assert built == real and hash(built) == hash(real)
     assert set(vars(built)) == {f.name for f in fields(Running)}
+    from m27.policy import GpuView
+    from m27.sim.schedulers import _io_view
+
+    view, real_view = _io_view(2, 8 * GIB, 5.0), GpuView(2, 8 * GIB, None, False, 0.0, 5.0)
+    assert view == real_view and hash(view) == hash(real_view)
+    assert set(vars(view)) == {f.name for f in fields(GpuView)}
     sched = PolicyScheduler(PolicyConfig(cpu_slots=1))
     state = SimState(IO_THEN_SHORT, 1, primary=[None], guests=[[]])
     sched.step(state)
