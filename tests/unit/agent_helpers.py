@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import textwrap
 import threading
@@ -61,7 +62,21 @@ def step_argv(
 ) -> tuple[str, ...]:
     args = (cycles, compute, io, load, chunk, int(gated))
     tail = (str(until),) if until is not None else ()
+    if until is not None:
+        UNTIL.append(until)
     return (sys.executable, "-c", STEP, str(out), *map(str, args), *tail)
+
+
+#: Every `until` file a test's steps loop for; :func:`end_steps` writes them.
+UNTIL: list[Path] = []
+
+
+def end_steps() -> None:
+    """Write every `until` file handed out so far, so no looping step outlives its test
+    (its own session, so pytest's end does not take it) when the test failed before."""
+    while UNTIL:
+        with contextlib.suppress(OSError):
+            UNTIL.pop().write_text("done")
 
 
 def phases(path: Path, kind: str) -> list[tuple[float, float]]:
