@@ -230,3 +230,21 @@ def test_ctrl_c_cancels_the_run(m27: M27, tmp_path: Path, m27_home: Path) -> Non
     assert node_state(m27_home).runs[run_id].status == "cancelled"
     assert "cancelling" in out
     wait_until(lambda: not _group_alive(pgid), timeout=15)
+
+
+def test_ctrl_c_twice_aborts_at_once_and_the_run_is_not_left_running(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    spec = _write(tmp_path, SLEEPER)
+    proc = spawn_m27("run", str(spec), "--plain")
+    try:
+        run_id, pgid = _wait_running(m27_home)
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # "Ctrl-C again to abort"
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out  # as the shell expects of an interrupted command
+    assert "m27: interrupted" in out and "Traceback" not in out, out
+    assert node_state(m27_home).runs[run_id].status in ("cancelled", "failed")
+    wait_until(lambda: not _group_alive(pgid), timeout=30)

@@ -52,7 +52,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("m27.executors", "m27.checkpoint", "m27.gpu", "m27.spec", "m27.sim"),
     # step: the step-side API (Channel) that the node and the simulated GPU read
     ("m27.policy", "m27.events", "m27.store", "m27.step"),
-    # leaves; paths, liveness, locks, tables serve several layers (each module says which);
+    # leaves; paths, liveness, locks, tables, signals serve several layers (each module says
+    # which);
     # _lazy is the first-use import of the packages m27 and m27.notify
     (
         "m27._lazy",
@@ -64,6 +65,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "m27.liveness",
         "m27.locks",
         "m27.tables",
+        "m27.signals",
     ),
     # the one exception root: anything may raise an M27Error
     ("m27._exceptions",),

@@ -13,11 +13,9 @@ import argparse
 import json
 import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from m27._exceptions import ConfigError
 from m27.cli.warm import runner_pid
@@ -26,6 +24,7 @@ from m27.events import Event, RunSubmitted
 from m27.node.serve import serve
 from m27.node.service import ServiceInfo, find_service, stop_service
 from m27.policy import Decision, Reserve, key_text
+from m27.signals import stop_event
 from m27.units import format_duration, parse_duration
 
 
@@ -97,13 +96,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--idle {args.idle!r}: {exc}", value=args.idle) from None
     elif args.on_demand:
         idle_s = load_settings().service_idle
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    stop = stop_event((signal.SIGTERM, signal.SIGINT))
     try:
         return serve(
             home,

@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
-from types import FrameType
 
 from m27._exceptions import ConfigError
+from m27.signals import stop_event
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -81,13 +80,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         server, thread = serve(registry, host, port)
         print(f"m27 exporter: http://{host}:{port}/metrics ({backend.kind} GPUs)", flush=True)
-        stop = threading.Event()
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        stop = stop_event((signal.SIGTERM, signal.SIGINT))
         wait = args.interval if args.interval > 0 else None
         while not stop.wait(wait):
             if wait is not None:

@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from types import FrameType
 
 from m27._exceptions import ConfigError, NotifyError
 from m27.locks import BOT_LOCK, NOTIFY_LOCK, NodeLock
@@ -22,6 +21,7 @@ from m27.notify.messages import hello_message
 from m27.notify.notifier import CURSOR, m27_home, open_notifier
 from m27.notify.outbox import Outbox, outbox_path
 from m27.notify.telegram import DeliveryError, TelegramClient, install_scrubber, scrub
+from m27.signals import stop_event
 from m27.store.sqlite import SqliteEventStore, open_store
 
 log = logging.getLogger("m27.notify")
@@ -146,14 +146,7 @@ def run_retry(args: argparse.Namespace) -> int:
 
 
 def _stop_on_signals() -> threading.Event:
-    stop = threading.Event()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return stop
+    return stop_event((signal.SIGTERM, signal.SIGINT))
 
 
 def _open_store() -> SqliteEventStore:

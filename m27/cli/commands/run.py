@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import itertools
 import os
 import signal
 import sys
-import threading
 import time
 from types import FrameType
 from typing import Any
@@ -20,6 +20,7 @@ from m27.cli.commands._progress import Progress
 from m27.cli.prefect_run import prefect_defaults, run_settings
 from m27.events import CancelRequested, RunFailed
 from m27.gpu import detect
+from m27.signals import SignalRelay
 from m27.spec import Pipeline, load_pipeline, parse_set_args
 from m27.units import format_size
 
@@ -124,15 +125,20 @@ def run(args: argparse.Namespace) -> int:
     live = sys.stdout.isatty() and not args.plain
     progress = Progress(store, run_id, pipeline, live=live, show_output=not args.quiet)
 
-    interrupted = threading.Event()
-
-    def on_sigint(signum: int, frame: FrameType | None) -> None:
-        if interrupted.is_set():
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        interrupted.set()
+    def cancel(signum: int) -> None:
         progress.note("cancelling: stopping step processes (Ctrl-C again to abort)")
         store.append([CancelRequested(at=time.time(), run_id=run_id, by="ctrl-c")])
+
+    # The first Ctrl-C cancels from the relay's thread: appending in the handler itself
+    # waits forever when the signal lands while the main thread holds the store's lock.
+    relay = SignalRelay(cancel)
+    presses = itertools.count()
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if next(presses):  # the second: abort here and now
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        relay(signum, frame)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     from flows.pipeline import LINE_SINKS, pipeline_flow
@@ -176,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         progress.stop()
         LINE_SINKS.pop(run_id, None)
         signal.signal(signal.SIGINT, previous)
+        relay.close()
     state = _common.runs_since(store, before, run_id)
     if run_id not in state.runs:
         message = getattr(flow_state, "message", "") or "the flow did not start"

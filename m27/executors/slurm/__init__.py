@@ -57,6 +57,7 @@ from m27.executors.slurm._script import (
     render_script,
 )
 from m27.paths import join_under
+from m27.signals import stop_event
 from m27.store import EventStore
 
 #: Exit code for a step that saved a checkpoint on USR1/TERM and wants to be requeued
@@ -83,11 +84,12 @@ def watch_preemption(
             if stop.is_set():
                 ck.save(state, i); ck.flush()
                 sys.exit(m27.executors.slurm.REQUEUE_EXIT_CODE)
+
+    The event is set from a thread of its own (:func:`m27.signals.stop_event`): a handler
+    that set it directly deadlocked when slurmstepd's TERM and the batch script's forwarded
+    TERM arrived together, and Slurm SIGKILLed the step before it could save.
     """
-    flag = threading.Event()
-    for sig in signals:
-        signal.signal(sig, lambda *_: flag.set())
-    return flag
+    return stop_event(signals)
 
 
 def scrub_env(env: Mapping[str, str], wants_gpus: bool) -> dict[str, str]:

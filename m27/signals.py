@@ -1,0 +1,76 @@
+"""Signal handlers that take no lock: the work a signal asks for runs in a thread of its own.
+
+Python runs a signal handler in the main thread between two bytecodes of whatever that
+thread is doing, including the handler of the signal before. ``threading.Event.set`` takes
+a lock; when a second signal arrives while the first handler holds it, the nested handler
+waits forever for a lock its own thread holds. That is not rare: a Slurm step gets TERM
+from slurmstepd and the forwarded TERM from its batch script within microseconds (the
+preemption test hung 1 run in 5 that way, the step SIGKILLed before it could checkpoint),
+and people press Ctrl-C twice. So a handler here only writes the signal's number to a
+pipe; a daemon thread reads it and does the work (set an event, append an event, ...),
+where taking locks is safe.
+
+A leaf (imports nothing from m27): the Slurm step API (``m27.executors.slurm``) and the
+long-running commands (``m27.cli``) use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from types import FrameType
+
+__all__ = ["SignalRelay", "stop_event"]
+
+
+class SignalRelay:
+    """A signal handler (call it, or :meth:`install` it) that runs `on_signal` elsewhere.
+
+    `on_signal(signum)` runs in the daemon thread ``m27-signals``, once per signal received,
+    in the order received (a signal that arrives while the pipe is full is dropped: by then
+    thousands are waiting). :meth:`close` ends the thread once it has run what is queued.
+    """
+
+    def __init__(self, on_signal: Callable[[int], object]) -> None:
+        self._on_signal = on_signal
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._thread = threading.Thread(target=self._relay, name="m27-signals", daemon=True)
+        self._thread.start()
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        """The handler: one write(2), no lock, safe at any point of the main thread."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._write, bytes((signum & 0xFF,)))
+
+    def install(self, signals: Iterable[int]) -> dict[int, object]:
+        """Handle `signals` with this relay; returns the handlers it replaced."""
+        return {int(s): signal.signal(s, self) for s in signals}
+
+    def close(self) -> None:
+        """Stop relaying (the handlers stay installed but write nowhere)."""
+        with contextlib.suppress(OSError):
+            os.close(self._write)
+        self._thread.join(5)
+
+    def _relay(self) -> None:
+        try:
+            while data := os.read(self._read, 64):
+                for signum in data:
+                    self._on_signal(signum)
+        finally:
+            os.close(self._read)
+
+
+def stop_event(signals: Iterable[int]) -> threading.Event:
+    """An event that `signals` set: for a main loop to check or wait on (``stop.wait(t)``).
+
+    The event is set from the relay thread, microseconds after the handler ran, so a loop
+    that checks ``is_set()`` sees it on its next round; waiting on it never misses it.
+    """
+    event = threading.Event()
+    SignalRelay(lambda _signum: event.set()).install(signals)
+    return event
