@@ -59,6 +59,9 @@ _logging.install()  # no bogus "NoneType: None" under a failed step's Prefect er
 
 #: run id -> callable(step, stream, line); lets `m27 run` print step output live.
 LINE_SINKS: dict[str, Callable[[str, str, str], None]] = {}
+#: run id -> callable(); called once the run's end is in the event log, before Prefect's
+#: part of the end (summary artifact, final state): a forked `m27 run` lets its client go.
+RUN_ENDED: dict[str, Callable[[], None]] = {}
 
 
 def _now() -> float:
@@ -303,6 +306,9 @@ def pipeline_flow(
 def _finish(run: _Run, end: Event) -> None:
     """Record the run's end, then show its summary and plots in Prefect (flows/summary.py)."""
     run.append(end)  # (wakes the cancel watcher and the lease follower: they end now)
+    ended = RUN_ENDED.get(run.run_id)
+    if ended is not None:
+        ended()
     records = run.store.read(run.first_seq)
     state = fold(r for r in records if getattr(r.event, "run_id", None) == run.run_id)
     summary.publish(state, run.run_id, run.pipeline.workdir)

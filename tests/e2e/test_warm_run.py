@@ -99,6 +99,51 @@ def test_a_warm_run_forks_from_the_runner_and_keeps_exit_code_and_output(
     assert ok.returncode == 0 and "warm-hello" in ok.stdout, ok.stdout + ok.stderr
 
 
+def _prefect_end(api: str, flow_run_id: str) -> tuple[str | None, list[str]]:
+    """(the flow run's state type, its artifact keys), read over Prefect's REST API."""
+    import httpx
+
+    fr = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()
+    arts = httpx.post(
+        f"{api}/artifacts/filter",
+        json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}},
+        timeout=10,
+    ).json()
+    return (fr.get("state") or {}).get("type"), [a.get("key") for a in arts]
+
+
+def test_the_client_goes_once_the_run_has_ended_and_the_child_finishes_prefects_part(
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    """The client exits when the run's end is in the log and its summary printed; the child
+    then sets the flow run's final state and creates the summary artifact. The client's
+    going must not kill the child (as a killed client does): the flow run ends Completed."""
+    _start_service(m27, tmp_path, m27_home)
+    before = set(node_state(m27_home).runs)
+    done = subprocess.run(
+        [sys.executable, "-m", "m27.cli", "run", str(tmp_path / "quick.yaml"), "--plain"],
+        env=m27_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = _only_run(m27_home, before)
+    assert f"run {run.run_id}: succeeded" in done.stdout  # the summary reached the client
+    assert "Traceback" not in done.stdout + done.stderr
+    ended: list[tuple[str | None, list[str]]] = []
+
+    def finished() -> bool:
+        ended.append(_prefect_end(prefect_env, run.flow_run_id))
+        return ended[-1][0] not in (None, "RUNNING", "PENDING")
+
+    wait_until(finished, timeout=60, interval=0.2, what="the flow run's final state")
+    assert ended[-1][0] == "COMPLETED", ended[-1]
+    assert "m27-run-quick" in ended[-1][1]
+    wait_until(lambda: not psutil.pid_exists(run.pid), timeout=60, what="the child's exit")
+    assert node_state(m27_home).runs[run.run_id].status == "succeeded"
+
+
 def test_other_prefect_settings_or_verbose_run_in_the_clients_own_process(
     m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
 ) -> None:

@@ -81,6 +81,7 @@ class Progress:
             for s in pipeline.steps
         }
         self._stop = threading.Event()
+        self._stopped = False
         self._ended = False  # the run's end event was applied: the follower has shown it all
         self._thread = threading.Thread(target=self._follow, name="m27-progress", daemon=True)
         self._lock = threading.Lock()
@@ -102,6 +103,9 @@ class Progress:
         self._thread.start()
 
     def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         self._stop.set()  # what the follower has not seen yet, _drain reads
         self._thread.join(timeout=2)
         self._drain()
@@ -242,8 +246,12 @@ class Progress:
         return table
 
     def summary(self, run: RunState) -> None:
-        """Final lines: each step's outcome, where its log is, and how to resume."""
-        print()
+        """Final lines: each step's outcome, where its log is, and how to resume.
+
+        Written to stdout itself, not with print(): a forked run prints it from inside the
+        flow (m27.cli.warm.release_client), where Prefect's log_prints turns print() into
+        log records."""
+        _line()
         for name, st in run.steps.items():
             extra = ""
             if st.status == "failed":
@@ -259,7 +267,7 @@ class Progress:
             if st.status == "skipped" and st.reason.startswith("succeeded"):
                 shown = "succeeded"  # done already: a resumed run shows every step done
                 extra += f"  (in the earlier run {run.resume_of})" if run.resume_of else ""
-            print(f"  {shown:<10} {name}{extra}")
+            _line(f"  {shown:<10} {name}{extra}")
         finals = [s for s in self.pipeline.steps if not self.pipeline.dependents(s.name)]
         made = [
             str(Path(s.workdir or self.pipeline.workdir) / o)  # relative to the step's folder
@@ -268,11 +276,15 @@ class Progress:
             for o in s.outputs
         ]
         if made:
-            print("\noutputs: " + ", ".join(made))
+            _line("\noutputs: " + ", ".join(made))
         total = sum(st.energy_j for st in run.steps.values())
         if total:
-            print(f"\nenergy: {format_energy(total)} on GPUs")
-        print(f"\nrun {run.run_id}: {run.status}")
-        print(f"logs:   m27 logs {run.run_id} STEP")
+            _line(f"\nenergy: {format_energy(total)} on GPUs")
+        _line(f"\nrun {run.run_id}: {run.status}")
+        _line(f"logs:   m27 logs {run.run_id} STEP")
         if run.status in ("failed", "cancelled"):
-            print(f"resume: m27 run --resume {run.run_id}")
+            _line(f"resume: m27 run --resume {run.run_id}")
+
+
+def _line(text: str = "") -> None:
+    sys.stdout.write(text + "\n")

@@ -14,6 +14,7 @@ from typing import Any
 
 from m27 import runids
 from m27._exceptions import StoreError
+from m27.cli import warm
 from m27.cli.commands import _common
 from m27.cli.commands._options import add_set_option
 from m27.cli.commands._progress import Progress
@@ -141,9 +142,27 @@ def run(args: argparse.Namespace) -> int:
         relay(signum, frame)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
-    from flows.pipeline import LINE_SINKS, pipeline_flow
+    from flows.pipeline import LINE_SINKS, RUN_ENDED, pipeline_flow
+
+    released: list[int] = []
+
+    def on_end() -> None:
+        """The run's end is in the log: a forked run prints its summary and lets the client
+        go before Prefect's part of the end (m27.cli.warm.release_client)."""
+        try:
+            result = _common.runs_since(store, before, run_id).runs.get(run_id)
+        except StoreError:
+            return  # the summary comes after the flow, as for any store error
+        if result is None or result.status == "running":
+            return
+        progress.stop()
+        code = _summarize(progress, result, waited)
+        if warm.release_client(code):
+            released.append(code)
 
     LINE_SINKS[run_id] = progress.on_line
+    if warm.IN_CHILD:
+        RUN_ENDED[run_id] = on_end
     progress.start()
     notifier = _start_notifier(store)
     flow_state: Any = None
@@ -181,8 +200,12 @@ def run(args: argparse.Namespace) -> int:
         _stop_notifier(notifier)
         progress.stop()
         LINE_SINKS.pop(run_id, None)
+        RUN_ENDED.pop(run_id, None)
         signal.signal(signal.SIGINT, previous)
         relay.close()
+    if released:  # the client has its exit code and summary already
+        _FAST_EXIT.append(released[0])
+        return released[0]
     state = _common.runs_since(store, before, run_id)
     if run_id not in state.runs:
         message = getattr(flow_state, "message", "") or "the flow did not start"
@@ -195,12 +218,17 @@ def run(args: argparse.Namespace) -> int:
         if not _end_truthfully(store, run_id, message):
             return 1  # no summary: the log cannot say how the run ended
         result = _common.runs_since(store, before, run_id).runs[run_id]
-    progress.summary(result)
-    if waited >= 0.05:
-        print(f"(before the run: {waited:.1f}s starting the node service)")
-    code = 0 if result.status == "succeeded" else 1
+    code = _summarize(progress, result, waited)
     _FAST_EXIT.append(code)
     return code
+
+
+def _summarize(progress: Progress, result: Any, waited: float) -> int:
+    """Print the run's summary; its exit code."""
+    progress.summary(result)
+    if waited >= 0.05:
+        sys.stdout.write(f"(before the run: {waited:.1f}s starting the node service)\n")
+    return 0 if result.status == "succeeded" else 1
 
 
 #: The exit status of a run that ended normally; set, it lets `_fast_exit` skip teardown.
