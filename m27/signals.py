@@ -43,8 +43,11 @@ class SignalRelay:
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         """The handler: one write(2), no lock, safe at any point of the main thread."""
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._write, bytes((signum & 0xFF,)))
+        fd = self._write
+        if fd < 0:
+            return  # closed: the number may belong to another file by now
+        with contextlib.suppress(OSError):  # (BlockingIOError: the pipe is full)
+            os.write(fd, bytes((signum & 0xFF,)))
 
     def install(self, signals: Iterable[int]) -> dict[int, object]:
         """Handle `signals` with this relay; returns the handlers it replaced."""
@@ -52,8 +55,9 @@ class SignalRelay:
 
     def close(self) -> None:
         """Stop relaying (the handlers stay installed but write nowhere)."""
-        with contextlib.suppress(OSError):
-            os.close(self._write)
+        fd, self._write = self._write, -1
+        if fd >= 0:
+            os.close(fd)
         self._thread.join(5)
 
     def _relay(self) -> None:
