@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -238,19 +239,39 @@ def test_ctrl_c_cancels_the_run(m27: M27, tmp_path: Path, m27_home: Path) -> Non
     wait_until(lambda: not _group_alive(pgid), timeout=15)
 
 
+#: A step that ignores TERM: cancelling it waits out the 10 s grace, time for a second Ctrl-C.
+STUBBORN = textwrap.dedent("""\
+    name: stubborn
+    pipeline:
+      - name: long
+        type: gpu
+        command: python -c "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('started', flush=True); time.sleep(300)"
+    """)
+
+
 def test_ctrl_c_twice_aborts_at_once_and_the_run_is_not_left_running(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:
-    spec = _write(tmp_path, SLEEPER)
+    spec = _write(tmp_path, STUBBORN)
     proc = spawn_m27("run", str(spec), "--plain")
+    lines: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+    reader.start()
     try:
         run_id, pgid = _wait_running(m27_home)
         proc.send_signal(signal.SIGINT)
+        # The second press once the first was handled (two signals sent back to back can
+        # merge into one pending signal in the kernel, as two key presses never do).
+        wait_until(lambda: any("cancelling" in line for line in lines), timeout=60)
         proc.send_signal(signal.SIGINT)  # "Ctrl-C again to abort"
-        out, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        reader.join(30)
     finally:
         proc.kill()
+    out = "".join(lines)
     assert proc.returncode == 130, out  # as the shell expects of an interrupted command
     assert "m27: interrupted" in out and "Traceback" not in out, out
     assert node_state(m27_home).runs[run_id].status in ("cancelled", "failed")
-    wait_until(lambda: not _group_alive(pgid), timeout=30)
+    # the step ignores TERM: the node service's crash watcher kills it after the grace
+    wait_until(lambda: not _group_alive(pgid), timeout=60)
