@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["run"]:
         from m27.cli import warm  # the node's warm runner, when one serves
 
-        if not warm.IN_CHILD:  # (in its forked child the run runs here)
+        if not warm.in_child():  # (in its forked child the run runs here)
             served = warm.run_warm(argv[1:])
             if served is not None:
                 return served

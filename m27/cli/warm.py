@@ -62,6 +62,7 @@ from m27.cli.prefect_run import (
 
 __all__ = [
     "address",
+    "in_child",
     "release_client",
     "run_warm",
     "runner_pid",
@@ -92,10 +93,13 @@ PRELOAD = (
 _MAX_MESSAGE = 1 << 20
 #: Contexts the runner entered for its whole life.
 _KEPT: list[contextlib.AbstractContextManager[object]] = []
-#: True in a forked child: its `m27 run` runs here instead of asking a runner again.
-IN_CHILD = False
-#: The forked child's request, while it runs.
+#: The forked child's request, while it runs (None outside a forked child).
 _CHILD: _Child | None = None
+
+
+def in_child() -> bool:
+    """True in a forked child: its `m27 run` runs here instead of asking a runner again."""
+    return _CHILD is not None
 
 
 def release_client(code: int) -> bool:
@@ -241,8 +245,7 @@ class _Child:
 
     def run(self) -> int:
         """Become the client's `m27 run`: its stdio, directory, environment and arguments."""
-        global IN_CHILD, _CHILD
-        IN_CHILD = True
+        global _CHILD
         _CHILD = self
         self.own = [os.dup(fd) for fd in (0, 1, 2)]  # the runner's: back after release()
         for target, fd in enumerate(self.fds):

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e._helpers import M27, m27_env, node_state, spawn_m27
+from tests.e2e._helpers import M27, call_m27, m27_env, node_state, spawn_m27
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -89,13 +89,7 @@ def test_a_warm_run_forks_from_the_runner_and_keeps_exit_code_and_output(
     # the flow ran in a child of the runner, not in the client's process
     assert run.pid not in (0, proc.pid, runner)
 
-    ok = subprocess.run(
-        [sys.executable, "-m", "m27.cli", "run", str(tmp_path / "quick.yaml"), "--plain"],
-        env=m27_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    ok = call_m27("run", str(tmp_path / "quick.yaml"), "--plain", timeout=300)
     assert ok.returncode == 0 and "warm-hello" in ok.stdout, ok.stdout + ok.stderr
 
 
@@ -120,13 +114,7 @@ def test_the_client_goes_once_the_run_has_ended_and_the_child_finishes_prefects_
     going must not kill the child (as a killed client does): the flow run ends Completed."""
     _start_service(m27, tmp_path, m27_home)
     before = set(node_state(m27_home).runs)
-    done = subprocess.run(
-        [sys.executable, "-m", "m27.cli", "run", str(tmp_path / "quick.yaml"), "--plain"],
-        env=m27_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = call_m27("run", str(tmp_path / "quick.yaml"), "--plain", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     run = _only_run(m27_home, before)
     assert f"run {run.run_id}: succeeded" in done.stdout  # the summary reached the client

@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             released.append(code)
 
     LINE_SINKS[run_id] = progress.on_line
-    if warm.IN_CHILD:
+    if warm.in_child():
         RUN_ENDED[run_id] = on_end
     progress.start()
     notifier = _start_notifier(store)
