@@ -16,8 +16,10 @@ primary's ``with m27.io_wait():`` is often shorter than that. Two things close t
   shows it computing; the guest starts then by itself, not after the agent's tick.
 - *the agent wakes when an I/O state changes* (:class:`IoWatch`): while some GPU hosts
   guests, utilization is sampled every ``slice_s``, and a tick comes at once when a
-  primary's hint flips or exactly when its inferred I/O wait reaches ``io_timeout``. That
-  is what SIGSTOP-paused black-box guests, which cannot follow anything, rely on.
+  primary's hint flips, when the standby guest's own hint flips (it entered its own I/O
+  wait: the next guest takes the gap), or exactly when a primary's inferred I/O wait
+  reaches ``io_timeout``. That is what SIGSTOP-paused black-box guests, which cannot
+  follow anything, rely on.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class IoWatch:
         self.config = config
         self.slice_s = slice_s
         self.seen: dict[int, bool] = {}
+        #: the standby guests inside their own ``io_wait()`` at the last tick
+        self.guests_seen: frozenset[StepKey] = frozenset()
 
     def state(
         self,
@@ -117,6 +121,20 @@ class IoWatch:
             )
             out[gpu] = hinted or inferred
         return out
+
+    @staticmethod
+    def guests_io(
+        standby: Mapping[int, StepKey],
+        channels: Mapping[StepKey, Channel],
+        hints: Callable[[StepKey], bool],
+    ) -> frozenset[StepKey]:
+        """The standby guests inside their own ``io_wait()``: when the one computing in its
+        primary's gap enters its own, the next guest should take the gap at once."""
+        return frozenset(
+            k
+            for k in standby.values()
+            if (ch := channels.get(k)) is not None and hints(k) and ch.io_waiting()
+        )
 
     def next_due(self, low_since: Mapping[int, tuple[StepKey, float]], hosted: set[int]) -> float:
         """The earliest time an inferred I/O wait on a hosting GPU reaches ``io_timeout``."""
@@ -158,6 +176,7 @@ class FollowControl:
         primaries, channels, hints = self.book.primaries(), self._channels, self._hints
         hosted = self._hosted()
         self._watch.seen = self._watch.state(primaries, hosted, channels, hints, self._low, now)
+        self._watch.guests_seen = self._watch.guests_io(self._standby, channels, hints)
 
     def _arm(self) -> None:
         """Set the standby guests' gates (m27.node.follow.arm_standby)."""
@@ -216,6 +235,8 @@ class FollowControl:
             now = clock.now()
             io = watch.state(primaries, hosted, self._channels, self._hints, self._low, now)
             if io != watch.seen:
+                return 0
+            if watch.guests_io(self._standby, self._channels, self._hints) != watch.guests_seen:
                 return 0
             waiting = {g for g in hosted if not watch.seen.get(g, False)}
             due = watch.next_due(self._low, waiting) - now

@@ -203,3 +203,51 @@ def test_a_standby_guest_behind_a_primary_without_hints_starts_at_its_deadline(
     finally:
         lease.close()
         node.close()
+
+
+def test_when_the_computing_guest_enters_its_own_io_the_next_guest_takes_the_gap_at_once(
+    m27_home: Path, tmp_path: Path
+) -> None:
+    """The agent ticks when the standby guest's own hint flips, not only its primary's:
+    with ticks otherwise only on events and every 30 s, the second guest computes in the
+    same primary I/O wait in which the first guest entered its own."""
+    node = make_node(m27_home, gpus=1)
+    node.agent = Agent(
+        node.store, node.backend, m27_home, config=PolicyConfig(io_timeout=0.02), tick=30.0
+    )
+    node.start()
+    lease = AgentLease(node.store, m27_home, embed=False)
+    outs = {name: tmp_path / f"{name}.txt" for name in ("md", "first", "second")}
+    done = tmp_path / "done"
+    runs = [
+        run_step_leased(
+            lease, "r1", "md", step_argv(outs["md"], compute=0.05, io=3.0, until=done), priority=9
+        )
+    ]
+    wait_until(lambda: node.of(ev.StepStarted), what="the primary's start")
+    for name, io in (("first", 1.0), ("second", 0.0)):
+        argv = step_argv(outs[name], compute=0.1 if io else 5.0, io=io, until=done)
+        runs.append(run_step_leased(lease, f"r-{name}", name, argv))
+        wait_until(lambda n=name: outs[n].exists(), what=f"guest {name} loaded")  # type: ignore[misc]
+
+    def filled() -> bool:
+        """A chunk of the second guest inside a primary I/O wait, begun after the first
+        guest entered its own I/O wait in that same wait (both guests loaded by then)."""
+        loaded = max(b for n in ("first", "second") for _, b in phases(outs[n], "load"))
+        first_io = [x for x, _ in phases(outs["first"], "io")]
+        second = [c for c, _ in phases(outs["second"], "compute")]
+        for a, b in phases(outs["md"], "io"):
+            if a < loaded:
+                continue
+            if any(a < x < c < b for x in first_io for c in second):
+                return True
+        return False
+
+    try:
+        wait_until(filled, timeout=60, what="the second guest in the first guest's place")
+    finally:
+        done.write_text("done")
+        results = [r.wait(60) for r in runs]
+        lease.close()
+        node.close()
+    assert all(r is not None and r.ok for r in results)
