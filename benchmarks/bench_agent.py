@@ -23,7 +23,9 @@ Reported:
   own records; only waits with a guest loaded and not in its own I/O) and -> the agent's
   GuestResumed;
 - guest pause time: primary leaves its I/O wait -> the guest's last compute chunk that
-  began in the wait ends (0 if it ended first).
+  began in the wait ends (0 if it ended first);
+- guest handover: inside a primary's I/O wait, the computing guest enters its own I/O
+  while another guest is loaded and not in its own -> a guest computes again.
 
 Each step is a new Python process importing ``m27.step``; m27's modules are byte-compiled
 first (as ``pip install`` leaves them), so a step does not compile them again at every
@@ -215,7 +217,7 @@ def _measure(
                     break
     # guest reaction: a primary's I/O start -> the first guest compute chunk in that I/O
     # (only I/O waits of a step while it is its GPU's primary, with a guest loaded)
-    reaction, resumed, pause = [], [], []
+    reaction, resumed, pause, handover = [], [], [], []
     primaries: dict[int, str] = {}
     guest_chunks = {n: _phases(p, "compute") for n, p in outs.items()}
     io_spans = {n: _phases(p, "io") for n, p in outs.items()}
@@ -259,6 +261,7 @@ def _measure(
             marks = [r.at - a for r in res if r.gpu == gpu_of[name] and a <= r.at <= b]
             if marks:
                 resumed.append(min(marks))
+            handover.extend(_handovers(name, (a, b), outs, gpu_of, guest_chunks, io_spans, ready))
     ms = 1000.0
     return {
         "makespan_s": round(makespan, 3),
@@ -273,7 +276,40 @@ def _measure(
         "guest_pause_ms_p50": _r(_pct(pause, 0.5), ms),
         "guest_pause_ms_p99": _r(_pct(pause, 0.99), ms),
         "io_waits_used_by_guests": f"{len(reaction)}/{sum(len(s) for s in io_spans.values())}",
+        "guest_handover_ms_p50": _r(_pct(handover, 0.5), ms),
+        "guest_handover_ms_p99": _r(_pct(handover, 0.99), ms),
     }
+
+
+def _handovers(
+    primary: str,
+    wait: tuple[float, float],
+    outs: dict[str, Path],
+    gpu_of: dict[str, int],
+    chunks: dict[str, list[tuple[float, float]]],
+    io_spans: dict[str, list[tuple[float, float]]],
+    ready: dict[str, float],
+) -> list[float]:
+    """Within one I/O wait of `primary`: each time the guest computing in it enters its
+    own I/O while another guest is loaded and out of its own, the time until a guest
+    computes again (another one, or the same one back from its I/O)."""
+    a, b = wait
+    gpu = gpu_of[primary]
+    guests = [o for o in outs if o != primary and gpu_of[o] == gpu]
+    out = []
+    for g in guests:
+        for x, _ in io_spans[g]:
+            if not a < x < b or not any(a <= c <= x for c, _ in chunks[g]):
+                continue  # not the guest that was computing in this wait
+            others = [
+                o
+                for o in guests
+                if o != g and ready[o] < x and not any(p <= x <= q for p, q in io_spans[o])
+            ]
+            later = [c for o in guests for c, _ in chunks[o] if x <= c <= b]
+            if others and later:
+                out.append(min(later) - x)
+    return out
 
 
 def _r(value: float | None, scale: float) -> float | None:
@@ -341,6 +377,7 @@ def _ratios(results: dict[str, Any]) -> dict[str, float]:
     ratio("makespan_tiers_over_fifo", "tiers", "fifo", "makespan_s")
     ratio("reaction_p99_tiers_over_tick", "tiers", "tiers_tick", "guest_reaction_ms_p99")
     ratio("pause_p99_tiers_over_tick", "tiers", "tiers_tick", "guest_pause_ms_p99")
+    ratio("handover_p99_tiers_over_tick", "tiers", "tiers_tick", "guest_handover_ms_p99")
     ratio("pair_undeclared_over_declared", "pair_undeclared", "pair_declared", "span_over_sum")
     return out
 

@@ -155,6 +155,7 @@ class Agent(GuestControl, FollowControl):
         self._standby: Mapping[int, StepKey] = {}  # the last decision's (m27.node.follow)
         self._due: dict[int, tuple[tuple[StepKey, float], float]] = {}
         self._armed: dict[int, float] = {}
+        self._let_compute: dict[StepKey, float] = {}
         self._detach = getattr(backend, "detach", None)
 
     # -- life ---------------------------------------------------------------------------

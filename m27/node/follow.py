@@ -46,7 +46,7 @@ def arm_standby(
     paused_now: Mapping[StepKey, bool],
     hints: Callable[[StepKey], bool],
     due: Mapping[int, float] | None = None,
-) -> None:
+) -> set[StepKey]:
     """Set each standby guest's gate to follow its primary; close it on the others.
 
     Only a gate user that is not held by SIGSTOP follows. Behind a primary that gives no
@@ -56,6 +56,9 @@ def arm_standby(
     reaches ``io_timeout``, and the gate opens by itself then. A guest resumed on an
     *inferred* I/O wait (its primary is not inside ``io_wait()``) keeps its open gate:
     following would stop it at once.
+
+    Returns the guests whose follow it ended: each may be mid-compute (its gate was open
+    while its primary was in I/O), so it gets ``gate_grace`` from now to reach its gate.
     """
     chosen: set[StepKey] = set()
     for gpu, key in standby.items():
@@ -83,9 +86,12 @@ def arm_standby(
             continue
         ch.set_follow(pch.path)
         chosen.add(key)
+    closed: set[StepKey] = set()
     for key, ch in channels.items():
         if key not in chosen and ch.following():
             ch.set_gate(False)
+            closed.add(key)
+    return closed
 
 
 class IoWatch:
@@ -159,6 +165,9 @@ class FollowControl:
     _watch: IoWatch
     _low: dict[int, tuple[StepKey, float]]
     _sampler: Sampler
+    #: when the agent last ended each guest's follow (:func:`arm_standby`), among others
+    #: (m27.node.guests)
+    _let_compute: dict[StepKey, float]
 
     def poll(self, timeout: float = 0.0) -> int:
         raise NotImplementedError
@@ -183,9 +192,12 @@ class FollowControl:
         self._armed = due = self._dues()
         held, primaries, stopped = self.book.held, self.book.primaries(), self._stopped
         paused = self._paused_now
-        arm_standby(
+        closed = arm_standby(
             self._standby, held, primaries, self._channels, stopped, paused, self._hints, due
         )
+        if closed:
+            now = self.clock.now()
+            self._let_compute.update(dict.fromkeys(closed, now))
 
     def _dues(self) -> dict[int, float]:
         """Per GPU whose primary shows no compute: the ``time.monotonic()`` at which that

@@ -40,6 +40,10 @@ class GuestControl:
     _paused_now: dict[StepKey, bool]
     #: guests without hints whose own utilization is low, and since when (see the module)
     _guest_low: dict[StepKey, float]
+    #: the last time each paused guest was seen let compute by its follow (its primary in
+    #: I/O), or had its follow ended (m27.node.follow): it may be mid-compute then, so its
+    #: ``gate_grace`` to reach its gate counts from that, not from when it was paused
+    _let_compute: dict[StepKey, float]
 
     def _util(self, s: GpuSample, h: Held) -> float | None:
         raise NotImplementedError
@@ -115,6 +119,8 @@ class GuestControl:
     def _escalate(self, now: float, acted: set[StepKey], samples: list[GpuSample]) -> list[Event]:
         """Stop by signal the paused guests that keep computing past ``gate_grace``."""
         out: list[Event] = []
+        for key in [k for k in self._let_compute if k not in self.book.held]:
+            del self._let_compute[key]
         for key, h in self.book.held.items():
             if not (h.guest and h.paused) or key in acted or key in self._stopped:
                 continue
@@ -124,10 +130,11 @@ class GuestControl:
             if ch is not None and (ch.at_gate() or ch.io_waiting()):
                 continue
             if ch is not None and ch.following() and (self._primary_in_io(h) or ch.follow_due()):
+                self._let_compute[key] = now
                 continue  # a following guest computes in its primary's I/O wait
             if self._starting(ch, h, now):
                 continue
-            since = max(h.paused_at or 0.0, h.started_at or 0.0)
+            since = max(h.paused_at or 0.0, h.started_at or 0.0, self._let_compute.get(key, 0.0))
             # A guest that never used its gate and shows compute is stopped at once; a gate
             # user gets gate_grace to reach its gate (it may be between two gate calls).
             gateless_busy = (ch is None or not ch.uses_gate()) and self._busy(h, samples)

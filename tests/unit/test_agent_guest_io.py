@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,5 +120,51 @@ def test_a_primary_without_hints_demoted_in_its_own_io_is_not_stopped_until_it_c
         held = agent.book.held[("a", "md")]
         assert agent._pause(("a", "md"), held, 100.02) == "gate" and not _stopped(pid)
     finally:
+        agent.close()
+        chan.close()
+
+
+def test_a_guest_whose_follow_ends_mid_compute_gets_gate_grace_from_then_not_from_its_pause(
+    m27_home: Path, guest_process: subprocess.Popen[bytes]
+) -> None:
+    """A paused standby guest computes while its gate follows the primary's I/O; when the
+    agent ends that follow (another guest became the standby) or the follow stops letting
+    it through, it may be mid-compute: it is stopped by signal only if it has not reached
+    its gate ``gate_grace`` after that, however long ago it was paused (it was SIGSTOPped
+    at once before: a guest kept from its gate for a whole primary compute phase)."""
+    pid = guest_process.pid
+    agent, backend, chan = _node(m27_home, pid)
+    key = ("g", "md")
+    step_side = Channel.open(chan.path)
+    clock = agent.clock
+    assert isinstance(clock, FakeClock)
+    gate = agent._channels[key]  # the agent's side of the guest's channel
+    try:
+        assert step_side.wait_gate(timeout=0)  # it uses its gate; now computing
+        backend.set_computing(pid, True)
+        agent.book.apply(ev.GuestPaused(at=100.0, run_id="g", step="md", gpu=0))
+        grace = agent.gate_grace
+        # 1. its follow is ended by the agent (the standby moved on) long after its pause
+        gate.set_follow("", at=time.monotonic() + 3600)
+        clock.advance(10.0)
+        agent._standby = {}
+        agent._arm()
+        assert not gate.following()
+        assert agent._escalate(clock.now() + grace / 2, set(), backend.sample(110.0)) == []
+        assert not _stopped(pid)
+        # 2. following again: while the follow lets it compute it is left alone, and when
+        # the follow closes (its primary computes again) it gets gate_grace from then
+        clock.advance(10.0)
+        gate.set_follow("", at=time.monotonic() - 1)  # let through
+        assert agent._escalate(clock.now(), set(), backend.sample(120.0)) == []
+        gate.set_follow("")  # the primary computes again: closed, still following
+        assert agent._escalate(clock.now() + grace / 2, set(), backend.sample(120.0)) == []
+        assert not _stopped(pid)
+        # never at its gate: stopped once gate_grace has passed
+        (paused,) = agent._escalate(clock.now() + 2 * grace, set(), backend.sample(121.0))
+        assert isinstance(paused, ev.GuestPaused) and paused.how == "signal"
+        wait_until(lambda: _stopped(pid), what="the guest stopped by SIGSTOP")
+    finally:
+        step_side.close()
         agent.close()
         chan.close()
