@@ -153,6 +153,7 @@ class Agent(GuestControl, FollowControl):
         self._told_lost: set[int] = set()  # GPUs this agent appended GpuLost for
         self._paused_now: dict[StepKey, bool] = {}
         self._standby: Mapping[int, StepKey] = {}  # the last decision's (m27.node.follow)
+        self._followers: Mapping[int, tuple[StepKey, ...]] = {}  # the same
         self._due: dict[int, tuple[tuple[StepKey, float], float]] = {}
         self._armed: dict[int, float] = {}
         self._let_compute: dict[StepKey, float] = {}

@@ -46,6 +46,7 @@ def arm_standby(
     paused_now: Mapping[StepKey, bool],
     hints: Callable[[StepKey], bool],
     due: Mapping[int, float] | None = None,
+    followers: Mapping[int, tuple[StepKey, ...]] | None = None,
 ) -> set[StepKey]:
     """Set each standby guest's gate to follow its primary; close it on the others.
 
@@ -56,6 +57,13 @@ def arm_standby(
     reaches ``io_timeout``, and the gate opens by itself then. A guest resumed on an
     *inferred* I/O wait (its primary is not inside ``io_wait()``) keeps its open gate:
     following would stop it at once.
+
+    Behind a hinted primary and a standby that gives hints, the GPU's `followers` (the
+    policy's order) follow too, each with the guests before it as the guests *ahead*
+    (:meth:`m27.step.Channel.set_follow`): one computes when the primary and every guest
+    ahead wait on I/O. The chain stops at the first follower that cannot follow (no hints,
+    no gate, stopped by signal); one the agent let compute (its gate open) stays so and
+    counts as ahead.
 
     Returns the guests whose follow it ended: each may be mid-compute (its gate was open
     while its primary was in I/O), so it gets ``gate_grace`` from now to reach its gate.
@@ -82,16 +90,42 @@ def arm_standby(
                 ch.set_follow("", at=(due or {}).get(gpu))
                 chosen.add(key)
             continue
-        if not paused and not pch.io_waiting():
-            continue
-        ch.set_follow(pch.path)
-        chosen.add(key)
+        if paused or pch.io_waiting():
+            ch.set_follow(pch.path)
+            chosen.add(key)
+        if hints(key):
+            chosen |= _chain((followers or {}).get(gpu, ()), ch, pch, held, channels,
+                             stopped, paused_now, hints)  # fmt: skip
     closed: set[StepKey] = set()
     for key, ch in channels.items():
         if key not in chosen and ch.following():
             ch.set_gate(False)
             closed.add(key)
     return closed
+
+
+def _chain(
+    keys: tuple[StepKey, ...],
+    first: Channel,
+    primary: Channel,
+    held: Mapping[StepKey, Held],
+    channels: Mapping[StepKey, Channel],
+    stopped: set[StepKey],
+    paused_now: Mapping[StepKey, bool],
+    hints: Callable[[StepKey], bool],
+) -> set[StepKey]:
+    """Chain the followers of one GPU behind `first` (the standby): see :func:`arm_standby`."""
+    chained: set[StepKey] = set()
+    ahead = [first.path]
+    for key in keys:
+        h, ch = held.get(key), channels.get(key)
+        if h is None or ch is None or key in stopped or not ch.uses_gate() or not hints(key):
+            break
+        if paused_now.get(key, h.paused):
+            ch.set_follow(primary.path, ahead=tuple(ahead))
+            chained.add(key)
+        ahead.append(ch.path)
+    return chained
 
 
 class IoWatch:
@@ -160,6 +194,7 @@ class FollowControl:
     _stopped: set[StepKey]
     _paused_now: dict[StepKey, bool]
     _standby: Mapping[int, StepKey]
+    _followers: Mapping[int, tuple[StepKey, ...]]
     _due: dict[int, tuple[tuple[StepKey, float], float]]
     _armed: dict[int, float]
     _watch: IoWatch
@@ -180,7 +215,7 @@ class FollowControl:
 
     def _follow(self, decision: Decision, now: float) -> None:
         """Standby guests follow their primary's hint; remember the I/O states now."""
-        self._standby = decision.standby
+        self._standby, self._followers = decision.standby, decision.followers
         self._arm()
         primaries, channels, hints = self.book.primaries(), self._channels, self._hints
         hosted = self._hosted()
@@ -193,8 +228,9 @@ class FollowControl:
         held, primaries, stopped = self.book.held, self.book.primaries(), self._stopped
         paused = self._paused_now
         closed = arm_standby(
-            self._standby, held, primaries, self._channels, stopped, paused, self._hints, due
-        )
+            self._standby, held, primaries, self._channels, stopped, paused, self._hints, due,
+            self._followers,
+        )  # fmt: skip
         if closed:
             now = self.clock.now()
             self._let_compute.update(dict.fromkeys(closed, now))

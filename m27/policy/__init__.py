@@ -104,12 +104,16 @@ class Decision:
     ``reasons`` maps every pending step that got no action (a Reserve does not start a
     step) to one line a person can read; it is built on first access. ``standby`` names,
     per GPU with guests, the guest that computes in its primary's next I/O wait (the agent
-    lets it follow the primary's ``io_wait()`` hint directly, within a millisecond).
+    lets it follow the primary's ``io_wait()`` hint directly, within a millisecond);
+    ``followers``, per GPU with two guests or more, the others in the order they take the
+    gap over when the ones before them wait on their own I/O (the agent chains their
+    gates on those guests' hints, so the next one starts as directly).
     """
 
     actions: tuple[Action, ...]
     next_check: float | None = None
     standby: Mapping[int, StepKey] = field(default_factory=dict, compare=False)
+    followers: Mapping[int, tuple[StepKey, ...]] = field(default_factory=dict, compare=False)
     _inp: PolicyInput | None = field(default=None, repr=False, compare=False)
     _ranked: Sequence[Ranked] = field(default=(), repr=False, compare=False)
     _gpus: Mapping[int, GpuState] = field(default_factory=dict, repr=False, compare=False)
@@ -140,6 +144,7 @@ def _decision(
     actions: tuple[Action, ...],
     next_check: float | None,
     standby: Mapping[int, StepKey],
+    followers: Mapping[int, tuple[StepKey, ...]],
     inp: PolicyInput,
     ranked: Sequence[Ranked] = (),
     gpus: Mapping[int, GpuState] | None = None,
@@ -152,6 +157,7 @@ def _decision(
     d: Decision = object.__new__(Decision)
     f = d.__dict__
     f["actions"], f["next_check"], f["standby"], f["_inp"] = actions, next_check, standby, inp
+    f["followers"] = followers
     f["_ranked"], f["_shortcut"] = ranked, shortcut
     f["_gpus"] = {} if gpus is None else gpus
     f["_notes"] = {} if notes is None else notes
@@ -223,9 +229,12 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
         pa = Pass(gpus, usable, cfg, now, actions, notes, granted, shortcut, needs)
         _place(ranked, pa, cpu_busy)
     standby: dict[int, StepKey] = {}
-    next_check = run_or_pause(gpus, usable, cfg, now, actions, standby)
+    followers: dict[int, tuple[StepKey, ...]] = {}
+    next_check = run_or_pause(gpus, usable, cfg, now, actions, standby, followers)
     # a fast pass (shortcut) writes no notes: the reasons come from a full pass, on demand
-    return _decision(tuple(actions), next_check, standby, inp, ranked, gpus, notes, shortcut)
+    return _decision(
+        tuple(actions), next_check, standby, followers, inp, ranked, gpus, notes, shortcut
+    )
 
 
 #: The last lease tuple's guests by GPU (in GPU order) and primaries by GPU, and the last
@@ -279,7 +288,7 @@ def _gate_only(inp: PolicyInput) -> Decision:
     gates the leases themselves, ranked as their Slots would be)."""
     hosted, primary = _hosting(inp.running)
     if not hosted:
-        return _decision((), None, {}, inp)
+        return _decision((), None, {}, {}, inp)
     cfg, now = inp.config, inp.now
     views = _views(inp.gpus)
     gated: list[tuple[int, GpuView, bool, bool, list[Running]]] = []
@@ -298,12 +307,14 @@ def _gate_only(inp: PolicyInput) -> Decision:
             gated.append((i, view, False, prim.io_waiting, leases))
     next_check: float | None = None
     standby: dict[int, StepKey] = {}
+    followers: dict[int, tuple[StepKey, ...]] = {}
     for i, view, fresh, io_waiting, order in gated:
         if order:
             next_check = gate(
-                i, view, fresh, io_waiting, order, cfg, now, actions, next_check, standby
-            )
-    return _decision(tuple(actions), next_check, standby, inp)
+                i, view, fresh, io_waiting, order, cfg, now, actions, next_check, standby,
+                followers,
+            )  # fmt: skip
+    return _decision(tuple(actions), next_check, standby, followers, inp)
 
 
 def _place(ranked: list[Ranked], pa: Pass, cpu_busy: int) -> None:

@@ -140,6 +140,7 @@ def run_or_pause(
     now: float,
     actions: list[Action],
     standby: dict[int, StepKey],
+    followers: dict[int, tuple[StepKey, ...]],
 ) -> float | None:
     """Let the best guest compute while its primary waits on I/O; pause all others. On a
     GPU with guests and no primary (held free for a reservation) the best guest computes
@@ -155,12 +156,13 @@ def run_or_pause(
         prim = st.primary
         if prim is None:
             next_check = gate(
-                i, st.view, False, True, order, cfg, now, actions, next_check, standby
+                i, st.view, False, True, order, cfg, now, actions, next_check, standby, followers
             )
             continue
         next_check = gate(
-            i, st.view, prim.fresh, prim.io_waiting, order, cfg, now, actions, next_check, standby
-        )
+            i, st.view, prim.fresh, prim.io_waiting, order, cfg, now, actions, next_check,
+            standby, followers,
+        )  # fmt: skip
     return next_check
 
 
@@ -175,14 +177,17 @@ def gate(
     actions: list[Action],
     next_check: float | None,
     standby: dict[int, StepKey],
+    followers: dict[int, tuple[StepKey, ...]],
 ) -> float | None:
     """One GPU's guests, in rank order (:meth:`Slot.guest_rank`): the best computes while
     the primary waits on I/O (hinted, or inferred from low utilization for
     ``io_timeout``), the others are paused. A fresh primary (just granted or promoted) is
     taken to compute. The best guest is also the GPU's `standby`: the one that computes in
     the primary's next I/O wait, which the agent lets follow the primary's own hint
-    without waiting for the next decision. It reads the guests and writes nothing on them
-    (each is gated once per decision): only `actions`."""
+    without waiting for the next decision; the other guests, in rank order, are its
+    `followers`: each computes when the ones before it wait on their own I/O. It reads
+    the guests and writes nothing on them (each is gated once per decision): only
+    `actions`."""
     if view.memory_used is not None and view.memory_total > 0:
         # memory running short: guests of unknown need stay paused (they may be what
         # grows), so the primary never meets an out-of-memory error because of them
@@ -226,6 +231,7 @@ def gate(
             ready = g
     ready = ready or order[0]
     standby[i] = ready.key
+    followers[i] = tuple(g.key for g in order if g is not ready)
     best = ready if io else None
     for g in order:
         if g is best:

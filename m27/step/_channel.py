@@ -28,6 +28,13 @@ round trip through the agent, and the guest stops at its next ``gate()`` call wh
 primary computes again. Only the one guest that would compute next follows; the others
 stay closed.
 
+A follow may also name guests *ahead* of this one (third and later lines of the sidecar,
+their channel paths): then the gate opens only while the primary is in ``io_wait()`` and
+every guest ahead is in its own. The agent chains the other guests of a GPU so behind
+the standby (the first to compute in the primary's I/O): when the standby enters its own
+I/O wait the next guest starts at its next poll, again without the agent, and it stops
+at its next ``gate()`` call once a guest ahead computes again.
+
 A follow may also carry a *deadline* (a second line in the sidecar, a ``time.monotonic()``
 value): the gate opens once it has passed. The agent sets it behind a primary that gives
 no hints, whose I/O wait is inferred from utilization: the deadline is ``io_timeout`` after
@@ -104,7 +111,9 @@ class Channel:
         # follow mode: the gate value the target was loaded for, and the primary's page
         self._follow_value = 0
         self._follow: Channel | None = None
+        self._ahead: tuple[Channel, ...] = ()  # step side: the guests ahead (see above)
         self._follow_target = ""
+        self._follow_ahead: tuple[str, ...] = ()  # agent side: the paths it wrote
         self._follow_at: float | None = None  # agent side: the deadline it set
         self._follow_due = _NEVER  # step side: the deadline loaded with the follow
         self._follow_seq = 0
@@ -167,19 +176,33 @@ class Channel:
         """The sidecar that names the channel a following step reads."""
         return self.path.with_name(self.path.name + ".follow")
 
-    def set_follow(self, primary: str | os.PathLike[str], *, at: float | None = None) -> None:
+    def set_follow(
+        self,
+        primary: str | os.PathLike[str],
+        *,
+        at: float | None = None,
+        ahead: tuple[str | os.PathLike[str], ...] = (),
+    ) -> None:
         """Let the step compute exactly while the step whose channel is `primary` is in
-        ``io_wait()`` (none: ``""``), or once ``time.monotonic()`` reaches `at`; cheap to
-        repeat (the sidecar is rewritten only for a new target or deadline)."""
+        ``io_wait()`` (none: ``""``) and so is every guest whose channel is in `ahead`, or
+        once ``time.monotonic()`` reaches `at`; cheap to repeat (the sidecar is rewritten
+        only for a new target, deadline or guests ahead)."""
         target = os.fspath(primary)
+        paths = tuple(os.fspath(a) for a in ahead)
         current = self._i[_I_GATE]
-        if current >= _FOLLOW_FIRST and target == self._follow_target and at == self._follow_at:
+        if (
+            current >= _FOLLOW_FIRST
+            and target == self._follow_target
+            and at == self._follow_at
+            and paths == self._follow_ahead
+        ):
             return
         side = self.follow_path
         tmp = side.with_name(f".{side.name}.{os.getpid()}.tmp")
-        tmp.write_text(target if at is None else f"{target}\n{at!r}")
+        lines = [target] if at is None and not paths else [target, "" if at is None else repr(at)]
+        tmp.write_text("\n".join([*lines, *paths]))
         os.replace(tmp, side)
-        self._follow_target, self._follow_at = target, at
+        self._follow_target, self._follow_at, self._follow_ahead = target, at, paths
         # a value never used before by this page's writer, so the step reloads the target
         self._follow_seq = max(self._follow_seq, current, _FOLLOW_FIRST - 1) + 1
         self._i[_I_GATE] = self._follow_seq
@@ -210,9 +233,7 @@ class Channel:
         return pid or None
 
     def close(self) -> None:
-        if self._follow is not None:
-            self._follow.close()
-            self._follow = None
+        self._drop_follow()
         for view in (self._i, self._d, self._q, self._view):
             view.release()
         self._mm.close()
@@ -243,7 +264,7 @@ class Channel:
 
     def _passes(self) -> bool:
         """Whether the gate lets the step through now (open, or following a primary that
-        is in I/O)."""
+        is in I/O while every guest ahead is in its own)."""
         value = self._i[_I_GATE]
         if value < _FOLLOW_FIRST:
             self._follow_value = 0  # the next follow, whatever its value, is loaded afresh
@@ -252,23 +273,41 @@ class Channel:
             self._load_follow(value)
         primary = self._follow
         if primary is not None and primary._i[_I_DEPTH] > 0:
+            for guest in self._ahead:  # noqa: SIM110 (a loop: all() costs more on this path)
+                if guest._i[_I_DEPTH] <= 0:
+                    return False
             return True
         return self._follow_due is not _NEVER and _monotonic() >= self._follow_due
 
+    def _drop_follow(self) -> None:
+        for ch in (self._follow, *self._ahead):
+            if ch is not None:
+                ch.close()
+        self._follow, self._ahead = None, ()
+
     def _load_follow(self, value: int) -> None:
-        if self._follow is not None:
-            self._follow.close()
-            self._follow = None
+        self._drop_follow()
         self._follow_value = value
         self._follow_due = _NEVER
         try:
-            target, _, at = self.follow_path.read_text().partition("\n")
+            lines = self.follow_path.read_text().split("\n")
+        except OSError:
+            return  # the sidecar is gone: wait for the agent's next word
+        target, at, ahead = lines[0], lines[1] if len(lines) > 1 else "", lines[2:]
+        try:
             if at.strip():
                 self._follow_due = float(at)
             target = target.strip()
+            # the guests ahead first: a follow whose primary opened is complete
+            opened: list[Channel] = []
+            for path in (a.strip() for a in ahead):
+                if path:
+                    opened.append(Channel.open(path, writable=False))
+                    self._ahead = tuple(opened)  # each closed by _drop_follow if one fails
             self._follow = Channel.open(target, writable=False) if target else None
         except (OSError, ValueError, M27Error):
-            self._follow = None  # the primary is gone: wait for the agent's next word
+            # the primary or a guest ahead is gone: closed until the agent's next word
+            self._drop_follow()
 
     def wait_gate(self, timeout: float | None = None) -> bool:
         """Block while the gate is closed; False if ``timeout`` seconds passed first."""

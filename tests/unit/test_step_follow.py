@@ -53,6 +53,43 @@ def test_a_following_gate_opens_exactly_while_the_primary_is_in_io(tmp_path: Pat
         ch.close()
 
 
+def test_a_follower_passes_only_while_the_primary_and_every_guest_ahead_are_in_io(
+    tmp_path: Path,
+) -> None:
+    primary = Channel.create(tmp_path / "p.chan")
+    first = Channel.create(tmp_path / "a.chan")
+    second = Channel.create(tmp_path / "b.chan")
+    agent_side = Channel.create(tmp_path / "g.chan", gate_open=False)
+    step_side = Channel.open(tmp_path / "g.chan")
+
+    agent_side.set_follow(primary.path, ahead=(first.path, second.path))
+    primary.enter_io()
+    assert not step_side.wait_gate(timeout=0)  # the guests ahead compute
+    first.enter_io()
+    assert not step_side.wait_gate(timeout=0)  # the second still does
+    second.enter_io()
+    assert step_side.wait_gate(timeout=0)  # everyone ahead waits on I/O: its turn
+    first.exit_io()
+    assert not step_side.wait_gate(timeout=0)  # a guest ahead computes again
+    first.enter_io()
+    primary.exit_io()
+    assert not step_side.wait_gate(timeout=0)  # the primary computes
+    primary.enter_io()
+    assert step_side.wait_gate(timeout=0)
+
+    agent_side.set_follow(primary.path, ahead=(first.path,))  # a new chain: reloaded
+    second.exit_io()
+    assert step_side.wait_gate(timeout=0)
+    agent_side.set_follow(primary.path)  # the standby itself: the primary alone
+    first.exit_io()
+    assert step_side.wait_gate(timeout=0)
+    (tmp_path / "a.chan").unlink()
+    agent_side.set_follow(primary.path, ahead=(str(tmp_path / "a.chan"),))  # gone: closed
+    assert not step_side.wait_gate(timeout=0)
+    for ch in (primary, first, second, agent_side, step_side):
+        ch.close()
+
+
 def test_a_follow_with_a_deadline_opens_the_gate_once_the_deadline_has_passed(
     tmp_path: Path,
 ) -> None:
@@ -245,6 +282,70 @@ def test_when_the_computing_guest_enters_its_own_io_the_next_guest_takes_the_gap
 
     try:
         wait_until(filled, timeout=60, what="the second guest in the first guest's place")
+    finally:
+        done.write_text("done")
+        results = [r.wait(60) for r in runs]
+        lease.close()
+        node.close()
+    assert all(r is not None and r.ok for r in results)
+
+
+class _NoWakeAtAll(_NoWake):
+    """Not on a primary's I/O change, nor on a guest's."""
+
+    @staticmethod
+    def guests_io(
+        standby: Mapping[int, StepKey], channels: Mapping[StepKey, Channel], hints: object
+    ) -> frozenset[StepKey]:
+        return frozenset()
+
+
+class _DeafSlowAgent(Agent):
+    """Ticks on events and once a second, never on an I/O change."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._watch = _NoWakeAtAll(self.config)
+
+
+def test_a_follower_takes_the_gap_when_the_standby_enters_its_own_io_before_the_agent_says_so(
+    m27_home: Path, tmp_path: Path
+) -> None:
+    """The second guest's gate is chained on the primary's and the first guest's hints: it
+    computes in the primary's I/O wait once the first guest waits on its own, with no
+    GuestResumed for it in that wait (the agent, deaf to I/O changes, did not say so)."""
+    node = make_node(m27_home, gpus=1)
+    node.agent = _DeafSlowAgent(
+        node.store, node.backend, m27_home, config=PolicyConfig(io_timeout=0.02), tick=1.0
+    )
+    node.start()
+    lease = AgentLease(node.store, m27_home, embed=False)
+    outs = {name: tmp_path / f"{name}.txt" for name in ("md", "first", "second")}
+    done = tmp_path / "done"
+    runs = [
+        run_step_leased(
+            lease, "r1", "md", step_argv(outs["md"], compute=0.05, io=2.0, until=done), priority=9
+        )
+    ]
+    wait_until(lambda: node.of(ev.StepStarted), what="the primary's start")
+    for name, io in (("first", 0.6), ("second", 0.0)):
+        argv = step_argv(outs[name], compute=0.1 if io else 5.0, io=io, until=done)
+        runs.append(run_step_leased(lease, f"r-{name}", name, argv))
+        wait_until(lambda n=name: outs[n].exists(), what=f"guest {name} loaded")  # type: ignore[misc]
+
+    def chained() -> bool:
+        resumed = [e.at for e in node.of(ev.GuestResumed) if e.step == "second"]  # type: ignore[attr-defined]
+        first_io = [x for x, _ in phases(outs["first"], "io")]
+        second = [c for c, _ in phases(outs["second"], "compute")]
+        for a, b in phases(outs["md"], "io"):
+            for x in first_io:
+                for c in second:
+                    if a < x < c < b and not any(a <= r <= c for r in resumed):
+                        return True
+        return False
+
+    try:
+        wait_until(chained, timeout=60, what="the second guest computing on its chained gate")
     finally:
         done.write_text("done")
         results = [r.wait(60) for r in runs]
