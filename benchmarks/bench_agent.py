@@ -23,7 +23,8 @@ Reported:
   own records; only waits with a guest loaded and not in its own I/O) and -> the agent's
   GuestResumed;
 - guest pause time: primary leaves its I/O wait -> the guest's last compute chunk that
-  began in the wait ends (0 if it ended first);
+  began in the wait ends (0 if it ended first; not after the primary's last wait, when it
+  exits instead of computing and the guest rightly goes on);
 - guest handover: inside a primary's I/O wait, the computing guest enters its own I/O
   while another guest is loaded and not in its own -> a guest computes again.
 
@@ -257,7 +258,8 @@ def _measure(
                     for c, d in chunks
                     if a <= c <= b
                 ]
-                pause.append(max(0.0, max(ends) - b))
+                if (a, b) != spans[-1]:  # after its last wait the primary exits, not computes
+                    pause.append(max(0.0, max(ends) - b))
             marks = [r.at - a for r in res if r.gpu == gpu_of[name] and a <= r.at <= b]
             if marks:
                 resumed.append(min(marks))
