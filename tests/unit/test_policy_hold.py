@@ -82,6 +82,7 @@ def _same(inp: PolicyInput) -> None:
     assert fast.actions == full.actions
     assert fast.next_check == full.next_check
     assert fast.standby == full.standby
+    assert fast.followers == full.followers
     assert fast.reasons == full.reasons
 
 
