@@ -3,22 +3,17 @@ records: the figure must count what it says and nothing else."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.bench_loader import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_agent", ROOT / "benchmarks/bench_agent.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_agent")
 
 
 def _records(tmp: Path, rows: dict[str, list[tuple[str, float, float]]]) -> dict[str, Path]:

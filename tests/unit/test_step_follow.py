@@ -4,7 +4,7 @@ no agent round trip (m27.step._channel follow mode, m27.node.follow)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -242,6 +242,38 @@ def test_a_standby_guest_behind_a_primary_without_hints_starts_at_its_deadline(
         node.close()
 
 
+def _primary_and_two_guests(
+    node: Node,
+    home: Path,
+    tmp_path: Path,
+    io: tuple[float, float],
+    until: Callable[[dict[str, Path]], bool],
+    what: str,
+) -> None:
+    """A primary (0.05 s compute, `io[0]` s I/O) and two guests on one GPU, loaded in turn:
+    `first` (0.1 s compute, `io[1]` s of its own I/O) and `second` (compute only); wait
+    (bounded) until `until` holds on their records, then end all three, each ok."""
+    node.start()
+    lease = AgentLease(node.store, home, embed=False)
+    outs = {name: tmp_path / f"{name}.txt" for name in ("md", "first", "second")}
+    done = tmp_path / "done"
+    md = step_argv(outs["md"], compute=0.05, io=io[0], until=done)
+    runs = [run_step_leased(lease, "r1", "md", md, priority=9)]
+    wait_until(lambda: node.of(ev.StepStarted), what="the primary's start")
+    for name, own in (("first", io[1]), ("second", 0.0)):
+        argv = step_argv(outs[name], compute=0.1 if own else 5.0, io=own, until=done)
+        runs.append(run_step_leased(lease, f"r-{name}", name, argv))
+        wait_until(lambda n=name: outs[n].exists(), what=f"guest {name} loaded")  # type: ignore[misc]
+    try:
+        wait_until(lambda: until(outs), timeout=60, what=what)
+    finally:
+        done.write_text("done")
+        results = [r.wait(60) for r in runs]
+        lease.close()
+        node.close()
+    assert all(r is not None and r.ok for r in results)
+
+
 def test_when_the_computing_guest_enters_its_own_io_the_next_guest_takes_the_gap_at_once(
     m27_home: Path, tmp_path: Path
 ) -> None:
@@ -252,22 +284,8 @@ def test_when_the_computing_guest_enters_its_own_io_the_next_guest_takes_the_gap
     node.agent = Agent(
         node.store, node.backend, m27_home, config=PolicyConfig(io_timeout=0.02), tick=30.0
     )
-    node.start()
-    lease = AgentLease(node.store, m27_home, embed=False)
-    outs = {name: tmp_path / f"{name}.txt" for name in ("md", "first", "second")}
-    done = tmp_path / "done"
-    runs = [
-        run_step_leased(
-            lease, "r1", "md", step_argv(outs["md"], compute=0.05, io=3.0, until=done), priority=9
-        )
-    ]
-    wait_until(lambda: node.of(ev.StepStarted), what="the primary's start")
-    for name, io in (("first", 1.0), ("second", 0.0)):
-        argv = step_argv(outs[name], compute=0.1 if io else 5.0, io=io, until=done)
-        runs.append(run_step_leased(lease, f"r-{name}", name, argv))
-        wait_until(lambda n=name: outs[n].exists(), what=f"guest {name} loaded")  # type: ignore[misc]
 
-    def filled() -> bool:
+    def filled(outs: dict[str, Path]) -> bool:
         """A chunk of the second guest inside a primary I/O wait, begun after the first
         guest entered its own I/O wait in that same wait (both guests loaded by then)."""
         loaded = max(b for n in ("first", "second") for _, b in phases(outs[n], "load"))
@@ -280,14 +298,9 @@ def test_when_the_computing_guest_enters_its_own_io_the_next_guest_takes_the_gap
                 return True
         return False
 
-    try:
-        wait_until(filled, timeout=60, what="the second guest in the first guest's place")
-    finally:
-        done.write_text("done")
-        results = [r.wait(60) for r in runs]
-        lease.close()
-        node.close()
-    assert all(r is not None and r.ok for r in results)
+    _primary_and_two_guests(
+        node, m27_home, tmp_path, (3.0, 1.0), filled, "the second guest in the first guest's place"
+    )
 
 
 class _NoWakeAtAll(_NoWake):
@@ -318,22 +331,8 @@ def test_a_follower_takes_the_gap_when_the_standby_enters_its_own_io_before_the_
     node.agent = _DeafSlowAgent(
         node.store, node.backend, m27_home, config=PolicyConfig(io_timeout=0.02), tick=1.0
     )
-    node.start()
-    lease = AgentLease(node.store, m27_home, embed=False)
-    outs = {name: tmp_path / f"{name}.txt" for name in ("md", "first", "second")}
-    done = tmp_path / "done"
-    runs = [
-        run_step_leased(
-            lease, "r1", "md", step_argv(outs["md"], compute=0.05, io=2.0, until=done), priority=9
-        )
-    ]
-    wait_until(lambda: node.of(ev.StepStarted), what="the primary's start")
-    for name, io in (("first", 0.6), ("second", 0.0)):
-        argv = step_argv(outs[name], compute=0.1 if io else 5.0, io=io, until=done)
-        runs.append(run_step_leased(lease, f"r-{name}", name, argv))
-        wait_until(lambda n=name: outs[n].exists(), what=f"guest {name} loaded")  # type: ignore[misc]
 
-    def chained() -> bool:
+    def chained(outs: dict[str, Path]) -> bool:
         resumed = [e.at for e in node.of(ev.GuestResumed) if e.step == "second"]  # type: ignore[attr-defined]
         first_io = [x for x, _ in phases(outs["first"], "io")]
         second = [c for c, _ in phases(outs["second"], "compute")]
@@ -344,11 +343,6 @@ def test_a_follower_takes_the_gap_when_the_standby_enters_its_own_io_before_the_
                         return True
         return False
 
-    try:
-        wait_until(chained, timeout=60, what="the second guest computing on its chained gate")
-    finally:
-        done.write_text("done")
-        results = [r.wait(60) for r in runs]
-        lease.close()
-        node.close()
-    assert all(r is not None and r.ok for r in results)
+    _primary_and_two_guests(
+        node, m27_home, tmp_path, (2.0, 0.6), chained, "the second guest on its chained gate"
+    )
