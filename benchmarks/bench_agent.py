@@ -22,9 +22,13 @@ Reported:
 - guest reaction time: primary enters an I/O wait -> a guest computes (from the steps'
   own records; only waits with a guest loaded and not in its own I/O) and -> the agent's
   GuestResumed;
-- guest pause time: primary leaves its I/O wait -> the guest's last compute chunk that
-  began in the wait ends (0 if it ended first; not after the primary's last wait, when it
-  exits instead of computing and the guest rightly goes on);
+- guest pause time: the primary computes again after an I/O wait (its first compute
+  chunk) -> the guest's last compute chunk begun before that ends (0 if it ended first;
+  not after the primary's last wait, when it exits instead of computing and the guest
+  rightly goes on);
+- primary waits: the primary leaves its I/O wait -> it computes again: its own gate call
+  plus, where it yields to a guest as high in rank (``PolicyConfig.primary_yield``), the
+  rest of that guest's compute phase;
 - guest handover: inside a primary's I/O wait, the computing guest enters its own I/O
   while another guest is loaded and not in its own -> a guest computes again.
 
@@ -64,7 +68,7 @@ GiB = 1024**3
 
 STEP = textwrap.dedent("""\
     import sys, time
-    from m27.step._channel import gate, io_wait
+    from m27.step import gate, io_wait
     out, cycles, compute, io = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
     rec = open(out, "w", buffering=1)
     with io_wait():
@@ -200,10 +204,18 @@ def _measure(
     for name, out in outs.items():
         per_gpu.setdefault(gpu_of[name], []).extend(_phases(out, "compute"))
     busy = sum(_union(spans) for spans in per_gpu.values()) / (gpus * makespan)
-    # dispatch: each release -> the next start (or promotion) on the same GPU
+    # dispatch: each primary's release -> the next start (or promotion) on the same GPU (a
+    # guest that ends, which it may before its primary, frees no GPU)
     dispatch: list[float] = []
+    primary_now: dict[int, str] = {}
     for i, e in enumerate(events):
+        if isinstance(e, ev.LeaseGranted) and e.tier == "immediate" and e.gpus:
+            primary_now[e.gpus[0]] = e.step
+        elif isinstance(e, ev.Promoted):
+            primary_now[e.gpu] = e.step
         if not isinstance(e, ev.LeaseReleased) or not e.gpus:
+            continue
+        if primary_now.get(e.gpus[0]) != e.step:
             continue
         for later in events[i + 1 :]:
             if isinstance(later, ev.Promoted) and later.gpu == e.gpus[0]:
@@ -218,7 +230,7 @@ def _measure(
                     break
     # guest reaction: a primary's I/O start -> the first guest compute chunk in that I/O
     # (only I/O waits of a step while it is its GPU's primary, with a guest loaded)
-    reaction, resumed, pause, handover = [], [], [], []
+    reaction, resumed, pause, handover, waited = [], [], [], [], []
     primaries: dict[int, str] = {}
     guest_chunks = {n: _phases(p, "compute") for n, p in outs.items()}
     io_spans = {n: _phases(p, "io") for n, p in outs.items()}
@@ -251,15 +263,20 @@ def _measure(
             ]
             if starts:
                 reaction.append(min(starts) - a)
-                ends = [
-                    d
-                    for other, chunks in guest_chunks.items()
-                    if other != name and gpu_of[other] == gpu_of[name]
-                    for c, d in chunks
-                    if a <= c <= b
-                ]
-                if (a, b) != spans[-1]:  # after its last wait the primary exits, not computes
-                    pause.append(max(0.0, max(ends) - b))
+                # the primary computes again at its first chunk after the wait (it may
+                # first yield to an equal guest ending its phase); the guests' chunks begun
+                # before that must end by then (after its last wait it exits instead)
+                again = [c for c, _ in guest_chunks[name] if c >= b]
+                if again and (a, b) != spans[-1]:
+                    ends = [
+                        d
+                        for other, chunks in guest_chunks.items()
+                        if other != name and gpu_of[other] == gpu_of[name]
+                        for c, d in chunks
+                        if a <= c < min(again)
+                    ]
+                    pause.append(max(0.0, max(ends) - min(again)))
+                    waited.append(min(again) - b)
             marks = [r.at - a for r in res if r.gpu == gpu_of[name] and a <= r.at <= b]
             if marks:
                 resumed.append(min(marks))
@@ -277,6 +294,8 @@ def _measure(
         "guest_resumed_ms_p99": _r(_pct(resumed, 0.99), ms),
         "guest_pause_ms_p50": _r(_pct(pause, 0.5), ms),
         "guest_pause_ms_p99": _r(_pct(pause, 0.99), ms),
+        "primary_waits_ms_p50": _r(_pct(waited, 0.5), ms),
+        "primary_waits_ms_p99": _r(_pct(waited, 0.99), ms),
         "io_waits_used_by_guests": f"{len(reaction)}/{sum(len(s) for s in io_spans.values())}",
         "guest_handover_ms_p50": _r(_pct(handover, 0.5), ms),
         "guest_handover_ms_p99": _r(_pct(handover, 0.99), ms),

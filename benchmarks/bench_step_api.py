@@ -20,8 +20,9 @@ from types import TracebackType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from m27.step import _channel as _step_api
-from m27.step._channel import Channel, gate, io_wait
+from m27.step import _process as _step_api
+from m27.step._channel import Channel
+from m27.step._process import gate, io_wait
 
 N = 200_000
 REPEATS = 7

@@ -178,7 +178,7 @@ def check_exporter(dry_run: bool) -> dict[str, Any]:
 #: gate, I/O phases (a sleep) inside m27.io_wait(); its phases recorded to a file.
 WORKLOAD = textwrap.dedent("""\
     import sys, time
-    from m27.step._channel import gate, io_wait
+    from m27.step import gate, io_wait
     out, cycles, compute, io, dry = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), \\
         float(sys.argv[4]), sys.argv[5] == "1"
     if not dry:

@@ -154,6 +154,7 @@ class Agent(GuestControl, FollowControl):
         self._paused_now: dict[StepKey, bool] = {}
         self._standby: Mapping[int, StepKey] = {}  # the last decision's (m27.node.follow)
         self._followers: Mapping[int, tuple[StepKey, ...]] = {}  # the same
+        self._yield_to: Mapping[int, tuple[StepKey, ...]] = {}  # the same
         self._due: dict[int, tuple[tuple[StepKey, float], float]] = {}
         self._armed: dict[int, float] = {}
         self._let_compute: dict[StepKey, float] = {}
@@ -283,7 +284,8 @@ class Agent(GuestControl, FollowControl):
             ch = self._channels.pop(key, None)
             if ch is not None:
                 ch.close()
-                ch.path.unlink(missing_ok=True)
+                for path in (ch.path, ch.follow_path, ch.yield_path):
+                    path.unlink(missing_ok=True)
             self._stopped.discard(key)
         self.book.apply(rec)
         if isinstance(e, StepStarted):
@@ -340,7 +342,12 @@ class Agent(GuestControl, FollowControl):
             h = primaries.get(s.index)
             util = self._util(s, h) if h is not None and h.pid is not None else None
             since: float | None = None
-            if h is not None and util is not None and util < self.config.io_util_threshold:
+            # a primary waiting at its gate for a guest's phase (yield) is no I/O wait:
+            # the guest already computes, by the primary's leave
+            ch = self._channels.get(h.key) if h is not None else None
+            yielding = ch is not None and ch.yielding()
+            low = util is not None and util < self.config.io_util_threshold and not yielding
+            if h is not None and low:
                 old = self._low.get(s.index)
                 since = old[1] if old is not None and old[0] == h.key else now
                 self._low[s.index] = (h.key, since)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from m27.clock import Clock, SystemClock
 from m27.gpu import GpuSample
@@ -47,6 +48,8 @@ def arm_standby(
     hints: Callable[[StepKey], bool],
     due: Mapping[int, float] | None = None,
     followers: Mapping[int, tuple[StepKey, ...]] | None = None,
+    yield_to: Mapping[int, tuple[StepKey, ...]] | None = None,
+    yield_bound: float = 0.0,
 ) -> set[StepKey]:
     """Set each standby guest's gate to follow its primary; close it on the others.
 
@@ -65,10 +68,15 @@ def arm_standby(
     no gate, stopped by signal); one the agent let compute (its gate open) stays so and
     counts as ahead.
 
+    A hinted primary that uses its gate *yields* (:meth:`m27.step.Channel.set_yield`, at
+    most `yield_bound` seconds) to those of its following guests that the policy names in
+    `yield_to`; every other primary's gate is plain open.
+
     Returns the guests whose follow it ended: each may be mid-compute (its gate was open
     while its primary was in I/O), so it gets ``gate_grace`` from now to reach its gate.
     """
     chosen: set[StepKey] = set()
+    yield_paths: dict[StepKey, list[Path]] = {}  # per primary (a wide one: all its GPUs)
     for gpu, key in standby.items():
         h, prim = held.get(key), primaries.get(gpu)
         ch = channels.get(key)
@@ -90,12 +98,27 @@ def arm_standby(
                 ch.set_follow("", at=(due or {}).get(gpu))
                 chosen.add(key)
             continue
+        linked: set[StepKey] = set()
         if paused or pch.io_waiting():
             ch.set_follow(pch.path)
-            chosen.add(key)
+            linked.add(key)
+        elif ch.following(pch.path):
+            linked.add(key)  # let compute, by the agent or its follow: the primary left I/O
         if hints(key):
-            chosen |= _chain((followers or {}).get(gpu, ()), ch, pch, held, channels,
+            linked |= _chain((followers or {}).get(gpu, ()), ch, pch, held, channels,
                              stopped, paused_now, hints)  # fmt: skip
+        chosen |= linked
+        to = [channels[k].path for k in (yield_to or {}).get(gpu, ()) if k in linked]
+        if to and yield_bound > 0 and pch.uses_gate():
+            yield_paths.setdefault(prim.key, []).extend(to)
+    for prim in primaries.values():
+        pch = channels.get(prim.key)
+        if pch is None:
+            continue
+        if prim.key in yield_paths:
+            pch.set_yield(tuple(yield_paths[prim.key]), yield_bound)
+        elif pch.yields():
+            pch.set_gate(True)
     closed: set[StepKey] = set()
     for key, ch in channels.items():
         if key not in chosen and ch.following():
@@ -195,6 +218,7 @@ class FollowControl:
     _paused_now: dict[StepKey, bool]
     _standby: Mapping[int, StepKey]
     _followers: Mapping[int, tuple[StepKey, ...]]
+    _yield_to: Mapping[int, tuple[StepKey, ...]]
     _due: dict[int, tuple[tuple[StepKey, float], float]]
     _armed: dict[int, float]
     _watch: IoWatch
@@ -216,6 +240,7 @@ class FollowControl:
     def _follow(self, decision: Decision, now: float) -> None:
         """Standby guests follow their primary's hint; remember the I/O states now."""
         self._standby, self._followers = decision.standby, decision.followers
+        self._yield_to = decision.yield_to
         self._arm()
         primaries, channels, hints = self.book.primaries(), self._channels, self._hints
         hosted = self._hosted()
@@ -229,7 +254,7 @@ class FollowControl:
         paused = self._paused_now
         closed = arm_standby(
             self._standby, held, primaries, self._channels, stopped, paused, self._hints, due,
-            self._followers,
+            self._followers, self._yield_to, self.config.primary_yield,
         )  # fmt: skip
         if closed:
             now = self.clock.now()

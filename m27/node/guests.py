@@ -77,15 +77,21 @@ class GuestControl:
         for key in [k for k in low if k not in seen]:
             del low[key]
 
-    def _primary_in_io(self, guest: Held) -> bool:
-        """Whether the primary on the guest's GPU is inside ``io_wait()`` now."""
+    def _lends(self, guest: Held, ch: Channel) -> bool:
+        """Whether the guest's primary lets it compute now: inside ``io_wait()``, waiting
+        for it at its gate (yield), or past the follow's deadline."""
+        if ch.follow_due():
+            return True
         prim = self.book.primaries().get(guest.gpus[0]) if guest.gpus else None
-        ch = self._channels.get(prim.key) if prim is not None else None
-        return ch is not None and ch.io_waiting()
+        pch = self._channels.get(prim.key) if prim is not None else None
+        return pch is not None and (pch.io_waiting() or (pch.yielding() and ch.borrowing()))
 
     def _pause(self, key: StepKey, h: Held, now: float) -> str:
         ch = self._channels.get(key)
-        if ch is not None:
+        if ch is not None and not ch.following():
+            # a following gate is already shut while its primary computes, except for a
+            # phase the primary yields to; the agent's follow pass, right after, re-sets
+            # or closes it (m27.node.follow)
             ch.set_gate(False)
         gateless = ch is None or not ch.uses_gate()
         settled = h.started_at is not None and now - h.started_at >= self.gate_grace
@@ -129,7 +135,7 @@ class GuestControl:
             ch = self._channels.get(key)
             if ch is not None and (ch.at_gate() or ch.io_waiting()):
                 continue
-            if ch is not None and ch.following() and (self._primary_in_io(h) or ch.follow_due()):
+            if ch is not None and ch.following() and self._lends(h, ch):
                 self._let_compute[key] = now
                 continue  # a following guest computes in its primary's I/O wait
             if self._starting(ch, h, now):

@@ -32,7 +32,7 @@ from functools import cached_property
 
 from m27.policy._admit import Note, Notes, Pass, guests
 from m27.policy._explain import explain
-from m27.policy._gate import gate, outrank, promote, run_or_pause
+from m27.policy._gate import gate, outrank, promote, run_or_pause, yielders
 from m27.policy._hold import nothing_starts, waiting_needs
 from m27.policy._model import (
     Action,
@@ -63,6 +63,7 @@ from m27.policy._state import (
     effective_priority,
     fits_beside,
     is_bg_host,
+    lease_eff,
     place_leases,
     room_beside,
     split_queues,
@@ -107,13 +108,21 @@ class Decision:
     lets it follow the primary's ``io_wait()`` hint directly, within a millisecond);
     ``followers``, per GPU with two guests or more, the others in the order they take the
     gap over when the ones before them wait on their own I/O (the agent chains their
-    gates on those guests' hints, so the next one starts as directly).
+    gates on those guests' hints, so the next one starts as directly). ``yield_to``, per
+    GPU, those of its standby and followers that rank as high as its primary (ready tier,
+    effective priority at least the primary's): as the primary leaves an I/O wait while
+    one of them is in the middle of the compute phase it began there, the primary waits
+    for that phase to end, ``PolicyConfig.primary_yield`` at most, instead of stopping it
+    (equals then take turns whole phases at a time, and a guest's phase a few
+    milliseconds longer than the wait does not push its own I/O into the primary's next
+    wait).
     """
 
     actions: tuple[Action, ...]
     next_check: float | None = None
     standby: Mapping[int, StepKey] = field(default_factory=dict, compare=False)
     followers: Mapping[int, tuple[StepKey, ...]] = field(default_factory=dict, compare=False)
+    yield_to: Mapping[int, tuple[StepKey, ...]] = field(default_factory=dict, compare=False)
     _inp: PolicyInput | None = field(default=None, repr=False, compare=False)
     _ranked: Sequence[Ranked] = field(default=(), repr=False, compare=False)
     _gpus: Mapping[int, GpuState] = field(default_factory=dict, repr=False, compare=False)
@@ -146,6 +155,7 @@ def _decision(
     standby: Mapping[int, StepKey],
     followers: Mapping[int, tuple[StepKey, ...]],
     inp: PolicyInput,
+    yield_to: Mapping[int, tuple[StepKey, ...]],
     ranked: Sequence[Ranked] = (),
     gpus: Mapping[int, GpuState] | None = None,
     notes: Mapping[StepKey, list[Note]] | None = None,
@@ -157,7 +167,7 @@ def _decision(
     d: Decision = object.__new__(Decision)
     f = d.__dict__
     f["actions"], f["next_check"], f["standby"], f["_inp"] = actions, next_check, standby, inp
-    f["followers"] = followers
+    f["followers"], f["yield_to"] = followers, yield_to
     f["_ranked"], f["_shortcut"] = ranked, shortcut
     f["_gpus"] = {} if gpus is None else gpus
     f["_notes"] = {} if notes is None else notes
@@ -230,11 +240,13 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
         _place(ranked, pa, cpu_busy)
     standby: dict[int, StepKey] = {}
     followers: dict[int, tuple[StepKey, ...]] = {}
-    next_check = run_or_pause(gpus, usable, cfg, now, actions, standby, followers)
+    yield_to: dict[int, tuple[StepKey, ...]] = {}
+    next_check = run_or_pause(gpus, usable, cfg, now, actions, standby, followers, yield_to)
     # a fast pass (shortcut) writes no notes: the reasons come from a full pass, on demand
     return _decision(
-        tuple(actions), next_check, standby, followers, inp, ranked, gpus, notes, shortcut
-    )
+        tuple(actions), next_check, standby, followers, inp, yield_to, ranked, gpus, notes,
+        shortcut,
+    )  # fmt: skip
 
 
 #: The last lease tuple's guests by GPU (in GPU order) and primaries by GPU, and the last
@@ -288,10 +300,10 @@ def _gate_only(inp: PolicyInput) -> Decision:
     gates the leases themselves, ranked as their Slots would be)."""
     hosted, primary = _hosting(inp.running)
     if not hosted:
-        return _decision((), None, {}, {}, inp)
+        return _decision((), None, {}, {}, inp, {})
     cfg, now = inp.config, inp.now
     views = _views(inp.gpus)
-    gated: list[tuple[int, GpuView, bool, bool, list[Running]]] = []
+    gated: list[tuple[int, GpuView, bool, Running | None, list[Running]]] = []
     actions: list[Action] = []
     for i, leases in hosted:
         view = views.get(i)
@@ -302,19 +314,23 @@ def _gate_only(inp: PolicyInput) -> Decision:
         prim = primary.get(i)
         if prim is None:
             actions.append(Promote(leases[0].key, i))
-            gated.append((i, view, True, False, leases[1:]))
+            gated.append((i, view, True, None, leases[1:]))
         else:
-            gated.append((i, view, False, prim.io_waiting, leases))
+            gated.append((i, view, False, prim, leases))
     next_check: float | None = None
     standby: dict[int, StepKey] = {}
     followers: dict[int, tuple[StepKey, ...]] = {}
-    for i, view, fresh, io_waiting, order in gated:
+    yield_to: dict[int, tuple[StepKey, ...]] = {}
+    for i, view, fresh, prim, order in gated:
         if order:
             next_check = gate(
-                i, view, fresh, io_waiting, order, cfg, now, actions, next_check, standby,
-                followers,
+                i, view, fresh, prim is not None and prim.io_waiting, order, cfg, now, actions,
+                next_check, standby, followers,
             )  # fmt: skip
-    return _decision(tuple(actions), next_check, standby, followers, inp)
+            if prim is not None:
+                yielders(i, lease_eff(prim, now, cfg), order, cfg, now, standby, followers,
+                         yield_to)  # fmt: skip
+    return _decision(tuple(actions), next_check, standby, followers, inp, yield_to)
 
 
 def _place(ranked: list[Ranked], pa: Pass, cpu_busy: int) -> None:

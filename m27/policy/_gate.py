@@ -8,7 +8,7 @@ when nothing waits (then it is all that runs).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 from m27.policy._model import (
     Action,
@@ -18,9 +18,11 @@ from m27.policy._model import (
     PolicyConfig,
     Promote,
     ResumeGuest,
+    Running,
     StepKey,
+    Tier,
 )
-from m27.policy._state import GpuState, Ranked, Slot, is_bg_host, room_beside
+from m27.policy._state import GpuState, Ranked, Slot, is_bg_host, lease_eff, room_beside
 
 
 class Guest(Protocol):
@@ -37,6 +39,8 @@ class Guest(Protocol):
     def gpu_memory(self) -> int: ...
     @property
     def util_low_since(self) -> float | None: ...
+    @property
+    def tier(self) -> Tier: ...
 
 
 def promote(
@@ -141,10 +145,12 @@ def run_or_pause(
     actions: list[Action],
     standby: dict[int, StepKey],
     followers: dict[int, tuple[StepKey, ...]],
+    yield_to: dict[int, tuple[StepKey, ...]],
 ) -> float | None:
     """Let the best guest compute while its primary waits on I/O; pause all others. On a
     GPU with guests and no primary (held free for a reservation) the best guest computes
-    alone until the reserved step starts there (then it is paused like any guest)."""
+    alone until the reserved step starts there (then it is paused like any guest). Whom
+    each primary yields to: :func:`yielders`."""
     next_check: float | None = None
     rank = Slot.guest_rank
     for i in usable:
@@ -163,7 +169,37 @@ def run_or_pause(
             i, st.view, prim.fresh, prim.io_waiting, order, cfg, now, actions, next_check,
             standby, followers,
         )  # fmt: skip
+        yielders(i, prim.eff, order, cfg, now, standby, followers, yield_to)
     return next_check
+
+
+def yielders(
+    i: int,
+    primary_eff: int,
+    order: Sequence[Guest],
+    cfg: PolicyConfig,
+    now: float,
+    standby: dict[int, StepKey],
+    followers: dict[int, tuple[StepKey, ...]],
+    yield_to: dict[int, tuple[StepKey, ...]],
+) -> None:
+    """GPU `i`'s standby and followers (as :func:`gate` named them) that rank as high as
+    its primary, whose effective priority is `primary_eff`: ready-tier guests whose own is
+    at least that. Its primary yields to them (:attr:`m27.policy.Decision.yield_to`): a
+    guest that began a compute phase in the primary's I/O wait ends it, at most
+    ``primary_yield`` seconds more, before the primary computes again. Between equals that
+    is a turn taken whole; a guest that ranks lower is stopped at once, as before."""
+    if cfg.primary_yield <= 0 or cfg.fifo or i not in standby:
+        return
+    by_key = {g.key: g for g in order}
+    out = []
+    for key in (standby[i], *followers.get(i, ())):
+        g = by_key[key]
+        eff = g.eff if isinstance(g, Slot) else lease_eff(cast(Running, g), now, cfg)
+        if g.tier != "background" and eff >= primary_eff:
+            out.append(key)
+    if out:
+        yield_to[i] = tuple(out)
 
 
 def gate(

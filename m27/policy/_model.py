@@ -47,6 +47,10 @@ class PolicyConfig:
     aging_cap: int = 1000
     background_priority_max: int = 0
     fifo: bool = False
+    #: seconds a primary, as it leaves an I/O wait, may wait at its gate for a guest that
+    #: ranks as high as it to end the compute phase it began in that wait (0: never);
+    #: see Decision.yield_to
+    primary_yield: float = 0.02
 
 
 @dataclass(frozen=True)

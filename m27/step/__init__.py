@@ -5,6 +5,7 @@ guest waits for its turn. Both speak over a small shared-memory `Channel` that t
 creates per step, so a call costs microseconds and needs no agent round trip.
 """
 
-from m27.step._channel import Channel, gate, io_wait
+from m27.step._channel import Channel
+from m27.step._process import gate, io_wait
 
 __all__ = ["Channel", "gate", "io_wait"]

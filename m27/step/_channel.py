@@ -6,7 +6,7 @@ the *channel*, and passes its path in ``M27_CHANNEL``; the step maps it into mem
 the calls are plain writes and reads of that shared page: no system call while the gate is
 open, no lock shared with another process.
 
-Layout (64 bytes, native byte order, version 1)::
+Layout (128 bytes, native byte order, version 2)::
 
     0  u32 magic "M27C"   4  u32 version
     8  i32 io_depth       step: nesting depth of io_wait blocks (> 0: doing I/O)
@@ -18,6 +18,10 @@ Layout (64 bytes, native byte order, version 1)::
     40 u64 io_count       step: io_wait blocks entered (I/O shorter than a tick shows here)
     48 u64 gate_calls     step: gate() calls (> 0: the step pauses cooperatively)
     56 f64 gate_seconds   step: total seconds spent blocked at the gate
+    64 i32 borrowing      step: 1 while computing on a follow pass (until its next I/O wait
+                          or block at the gate)
+    72 f64 yield_until    step: while a primary yields (below), the time.monotonic() at
+                          which it stops yielding; 0 otherwise
 
 *Follow* (``gate_closed`` >= 2): the gate is open exactly while the primary on the same
 GPU is inside ``io_wait()``. The agent writes the primary's channel path into the sidecar
@@ -42,6 +46,17 @@ the first sample that saw the primary idle, so the guest starts at that moment b
 instead of waiting for the agent's tick, and the agent takes the deadline back (a new
 follow value) as soon as a sample shows the primary computing again.
 
+*Yield* (``gate_closed`` <= -1, a primary's gate): the gate is open unless a guest named
+in the sidecar ``<channel>.yield`` is *borrowing* (computing on a follow pass, neither in
+its own I/O wait nor at its gate) at the primary's first ``gate()`` call after an I/O
+wait; then the primary waits there until that guest enters its own I/O wait or reaches
+its gate, at most the bound on the sidecar's first line from the end of the primary's I/O
+wait (``yield_until`` on the primary's page), and the guest goes on through its gate
+meanwhile. The agent sets it only where the policy says the guests
+rank as high as the primary (:attr:`m27.policy.Decision.yield_to`): a guest whose compute
+phase ends a few milliseconds after its primary's I/O wait then ends that phase, instead
+of being stopped for a whole cycle and doing its own I/O in step with the primary's.
+
 ``time.monotonic`` is CLOCK_MONOTONIC, shared by every process of a Linux machine, so the
 agent can compare ``io_since`` with its own monotonic clock.
 
@@ -55,10 +70,8 @@ nothing: the same script runs by hand, under the agent, or in a test.
 
 from __future__ import annotations
 
-import atexit
 import mmap
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -66,14 +79,15 @@ from typing import Final
 
 from m27._exceptions import M27Error
 
-__all__ = ["CHANNEL_SIZE", "Channel", "gate", "io_wait"]
+__all__ = ["CHANNEL_SIZE", "Channel"]
 
-CHANNEL_SIZE: Final = 64
+CHANNEL_SIZE: Final = 128
 _MAGIC: Final = 0x4337324D  # b"M27C" little-endian
-_VERSION: Final = 1
+_VERSION: Final = 2
 # indices into the int32 (I), float64 (D) and uint64 (Q) views of the page
 _I_MAGIC, _I_VERSION, _I_DEPTH, _I_GATE, _I_AT_GATE, _I_PID = 0, 1, 2, 3, 4, 5
-_D_IO_SINCE, _D_IO_SECONDS, _D_GATE_SECONDS = 3, 4, 7
+_I_BORROW = 16
+_D_IO_SINCE, _D_IO_SECONDS, _D_GATE_SECONDS, _D_YIELD_UNTIL = 3, 4, 7, 9
 _Q_IO_COUNT, _Q_GATE_CALLS = 5, 6
 
 # gate() polls the page: it starts at 0.5 ms and backs off to 5 ms, so a guest resumes
@@ -84,6 +98,8 @@ _POLL_MAX: Final = 0.005
 # A following guest polls its primary's page at a fixed 1 ms: it is the one guest per GPU
 # that runs next, and a hinted I/O wait must reach it within milliseconds.
 _POLL_FOLLOW: Final = 0.001
+# A yielding primary polls its guests' pages every 0.5 ms: it waits a few milliseconds.
+_POLL_YIELD: Final = 0.0005
 _FOLLOW_FIRST: Final = 2
 _NEVER: Final = float("inf")
 _monotonic = time.monotonic
@@ -117,6 +133,14 @@ class Channel:
         self._follow_at: float | None = None  # agent side: the deadline it set
         self._follow_due = _NEVER  # step side: the deadline loaded with the follow
         self._follow_seq = 0
+        # yield mode (a primary's gate): the guests it yields to and the bound
+        self._yield_value = 0  # step side: the gate value the sidecar was loaded for
+        self._yield_to: tuple[Channel, ...] = ()
+        self._yield_bound = 0.0
+        self._may_yield = False  # step side: from leaving an I/O wait to the next pass
+        self._yield_paths: tuple[str, ...] = ()  # agent side: what it wrote
+        self._yield_set_bound = 0.0
+        self._yield_seq = 0
         if self._i[_I_MAGIC] != _MAGIC or self._i[_I_VERSION] != _VERSION:
             self.close()
             raise M27Error(f"{path} is not an m27 channel (version {_VERSION})", file=str(path))
@@ -207,15 +231,53 @@ class Channel:
         self._follow_seq = max(self._follow_seq, current, _FOLLOW_FIRST - 1) + 1
         self._i[_I_GATE] = self._follow_seq
 
-    def following(self) -> bool:
-        """True while the gate follows a primary's I/O (see the module docstring)."""
-        return self._i[_I_GATE] >= _FOLLOW_FIRST
+    def following(self, primary: str | os.PathLike[str] | None = None) -> bool:
+        """True while the gate follows a primary's I/O (see the module docstring); with
+        `primary`, the one whose channel is there (as set on this side)."""
+        if self._i[_I_GATE] < _FOLLOW_FIRST:
+            return False
+        return primary is None or os.fspath(primary) == self._follow_target
 
     def follow_due(self) -> bool:
         """True while the gate follows with a deadline (set here) that has passed: the
         step may be computing on it."""
         at = self._follow_at
         return self.following() and at is not None and _monotonic() >= at
+
+    @property
+    def yield_path(self) -> Path:
+        """The sidecar that names the guests a yielding primary waits for."""
+        return self.path.with_name(self.path.name + ".yield")
+
+    def set_yield(self, guests: tuple[str | os.PathLike[str], ...], bound: float) -> None:
+        """Open the gate, except that right after an I/O wait the step waits (at most
+        `bound` seconds) while one of `guests` (channel paths) computes on a follow pass
+        (see the module docstring); cheap to repeat."""
+        paths = tuple(os.fspath(g) for g in guests)
+        current = self._i[_I_GATE]
+        if current < 0 and paths == self._yield_paths and bound == self._yield_set_bound:
+            return
+        side = self.yield_path
+        tmp = side.with_name(f".{side.name}.{os.getpid()}.tmp")
+        tmp.write_text("\n".join([repr(float(bound)), *paths]))
+        os.replace(tmp, side)
+        self._yield_paths, self._yield_set_bound = paths, bound
+        self._yield_seq = min(self._yield_seq, current, 0) - 1
+        self._i[_I_GATE] = self._yield_seq
+
+    def yields(self) -> bool:
+        """True while the gate is in yield mode (set by :meth:`set_yield`)."""
+        return self._i[_I_GATE] < 0
+
+    def yielding(self) -> bool:
+        """True from the moment the step left an I/O wait, in yield mode, until it passes
+        its gate or the bound ends: a borrowing guest may go on computing meanwhile."""
+        return self._d[_D_YIELD_UNTIL] > _monotonic()
+
+    def borrowing(self) -> bool:
+        """True while the step computes on a follow pass (not in I/O, not at its gate)."""
+        i = self._i
+        return i[_I_BORROW] != 0 and i[_I_DEPTH] <= 0 and i[_I_AT_GATE] == 0
 
     def at_gate(self) -> bool:
         """True while the step is blocked in ``gate()``."""
@@ -234,6 +296,7 @@ class Channel:
 
     def close(self) -> None:
         self._drop_follow()
+        self._drop_yield()
         for view in (self._i, self._d, self._q, self._view):
             view.release()
         self._mm.close()
@@ -249,6 +312,7 @@ class Channel:
             self._d[_D_IO_SINCE] = _monotonic()
             depth = 0
         ints[_I_DEPTH] = depth + 1
+        ints[_I_BORROW] = 0  # a guest's compute phase ends at its own I/O wait
         self._q[_Q_IO_COUNT] += 1
         self._release()
 
@@ -258,26 +322,86 @@ class Channel:
         depth = ints[_I_DEPTH] - 1
         if depth <= 0:
             depth = 0
-            self._d[_D_IO_SECONDS] += _monotonic() - self._d[_D_IO_SINCE]
+            d = self._d
+            now = _monotonic()
+            d[_D_IO_SECONDS] += now - d[_D_IO_SINCE]
+            value = ints[_I_GATE]
+            if value < 0:  # a primary that yields: its window opens as it leaves the wait
+                if value != self._yield_value:
+                    self._load_yield(value)
+                self._may_yield = True
+                d[_D_YIELD_UNTIL] = now + self._yield_bound
         ints[_I_DEPTH] = depth
         self._release()
 
     def _passes(self) -> bool:
         """Whether the gate lets the step through now (open, or following a primary that
         is in I/O while every guest ahead is in its own)."""
-        value = self._i[_I_GATE]
+        ints = self._i
+        value = ints[_I_GATE]
         if value < _FOLLOW_FIRST:
             self._follow_value = 0  # the next follow, whatever its value, is loaded afresh
+            if value < 0:
+                return self._yield_passes(value)
             return value == 0
         if value != self._follow_value:
             self._load_follow(value)
         primary = self._follow
-        if primary is not None and primary._i[_I_DEPTH] > 0:
-            for guest in self._ahead:  # noqa: SIM110 (a loop: all() costs more on this path)
-                if guest._i[_I_DEPTH] <= 0:
-                    return False
+        if primary is not None:
+            if primary._i[_I_DEPTH] > 0:
+                for guest in self._ahead:
+                    if guest._i[_I_DEPTH] <= 0:
+                        return False
+                ints[_I_BORROW] = 1
+                return True
+            if ints[_I_BORROW] and primary._d[_D_YIELD_UNTIL] > _monotonic():
+                return True  # the primary waits for this compute phase to end
+        if self._follow_due is not _NEVER and _monotonic() >= self._follow_due:
+            ints[_I_BORROW] = 1
             return True
-        return self._follow_due is not _NEVER and _monotonic() >= self._follow_due
+        return False
+
+    def _yield_passes(self, value: int) -> bool:
+        """A primary's gate in yield mode: see the module docstring."""
+        if not self._may_yield:
+            return True
+        if value != self._yield_value:
+            self._load_yield(value)
+        for guest in self._yield_to:
+            g = guest._i
+            if g[_I_BORROW] and g[_I_DEPTH] <= 0 and not g[_I_AT_GATE]:
+                break  # this guest is in the middle of a compute phase
+        else:
+            return self._end_yield()
+        return _monotonic() >= self._d[_D_YIELD_UNTIL] and self._end_yield()
+
+    def _end_yield(self) -> bool:
+        self._may_yield = False  # once per I/O wait: computing, it yields no more
+        if self._d[_D_YIELD_UNTIL] != 0.0:
+            self._d[_D_YIELD_UNTIL] = 0.0
+        return True
+
+    def _drop_yield(self) -> None:
+        for ch in self._yield_to:
+            ch.close()
+        self._yield_to = ()
+
+    def _load_yield(self, value: int) -> None:
+        self._drop_yield()
+        self._yield_value, self._yield_bound = value, 0.0
+        try:
+            lines = self.yield_path.read_text().split("\n")
+            bound = float(lines[0])
+        except (OSError, ValueError):
+            return  # the sidecar is gone or torn: an open gate, no yield
+        opened: list[Channel] = []
+        for path in (p.strip() for p in lines[1:]):
+            try:
+                if path:
+                    opened.append(Channel.open(path, writable=False))
+            except M27Error:
+                continue  # that guest is gone: it computes no more
+        self._yield_to, self._yield_bound = tuple(opened), max(0.0, bound)
 
     def _drop_follow(self) -> None:
         for ch in (self._follow, *self._ahead):
@@ -315,13 +439,17 @@ class Channel:
         if self._i[_I_GATE] == 0 or self._passes():
             return True
         start = time.monotonic()
-        self._i[_I_AT_GATE] = 1
+        ints = self._i
+        ints[_I_BORROW] = 0
+        ints[_I_AT_GATE] = 1
         delay = _POLL_FIRST
         try:
             while not self._passes():
                 if timeout is not None and time.monotonic() - start >= timeout:
                     return False
-                if self._i[_I_GATE] >= _FOLLOW_FIRST:
+                if ints[_I_GATE] < 0:  # yielding: to the end of the bound at most
+                    time.sleep(max(0.0, min(_POLL_YIELD, self._d[_D_YIELD_UNTIL] - _monotonic())))
+                elif ints[_I_GATE] >= _FOLLOW_FIRST:
                     # to the deadline itself when it comes before the next poll
                     time.sleep(max(0.0, min(_POLL_FOLLOW, self._follow_due - _monotonic())))
                 else:
@@ -334,103 +462,3 @@ class Channel:
 
     def mark_owner(self) -> None:
         self._i[_I_PID] = os.getpid()
-
-
-# -- the process's own channel, resolved once from M27_CHANNEL --------------------------
-
-_channel: Channel | None = None
-_resolved = False
-_resolve_lock = threading.Lock()
-
-
-def _step_channel() -> Channel | None:
-    global _channel, _resolved
-    if _resolved:
-        return _channel
-    with _resolve_lock:
-        if not _resolved:
-            path = os.environ.get("M27_CHANNEL", "")
-            if path:
-                try:
-                    _channel = Channel.open(path)
-                    _channel.mark_owner()
-                    atexit.register(_exiting, _channel, os.getpid())
-                except M27Error as exc:
-                    # A step's computation is worth more than its telemetry: say it once
-                    # and run as if outside the agent (the agent then pauses by signal).
-                    print(f"m27: M27_CHANNEL ignored: {exc}", file=sys.stderr)
-            _resolved = True
-    return _channel
-
-
-def _exiting(channel: Channel, pid: int) -> None:
-    """At interpreter exit the step computes no more: it counts as waiting on I/O from
-    here on (its page keeps saying so once the process is gone), so the GPU goes to a
-    guest while the process finishes and its runner records the end and releases the
-    lease (tens of milliseconds, more on a loaded node), not after. Atexit handlers run
-    after the non-daemon threads have ended; a forked child that exits through atexit
-    does not speak for its parent."""
-    if channel is _channel and os.getpid() == pid:
-        channel.enter_io()
-
-
-def _reset_step_channel() -> None:
-    """Forget the resolved channel (tests and forked children that change M27_CHANNEL)."""
-    global _channel, _resolved
-    with _resolve_lock:
-        if _channel is not None:
-            _channel.close()
-        _channel, _resolved = None, False
-
-
-def _after_fork_in_child() -> None:
-    # A lock held by another thread at fork time would never be released in the child;
-    # the child keeps the shared page (its I/O is the step's I/O) with a fresh lock.
-    if _channel is not None:
-        _channel._lock = threading.Lock()
-        _channel._acquire = _channel._lock.acquire
-        _channel._release = _channel._lock.release
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class _IoWait:
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        channel = _channel if _resolved else _step_channel()
-        if channel is not None:
-            channel.enter_io()
-
-    def __exit__(self, *exc_info: object) -> None:  # an exception leaves the I/O too
-        channel = _channel if _resolved else _step_channel()
-        if channel is not None:
-            channel.exit_io()
-
-
-_IO_WAIT: Final = _IoWait()
-
-
-def io_wait() -> _IoWait:
-    """``with m27.io_wait(): save(frame)`` — "this process is reading or writing, not computing".
-
-    While any such block is open the agent may lend this step's GPU to a guest. Blocks
-    nest and may be entered from several threads; the process counts as waiting on I/O
-    while at least one is open. Costs well under a microsecond (benchmarks/bench_step_api.py).
-    """
-    return _IO_WAIT
-
-
-def gate(timeout: float | None = None) -> bool:
-    """Wait until the agent lets this step compute; True at once outside the agent.
-
-    A ready-tier (guest) step calls it after loading its data, and may call it again at
-    any safe point (each iteration): the agent then pauses it there instead of by signal.
-    Returns False only when ``timeout`` seconds passed with the gate still closed.
-    """
-    channel = _channel if _resolved else _step_channel()
-    if channel is None:
-        return True
-    return channel.wait_gate(timeout)

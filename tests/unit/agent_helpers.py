@@ -27,7 +27,7 @@ TICK = 0.01
 #: io_wait block or stopped. Every phase is recorded as "kind start end" (time.time()).
 STEP = textwrap.dedent("""\
     import sys, time
-    from m27.step._channel import gate, io_wait
+    from m27.step import gate, io_wait
     out, cycles, compute, io, load, chunk = sys.argv[1], int(sys.argv[2]), *map(float, sys.argv[3:7])
     gated = sys.argv[7] == "1"
     until = sys.argv[8] if len(sys.argv) > 8 else ""  # loop until this file exists

@@ -30,7 +30,7 @@ from tests.waiting import wait_until
 #: Every claim below is then ordered by events the test made, not by a stopwatch.
 PRIMARY = textwrap.dedent("""\
     import os, sys, time
-    from m27.step._channel import io_wait
+    from m27.step import io_wait
     def wait(name):
         while not os.path.exists(os.path.join(sys.argv[1], name)):
             time.sleep(0.002)

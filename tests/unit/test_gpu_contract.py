@@ -203,7 +203,7 @@ def _send(proc: subprocess.Popen[bytes], line: str) -> None:
 
 IO_CHILD = """
 import sys
-from m27.step._channel import io_wait
+from m27.step import io_wait
 print("ready", flush=True)
 for line in sys.stdin:
     if line.strip() == "io":

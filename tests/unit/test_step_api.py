@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from m27._exceptions import M27Error
-from m27.step import _channel as _step_api
-from m27.step._channel import CHANNEL_SIZE, Channel, gate, io_wait
+from m27.step import _process as _step_api
+from m27.step._channel import CHANNEL_SIZE, Channel
+from m27.step._process import gate, io_wait
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +131,7 @@ def test_bad_m27_channel_is_reported_once_and_ignored(
 
 
 GATE_CHILD = """
-import m27.step._channel as api
+import m27.step._process as api
 print("loaded", flush=True)
 api.gate()
 print("passed", flush=True)
@@ -162,7 +163,8 @@ def test_gate_blocks_a_real_child_until_the_agent_opens_it(tmp_path: Path) -> No
 
 EXIT_CHILD = """
 import os, sys
-from m27.step._channel import Channel, gate
+from m27.step._channel import Channel
+from m27.step._process import gate
 gate()  # resolves the step channel
 pid = os.fork()
 if pid == 0:
