@@ -128,13 +128,25 @@ def run_bare(env: dict[str, str], work: Path, steps: int) -> dict[str, float]:
     return {"wall_s": wall, "per_step_s": slope(ends)}
 
 
+def m27_argv() -> list[str]:
+    m27 = Path(sys.executable).with_name("m27")
+    return [str(m27)] if m27.exists() else [sys.executable, "-m", "m27.cli.main"]
+
+
+def stop_service(env: dict[str, str]) -> None:
+    """Stop the node service the m27 runs started in this M27_HOME (it would otherwise
+    idle for `service_idle` in a deleted folder)."""
+    subprocess.run(
+        [*m27_argv(), "agent", "stop"], env=env, capture_output=True, timeout=120, check=False
+    )
+
+
 def run_m27(env: dict[str, str], work: Path, steps: int) -> dict[str, Any]:
     from m27.events import StepSucceeded
     from m27.store.sqlite import SqliteEventStore
 
     path = pipeline_file(work, steps)
-    m27 = Path(sys.executable).with_name("m27")
-    argv = [str(m27)] if m27.exists() else [sys.executable, "-m", "m27.cli.main"]
+    argv = m27_argv()
     started = time.perf_counter()
     done = subprocess.run(
         [*argv, "run", str(path), "--quiet"],
@@ -212,6 +224,7 @@ def main(argv: list[str]) -> int:
         bare = run_bare(env, root, steps)
         m27 = run_m27(env, root, steps)
     finally:
+        stop_service(env)
         server.terminate()
         try:
             server.wait(30)

@@ -4,6 +4,7 @@ m27.node.follow): equals take turns a whole phase at a time."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +68,27 @@ def test_a_primary_yields_no_longer_than_its_bound(pages: dict[str, Channel]) ->
     P.exit_io()
     assert P.wait_gate(timeout=0)  # the bound is over at once: the primary computes
     assert not G.wait_gate(timeout=0)  # and the guest stops at its next gate call
+
+
+def test_a_guest_killed_mid_phase_holds_its_primary_no_longer_than_the_bound(
+    pages: dict[str, Channel],
+) -> None:
+    """A guest killed by signal mid-phase leaves its page saying it borrows; the primary's
+    gate still opens once the bound has passed (an unbounded wait would hang here)."""
+    p, P, G = pages["p"], pages["P"], pages["G"]
+    p.set_yield((pages["g"].path,), bound=0.2)
+    P.enter_io()
+    assert G.wait_gate(timeout=0)
+    G.close()  # the guest's process is gone; its page still says it borrows
+    P.exit_io()
+    assert pages["g"].borrowing()
+    passed: list[bool] = []
+    waiter = threading.Thread(target=lambda: passed.append(P.wait_gate()), daemon=True)
+    waiter.start()
+    waiter.join(30)  # a bound for a broken run, not a speed claim
+    assert passed == [True]
+    assert not p.yielding()
+    pages["G"] = Channel.open(pages["g"].path)  # for the fixture's close
 
 
 def test_a_guest_at_its_gate_is_not_waited_for(pages: dict[str, Channel]) -> None:
