@@ -132,7 +132,8 @@ class Checkpointer:
             self._writer.give_back(staging)
             self._raise_pending()
         try:
-            job, seen = self._plan(state, int(step), started, staging)
+            with self._retention.held():
+                job, seen = self._plan(state, int(step), started, staging)
         except BaseException:
             self._writer.give_back(staging)
             raise

@@ -15,6 +15,7 @@ import pytest
 
 from m27.checkpoint import Checkpointer, _retention, latest_checkpoint, verify
 from m27.checkpoint._format import manifests, read_manifest
+from tests.waiting import wait_until
 
 CHUNK = 1024
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,3 +149,32 @@ def test_a_kill_during_background_gc_leaves_the_newest_checkpoint_and_is_cleaned
     last = latest_checkpoint(directory)
     assert last is not None and [p.name for p in manifests(directory)] == [last.name]
     assert packs(directory) == {int(k) for k in read_manifest(last)["packs"]}
+
+
+def test_a_prune_requested_while_a_save_hashes_starts_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save's hashing pass and a prune would take the GIL in turns: the prune waits."""
+    bp = _retention.BackgroundPrune(tmp_path, keep_last=1)
+    holds_at_start: list[int] = []
+
+    def recording_prune(directory: Path, keep_last: int, **kwargs: Any) -> list[Path]:
+        holds_at_start.append(bp._holds)
+        return []
+
+    monkeypatch.setattr(_retention, "prune", recording_prune)
+
+    def parked() -> bool:
+        # the retention thread is back in Condition.wait() (CPython keeps its waiters in
+        # `_waiters`): it took the request in and did not start
+        return bp._thread is not None and len(vars(bp._cond)["_waiters"]) == 1
+
+    try:
+        with bp.held():
+            bp.request()
+            wait_until(parked, what="the retention thread to wait for the save")
+            assert holds_at_start == []
+        bp.wait_idle()
+        assert holds_at_start == [0]
+    finally:
+        bp.close()
