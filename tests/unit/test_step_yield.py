@@ -60,11 +60,16 @@ def test_a_yielding_primary_waits_until_the_borrowing_guest_enters_its_own_io(
     assert P.wait_gate(timeout=0)  # the primary yields once per wait, not mid-compute
 
 
+def borrowing_in_a_wait(pages: dict[str, Channel], bound: float) -> None:
+    """The primary yields to `g` (at most `bound` s) and waits on I/O; `g` computes."""
+    pages["p"].set_yield((pages["g"].path,), bound=bound)
+    pages["P"].enter_io()
+    assert pages["G"].wait_gate(timeout=0)
+
+
 def test_a_primary_yields_no_longer_than_its_bound(pages: dict[str, Channel]) -> None:
-    p, P, G = pages["p"], pages["P"], pages["G"]
-    p.set_yield((pages["g"].path,), bound=0.0)
-    P.enter_io()
-    assert G.wait_gate(timeout=0)
+    P, G = pages["P"], pages["G"]
+    borrowing_in_a_wait(pages, bound=0.0)
     P.exit_io()
     assert P.wait_gate(timeout=0)  # the bound is over at once: the primary computes
     assert not G.wait_gate(timeout=0)  # and the guest stops at its next gate call
@@ -75,11 +80,9 @@ def test_a_guest_killed_mid_phase_holds_its_primary_no_longer_than_the_bound(
 ) -> None:
     """A guest killed by signal mid-phase leaves its page saying it borrows; the primary's
     gate still opens once the bound has passed (an unbounded wait would hang here)."""
-    p, P, G = pages["p"], pages["P"], pages["G"]
-    p.set_yield((pages["g"].path,), bound=0.2)
-    P.enter_io()
-    assert G.wait_gate(timeout=0)
-    G.close()  # the guest's process is gone; its page still says it borrows
+    p, P = pages["p"], pages["P"]
+    borrowing_in_a_wait(pages, bound=0.2)
+    pages["G"].close()  # the guest's process is gone; its page still says it borrows
     P.exit_io()
     assert pages["g"].borrowing()
     passed: list[bool] = []
@@ -92,10 +95,8 @@ def test_a_guest_killed_mid_phase_holds_its_primary_no_longer_than_the_bound(
 
 
 def test_a_guest_at_its_gate_is_not_waited_for(pages: dict[str, Channel]) -> None:
-    p, P, G = pages["p"], pages["P"], pages["G"]
-    p.set_yield((pages["g"].path,), bound=3600.0)
-    P.enter_io()
-    assert G.wait_gate(timeout=0)
+    P, G = pages["P"], pages["G"]
+    borrowing_in_a_wait(pages, bound=3600.0)
     G.enter_io()
     G.exit_io()  # a short I/O of its own: it is no longer in the phase it began
     P.exit_io()
