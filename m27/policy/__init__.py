@@ -109,13 +109,8 @@ class Decision:
     ``followers``, per GPU with two guests or more, the others in the order they take the
     gap over when the ones before them wait on their own I/O (the agent chains their
     gates on those guests' hints, so the next one starts as directly). ``yield_to``, per
-    GPU, those of its standby and followers that rank as high as its primary (ready tier,
-    effective priority at least the primary's): as the primary leaves an I/O wait while
-    one of them is in the middle of the compute phase it began there, the primary waits
-    for that phase to end, ``PolicyConfig.primary_yield`` at most, instead of stopping it
-    (equals then take turns whole phases at a time, and a guest's phase a few
-    milliseconds longer than the wait does not push its own I/O into the primary's next
-    wait).
+    GPU, those of them that rank as high as its primary: it waits for such a guest to end
+    the phase it began in the primary's I/O wait (docs/policy.md, "Equals take turns").
     """
 
     actions: tuple[Action, ...]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from unittest.mock import patch
 
 from hypothesis import given, settings
@@ -83,6 +84,7 @@ def _same(inp: PolicyInput) -> None:
     assert fast.next_check == full.next_check
     assert fast.standby == full.standby
     assert fast.followers == full.followers
+    assert fast.yield_to == full.yield_to
     assert fast.reasons == full.reasons
 
 
@@ -111,3 +113,19 @@ def test_on_a_busy_node_the_first_multi_gpu_step_by_rank_still_reserves() -> Non
     d = decide(PolicyInput(pending, running, views, 100.0))
     assert d.actions == (Reserve(("q", "wide-early"), (0, 1)),)
     assert "holds GPU 0, 1 until all 2 are free" in d.why(("q", "wide-early"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(busy_nodes())
+def test_gating_with_nothing_pending_names_what_the_full_pass_names(inp: PolicyInput) -> None:
+    """With nothing pending decide() gates the leases themselves (no Slots); beside a
+    pending CPU step that cannot start, the full pass gates the same way: the same
+    standby, followers and guests the primaries yield to."""
+    idle = PolicyInput((), inp.running, inp.gpus, inp.now, inp.config, inp.usage_by_owner)
+    cpu = Pending(("z", "cpu"), type="cpu", queued_at=inp.now)
+    config = replace(inp.config, cpu_slots=0)
+    blocked = PolicyInput((cpu,), inp.running, inp.gpus, inp.now, config, inp.usage_by_owner)
+    lean, full = decide(idle), full_pass(blocked)
+    assert lean.standby == full.standby
+    assert lean.followers == full.followers
+    assert lean.yield_to == full.yield_to
