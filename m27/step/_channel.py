@@ -367,12 +367,8 @@ class Channel:
             return True
         if value != self._yield_value:
             self._load_yield(value)
-        for guest in self._yield_to:
-            g = guest._i
-            if g[_I_BORROW] and g[_I_DEPTH] <= 0 and not g[_I_AT_GATE]:
-                break  # this guest is in the middle of a compute phase
-        else:
-            return self._end_yield()
+        if not any(guest.borrowing() for guest in self._yield_to):
+            return self._end_yield()  # no guest is in the middle of a compute phase
         return _monotonic() >= self._d[_D_YIELD_UNTIL] and self._end_yield()
 
     def _end_yield(self) -> bool:
