@@ -37,8 +37,8 @@ _Ints = npt.NDArray[np.int64]
 
 class _Static(NamedTuple):
     """What the order takes from a pending tuple that does not move with the clock: each
-    step's place by (owner, queued_at, key) and by (queued_at, key), so a sort key is one
-    integer instead of a tuple."""
+    step's place by (owner, queued_at, tie) and by (queued_at, tie) (:func:`_tie`), so a
+    sort key is one integer instead of a tuple."""
 
     owners: tuple[str, ...]
     #: per position: the owner's index in `owners`
@@ -53,12 +53,12 @@ class _Static(NamedTuple):
 
 def _static(pending: Sequence[Pending]) -> _Static:
     n = len(pending)
-    keys = [p.key for p in pending]
     queued = [p.queued_at for p in pending]
     owner_of = [p.owner for p in pending]
     # the position last in each tuple: the same tie order as a stable sort
-    sinv = [t[3] for t in sorted(zip(owner_of, queued, keys, range(n), strict=True))]
-    qinv = [t[2] for t in sorted(zip(queued, keys, range(n), strict=True))]
+    ties = [_tie(p) for p in pending]
+    sinv = [t[3] for t in sorted(zip(owner_of, queued, ties, range(n), strict=True))]
+    qinv = [t[2] for t in sorted(zip(queued, ties, range(n), strict=True))]
     return _finish(pending, owner_of, queued, sinv, qinv)
 
 
@@ -107,13 +107,13 @@ def _static_from(old: _Static, pending: Sequence[Pending], old_ix: list[int]) ->
     names = list(old.owners)
     index = {o: j for j, o in enumerate(names)}
 
-    def skey(j: int) -> tuple[str, float, StepKey]:
+    def skey(j: int) -> tuple[str, float, tuple[int, StepKey]]:
         p = pending[j]
-        return (p.owner, p.queued_at, p.key)
+        return (p.owner, p.queued_at, _tie(p))
 
-    def qkey(j: int) -> tuple[float, StepKey]:
+    def qkey(j: int) -> tuple[float, tuple[int, StepKey]]:
         p = pending[j]
-        return (p.queued_at, p.key)
+        return (p.queued_at, _tie(p))
 
     for j in fresh:
         p = pending[j]
@@ -141,6 +141,15 @@ def _static_from(old: _Static, pending: Sequence[Pending], old_ix: list[int]) ->
         _inverse(sinv),
         _inverse(qinv),
     )
+
+
+def _tie(p: Pending) -> tuple[int, StepKey]:
+    """What breaks a tie of rank and queue time: the larger GPU need first (GPUs times
+    memory, declared or measured), then the key. Steps queued together (a backlog, a
+    sweep) start in decreasing size, as first-fit-decreasing packs bins: a big step
+    started first still finds small ones to load as guests beside it; started last, it
+    finds none left and its I/O waits idle."""
+    return (-max(1, p.gpus) * (p.gpu_memory or p.memory_peak), p.key)
 
 
 def _inverse(perm: list[int]) -> _Ints:
@@ -187,7 +196,8 @@ def order_pending(
     now: float,
     cfg: PolicyConfig,
 ) -> list[Ranked]:
-    """Queue order: effective priority, then fair share, then queue time, then key.
+    """Queue order: effective priority, then fair share, then queue time, then the larger
+    GPU need, then key (:func:`_tie`).
 
     Fair share at equal priority interleaves owners: an owner's n-th waiting step counts as
     if the owner held n more GPUs, so two owners alternate and the one holding fewer GPUs
@@ -253,7 +263,7 @@ def _order_small(
         return memo[4]
     n = len(pending)
     order = sorted(
-        range(n), key=lambda i: (-effs[i], pending[i].owner, pending[i].queued_at, pending[i].key)
+        range(n), key=lambda i: (-effs[i], pending[i].owner, pending[i].queued_at, _tie(pending[i]))
     )
     if share:
         # place: a step's index among its owner's steps of the same effective priority
@@ -272,7 +282,7 @@ def _order_small(
                 held.get(pending[i].owner, 0) + place[i],
                 level[pending[i].owner],
                 pending[i].queued_at,
-                pending[i].key,
+                _tie(pending[i]),
             )
         )
     bg_max = cfg.background_priority_max
@@ -385,8 +395,8 @@ def _afresh(
 def _arrange(
     st: _Static, effs: _Ints, share: tuple[tuple[int, int], ...], by_index: list[Ranked]
 ) -> list[Ranked]:
-    """The ranked steps in order. The key of (-eff, owner, queued_at, key) is
-    -eff * n + srank; with several owners, (-eff, held + place, usage rank, queued_at, key)
+    """The ranked steps in order. The key of (-eff, owner, queued_at, tie) is
+    -eff * n + srank; with several owners, (-eff, held + place, usage rank, queued_at, tie)
     is packed the same way, place being a step's index among its owner's steps of the same
     effective priority."""
     n = len(by_index)

@@ -191,3 +191,25 @@ def test_a_guest_that_ends_by_its_limit_before_the_reservation_need_not_fit_besi
                    time_limit=7200.0)  # fmt: skip
     d = decide(PolicyInput((wide, late), (other,), views, 0.0))
     assert not any(isinstance(a, Grant) for a in d.actions)
+
+
+def test_steps_queued_together_start_biggest_first_so_the_small_ones_fill_beside_it() -> None:
+    # one free GPU of 32 GiB, a backlog queued at the same instant: key order would start
+    # "a-small" and leave "z-big" no room as a guest; biggest first starts the 24 GiB step
+    # and loads the 4 GiB one beside it, to compute in its I/O waits
+    small = Pending(("a-small", "s"), priority=10, gpu_memory=4 * G, queued_at=5.0)
+    big = Pending(("z-big", "s"), priority=10, gpu_memory=24 * G, queued_at=5.0)
+    inp = PolicyInput((small, big), (), (GpuView(0, 32 * G),), 10.0)
+    d = decide(inp)
+    assert d.actions[:2] == (
+        Grant(("z-big", "s"), (0,), "immediate"),
+        Grant(("a-small", "s"), (0,), "ready"),
+    )
+    # a measured peak counts as the need where none is declared
+    big_unknown = Pending(("z-big", "s"), priority=10, memory_peak=24 * G, queued_at=5.0)
+    d = decide(PolicyInput((small, big_unknown), (), (GpuView(0, 32 * G),), 10.0))
+    assert d.actions[0] == Grant(("z-big", "s"), (0,), "immediate")
+    # queue time still comes first: the small step queued earlier starts first
+    earlier = Pending(("a-small", "s"), priority=10, gpu_memory=4 * G, queued_at=4.0)
+    d = decide(PolicyInput((earlier, big), (), (GpuView(0, 32 * G),), 10.0))
+    assert d.actions[0] == Grant(("a-small", "s"), (0,), "immediate")

@@ -25,11 +25,16 @@ def reference(
     cfg: PolicyConfig,
 ) -> list[tuple[Pending, int]]:
     """The documented order, by tuple sort: effective priority, then held + place among
-    the owner's steps at that priority, then recent usage, then queue time, then key."""
+    the owner's steps at that priority, then recent usage, then queue time, then the larger
+    GPU need (GPUs x memory, declared or measured), then key."""
     eff = {p.key: effective_priority(p.priority, p.bump, p.queued_at, now, cfg) for p in pending}
     place: dict[tuple[object, ...], int] = {}
     seen: dict[tuple[int, str], int] = {}
-    for p in sorted(pending, key=lambda p: (-eff[p.key], p.owner, p.queued_at, p.key)):
+
+    def need(p: Pending) -> int:
+        return -max(1, p.gpus) * (p.gpu_memory or p.memory_peak)
+
+    for p in sorted(pending, key=lambda p: (-eff[p.key], p.owner, p.queued_at, need(p), p.key)):
         group = (eff[p.key], p.owner)
         place[p.key] = seen.get(group, 0)
         seen[group] = place[p.key] + 1
@@ -37,9 +42,9 @@ def reference(
 
     def key(p: Pending) -> tuple[object, ...]:
         if len(owners) <= 1:
-            return (-eff[p.key], p.queued_at, p.key)
+            return (-eff[p.key], p.queued_at, need(p), p.key)
         share = held.get(p.owner, 0) + place[p.key]
-        return (-eff[p.key], share, usage.get(p.owner, 0.0), p.queued_at, p.key)
+        return (-eff[p.key], share, usage.get(p.owner, 0.0), p.queued_at, need(p), p.key)
 
     return [(p, eff[p.key]) for p in sorted(pending, key=key)]
 
@@ -48,9 +53,12 @@ steps = st.lists(
     st.tuples(
         st.sampled_from([0, 5, 10, 20, -10]),
         st.sampled_from("abc"),
-        st.floats(0, 20_000, allow_nan=False),
+        # steps queued together (equal queue times) are ordered by their GPU need
+        st.one_of(st.sampled_from([0.0, 500.0]), st.floats(0, 20_000, allow_nan=False)),
         st.sampled_from(["gpu", "gpu", "gpu_light", "cpu"]),
         st.integers(1, 3),
+        st.sampled_from([0, 4 * 2**30, 16 * 2**30]),  # declared gpu_memory
+        st.sampled_from([0, 8 * 2**30]),  # measured peak
     ),
     min_size=1,
     max_size=40,
@@ -78,14 +86,14 @@ steps = st.lists(
 @pytest.mark.parametrize("small", [0, 48], ids=["arrays", "short-queue path"])
 def test_kept_order_equals_a_fresh_sort(
     small: int,
-    first: list[tuple[int, str, float, str, int]],
-    later: list[tuple[int, str, float, str, int]],
+    first: list[tuple[int, str, float, str, int, int, int]],
+    later: list[tuple[int, str, float, str, int, int, int]],
     moves: list[tuple[float, dict[str, int], dict[str, float], int]],
 ) -> None:
     # fast aging (a point every 300 s), a low cap so some steps reach it
     cfg = PolicyConfig(aging_per_s=1 / 300, aging_cap=30)
 
-    def make(specs: list[tuple[int, str, float, str, int]], tag: str) -> list[Pending]:
+    def make(specs: list[tuple[int, str, float, str, int, int, int]], tag: str) -> list[Pending]:
         return [
             Pending(
                 key=(f"{tag}{i}", "s"),
@@ -94,8 +102,10 @@ def test_kept_order_equals_a_fresh_sort(
                 owner=owner,
                 queued_at=q,
                 gpus=k if t != "cpu" else 0,
+                gpu_memory=mem if t != "cpu" else 0,
+                memory_peak=peak if t != "cpu" else 0,
             )
-            for i, (prio, owner, q, t, k) in enumerate(specs)
+            for i, (prio, owner, q, t, k, mem, peak) in enumerate(specs)
         ]
 
     waiting = make(first, "a")
@@ -116,6 +126,8 @@ def test_kept_order_equals_a_fresh_sort(
                     priority=p.priority,
                     owner=p.owner,
                     gpus=p.gpus,
+                    gpu_memory=p.gpu_memory,
+                    memory_peak=p.memory_peak,
                     queued_at=now,
                 )
                 pending = (*pending, arrived)
@@ -132,6 +144,8 @@ def test_kept_order_equals_a_fresh_sort(
                             priority=p.priority,
                             owner=p.owner,
                             gpus=p.gpus,
+                            gpu_memory=p.gpu_memory,
+                            memory_peak=p.memory_peak,
                             queued_at=now,
                         )
                         for p in pair

@@ -132,8 +132,13 @@ TRACES = {
 #: ends before the reservation is expected to be complete need not fit beside the
 #: reserved step (it computes alone, so its limit holds). Before it: lab0
 #: 825fe0928d7ef96d, busy 3aa13b7acc7d76a8; alibaba (no gpu_light steps) is unchanged.
+#: 8) m27 changed on purpose (issue 16 item 2, memory-bound idle): steps of equal rank
+#: queued at the same instant start in decreasing GPU need (gpus x memory) instead of key
+#: order, so a big step started first finds small guests beside it (lab0's Monday backlog
+#: is all queued at 0). Before it: lab0 0aad9f861c9a8cfb; busy and alibaba have no such
+#: tie and are unchanged.
 EXPECTED = {
-    ("lab0", "m27"): "0aad9f861c9a8cfb",
+    ("lab0", "m27"): "4433ac66d47f426a",
     ("lab0", "fifo"): "d0d0f23d61a42938",
     ("lab0", "backfill"): "a8a2d5d3c50d8036",
     ("lab0", "manual"): "931c0acdfa4e8bf2",
