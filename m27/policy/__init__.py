@@ -17,10 +17,11 @@ Tiers:
   nobody above wants (demoted to a paused guest when someone does), or as the last guests.
 
 Order: effective priority (base + bump + whole points of aging, capped), then fair share
-(the owner holding fewer GPUs, then with less recent GPU time), then queue time, then key.
-A multi-GPU step that cannot start reserves the GPUs that free first, so it cannot starve;
-a step whose declared time limit ends before the reservation is complete may use them
-meanwhile (EASY backfill).
+(the owner holding fewer GPUs, then with less recent GPU time), then queue time, then the
+larger GPU need (steps queued together start biggest first), then key. A multi-GPU step
+that cannot start reserves the GPUs that free first, so it cannot starve; a step whose
+declared time limit ends before the reservation is complete may use them meanwhile (EASY
+backfill).
 """
 
 from __future__ import annotations
