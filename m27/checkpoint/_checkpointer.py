@@ -40,6 +40,7 @@ class _Seen:
 
     key: tuple[Any, ...]
     fingerprints: Any
+    groups: Any = None  # host arrays while changes are sparse: see `_chunks.ChunkDiff`
 
 
 @dataclass
@@ -50,6 +51,7 @@ class _Pending:
     data: Any
     fingerprints: Any
     on_device: bool
+    groups: Any = None
 
 
 class Checkpointer:
@@ -159,7 +161,10 @@ class Checkpointer:
         everything changed needs a full copy to return before the write); they shrink
         when later saves change less.
         """
-        fingerprints = sum(int(s.fingerprints.nbytes) for s in self._seen.values())
+        fingerprints = sum(
+            int(s.fingerprints.nbytes) + (0 if s.groups is None else int(s.groups.nbytes))
+            for s in self._seen.values()
+        )
         return self._writer.buffer_bytes() + fingerprints
 
     def flush(self) -> None:
@@ -209,7 +214,7 @@ class Checkpointer:
                 )
                 plan.hashes = p.fingerprints[plan.changed]
             pos += size
-            seen[plan.name] = _Seen(_key(plan), p.fingerprints)
+            seen[plan.name] = _Seen(_key(plan), p.fingerprints, p.groups)
         job = SaveJob(
             seq=self._seq,
             sim_step=step,
@@ -250,9 +255,16 @@ class Checkpointer:
         array = np.asarray(value)
         data = _chunks.host_bytes(name, array)
         plan = self._new_plan(name, kind, None, array, int(data.shape[0]))
-        fps = _chunks.fingerprints(data, self.chunk_size, self._workers)
-        plan.changed, plan.fresh = self._diff(plan, fps, lambda prev: np.flatnonzero(fps != prev))
-        return _Pending(plan, data, fps, on_device=False)
+        prev = self._before(plan)
+        found = _chunks.diff_chunks(
+            data,
+            self.chunk_size,
+            self._workers,
+            None if prev is None else prev.fingerprints,
+            None if prev is None else prev.groups,
+        )
+        plan.changed, plan.fresh = found.changed, prev is None
+        return _Pending(plan, data, found.chunks, on_device=False, groups=found.groups)
 
     def _hash_device(self, name: str, value: Any) -> _Pending:
         differ = gpu.differ()
@@ -264,9 +276,14 @@ class Checkpointer:
             plan.changed, plan.fresh = self._diff(plan, fps, lambda prev: differ.changed(fps, prev))
         return _Pending(plan, data, fps, on_device=True)
 
-    def _diff(self, plan: ArrayPlan, fps: Any, compare: Any) -> tuple[npt.NDArray[np.int64], bool]:
+    def _before(self, plan: ArrayPlan) -> _Seen | None:
+        """What the last save knew of this array, unless its shape, dtype or chunking changed."""
         prev = self._seen.get(plan.name)
-        if prev is None or prev.key != _key(plan):
+        return None if prev is None or prev.key != _key(plan) else prev
+
+    def _diff(self, plan: ArrayPlan, fps: Any, compare: Any) -> tuple[npt.NDArray[np.int64], bool]:
+        prev = self._before(plan)
+        if prev is None:
             return np.arange(int(fps.shape[0]), dtype=np.int64), True
         changed: npt.NDArray[np.int64] = np.asarray(compare(prev.fingerprints), dtype=np.int64)
         return changed, False
