@@ -8,6 +8,9 @@ bytes written, restore time (page cache warm: this measures the code, not the di
 extra memory at peak as % of the state (tracemalloc over a separate untimed save, plus
 the buffers the checkpointer already held before it).
 A last m27 row stores everything raw (compression_level=0): the disk-bound path.
+The 100% rows save --full-repeats times (default 3), each save beside an np.save + fsync
+of the same state (in turns just before and just after it): the disk's speed drifts
+between runs, so each row's "x np.save+fsync" is the median of those paired ratios.
 The 1% rows repeat the measured save (--repeats, default 5) and give the median stall, the
 fastest one, and the process CPU time of the median save: on a shared machine the wall
 time is mostly waiting for a core, the CPU time is what the code costs. The "xxh3 floor"
@@ -81,6 +84,7 @@ def bench_m27(
     threads: int | None = None,
     force_zstd: bool = False,
     repeats: int = 1,
+    paired: Callable[[], float] | None = None,
 ) -> Row:
     directory = root / f"m27-{fraction}"
     ck = Checkpointer(directory, keep_last=2, interval=0, compression_level=level, threads=threads)
@@ -93,8 +97,10 @@ def bench_m27(
     ck.save({"x": x}, step=1)
     ck.flush()
     stalls: list[tuple[float, float, float]] = []  # (wall, CPU, until durable)
+    pairs: list[tuple[float, float]] = []  # (until durable, np.save + fsync just before/after)
     for step in range(2, 2 + repeats):
         touch(x, fraction, ck.chunk_size, rng)
+        before = paired() if paired is not None and step % 2 == 0 else None
         cpu = time.process_time()
         started = time.perf_counter()
         ck.save({"x": x}, step=step)
@@ -102,6 +108,8 @@ def bench_m27(
         cpu = time.process_time() - cpu
         ck.flush()
         stalls.append((stall, cpu, time.perf_counter() - started))
+        if paired is not None:
+            pairs.append((stalls[-1][2], before if before is not None else paired()))
     stall, stall_cpu, durable = sorted(stalls)[len(stalls) // 2]
     newest = max(directory.glob("ckpt-*.json"))
     pack = newest.with_suffix(".pack")
@@ -125,7 +133,16 @@ def bench_m27(
     label = "m27 Checkpointer" if level == 3 else f"m27 Checkpointer, level {level}"
     if force_zstd:
         label = "m27 Checkpointer, zstd forced (shuffled)"
-    return {
+    row: Row = {}
+    if pairs:
+        # the disk's speed drifts (here one np.save + fsync of 1 GiB took 0.7 s, the next
+        # 3.1 s): each save is compared with a baseline write next to it, in turns before
+        # and after, and the row keeps the median of those ratios
+        ratios = sorted(ours / theirs for ours, theirs in pairs)
+        row["durable_ratio"] = ratios[len(ratios) // 2]
+        row["baseline_durable"] = sorted(theirs for _, theirs in pairs)[len(pairs) // 2]
+        durable = sorted(ours for ours, _ in pairs)[len(pairs) // 2]
+    return row | {
         "changed": f"{fraction:.0%}",
         "nbytes": x.nbytes,
         "method": label + ("" if threads is None else f", {threads} thread(s)"),
@@ -138,6 +155,17 @@ def bench_m27(
         "restore": restore,
         "memory": memory,
     }
+
+
+def npsave_durable(x: np.ndarray[Any, Any], root: Path) -> float:
+    """Seconds for one np.save + fsync of `x` to a new file (deleted after)."""
+    path = root / "paired.npy"
+    started = time.perf_counter()
+    np.save(path, x)
+    fsync_file(path)
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return seconds
 
 
 def bench_npsave(x: np.ndarray[Any, Any], root: Path) -> Row:
@@ -245,7 +273,7 @@ def fmt(row: Row) -> str:
 def with_ratios(rows: list[Row], baseline: Row) -> list[Row]:
     """Each row's durable time as a multiple of np.save + fsync, and restore in GB/s."""
     for row in rows:
-        row["durable_ratio"] = row["durable"] / baseline["durable"]
+        row.setdefault("durable_ratio", row["durable"] / baseline["durable"])
         row["restore_gbps"] = row["nbytes"] / row["restore"] / 1e9
         row["restore_ratio"] = row["restore"] / baseline["restore"]  # vs np.load
         row["stall_ms_per_gib"] = row["stall"] * 1000 * (1 << 30) / row["nbytes"]
@@ -286,6 +314,12 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=5, help="measured saves of the 1%% rows (median)"
     )
+    parser.add_argument(
+        "--full-repeats",
+        type=int,
+        default=3,
+        help="measured saves of the 100%% rows, each beside an np.save + fsync (median ratio)",
+    )
     args = parser.parse_args()
     size = parse_size("256MiB" if args.quick else args.size)
     root = Path(tempfile.mkdtemp(prefix="m27-bench-", dir=args.dir))
@@ -296,13 +330,14 @@ def main() -> None:
         baseline = bench_npsave(x, root)
         floor = xxh3_floor(x, args.threads or default_threads())
         rows = [bench_m27(x, 0.01, root, rng, threads=args.threads, repeats=args.repeats)]
-        rows.append(bench_m27(x, 1.0, root, rng, threads=args.threads))
+        full = {"repeats": args.full_repeats, "paired": lambda: npsave_durable(x, root)}
+        rows.append(bench_m27(x, 1.0, root, rng, threads=args.threads, **full))
         if args.one_thread_too:
             rows.append(bench_m27(x, 0.01, root, rng, threads=1, repeats=args.repeats))
-            rows.append(bench_m27(x, 1.0, root, rng, threads=1))
-        rows.append(bench_m27(x, 1.0, root, rng, level=0, threads=args.threads))
+            rows.append(bench_m27(x, 1.0, root, rng, threads=1, **full))
+        rows.append(bench_m27(x, 1.0, root, rng, level=0, threads=args.threads, **full))
         if args.zstd_too:
-            forced = bench_m27(x, 1.0, root, rng, threads=args.threads, force_zstd=True)
+            forced = bench_m27(x, 1.0, root, rng, threads=args.threads, force_zstd=True, **full)
             rows.append(forced)
         rows.append(baseline)
         for gzip in (False, True) if not args.no_gzip else (False,):
@@ -341,6 +376,13 @@ def main() -> None:
                 f"\n{row['method']}, {row['changed']}: stall median {row['stall'] * 1000:.0f} ms "
                 f"(fastest {row['stall_min'] * 1000:.0f} ms, CPU {row['stall_cpu'] * 1000:.0f} ms)"
                 f" over {row['repeats']} saves"
+            )
+        if "baseline_durable" in row:
+            print(
+                f"{row['method']}, {row['changed']}: until durable median "
+                f"{row['durable'] * 1000:.0f} ms, np.save + fsync beside it median "
+                f"{row['baseline_durable'] * 1000:.0f} ms, median ratio "
+                f"{row['durable_ratio']:.2f}x"
             )
     print(f"xxh3 floor: {floor * 1000:.0f} ms (one bare pass over the state, {threads} threads)")
     print(f"\ntargets: {json.dumps(targets(rows))}")
