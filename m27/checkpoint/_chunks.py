@@ -79,8 +79,9 @@ def fingerprints(
         views = [view[o : o + chunk_size] for o in offsets[first:last]]
         out[first:last] = np.fromiter(map(_xxh3_64, views), dtype=np.uint64, count=last - first)
 
-    small = workers is None or min(nbytes, count * chunk_size) < _PARALLEL_BYTES
-    parts = 1 if small or workers is None else 4 * workers.count
+    parts = 1
+    if workers is not None and min(nbytes, count * chunk_size) >= _PARALLEL_BYTES:
+        parts = 4 * workers.count
     step = -(-count // parts) if count else 1
     spans = [(first, min(first + step, count)) for first in range(0, count, step)]
     if workers is None or len(spans) <= 1:
