@@ -210,7 +210,7 @@ class Checkpointer:
                     )
             else:
                 _chunks.copy_changed(
-                    p.data, plan.changed, self.chunk_size, buffer[pos : pos + size]
+                    p.data, plan.changed, self.chunk_size, buffer[pos : pos + size], self._workers
                 )
                 plan.hashes = p.fingerprints[plan.changed]
             pos += size

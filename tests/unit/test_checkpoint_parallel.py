@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from m27 import CorruptCheckpointError
 from m27.checkpoint import Checkpointer, _chunks, _codec, _reader, verify
@@ -116,6 +118,60 @@ def test_fingerprints_on_threads_equal_the_single_threaded_ones(
         workers.close()
     assert np.array_equal(parallel, _chunks.fingerprints(data, CHUNK))
     assert parallel.size == 51
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=12),
+    count=st.integers(1, 5),
+)
+def test_copy_shares_cover_every_byte_once_in_nearly_equal_parts(
+    lengths: list[int], count: int
+) -> None:
+    pieces, pos = [], 0
+    for k, length in enumerate(lengths):
+        pieces.append((10_000 * k + 7, pos, length))  # sources far apart, dests back to back
+        pos += length
+    shares = _chunks.shares(pieces, pos, count)
+    flat = [piece for share in shares for piece in share]
+    assert [target for _, target, _ in flat] == sorted(target for _, target, _ in flat)
+    covered = 0
+    for source, target, length in flat:
+        assert target == covered, "no gap, no overlap"
+        owner = max(p for p in pieces if p[1] <= target)  # the copy this part was cut from
+        assert source - owner[0] == target - owner[1], "source and dest move together"
+        assert target + length <= owner[1] + owner[2]
+        covered += length
+    assert covered == pos
+    size = -(-pos // count)
+    assert len(shares) <= count
+    assert all(sum(length for *_, length in share) <= size for share in shares)
+
+
+@pytest.mark.parametrize("picked", ["all", "scattered", "last short"])
+def test_copy_on_threads_equals_the_single_threaded_copy(
+    monkeypatch: pytest.MonkeyPatch, picked: str
+) -> None:
+    monkeypatch.setattr(_chunks, "_PARALLEL_BYTES", 0)
+    data = np.random.default_rng(4).integers(0, 256, 50 * CHUNK + 17, dtype=np.uint8)
+    count = _chunks.n_chunks(data.size, CHUNK)
+    indices = {
+        "all": np.arange(count),
+        "scattered": np.array([0, 1, 2, 9, 20, 21, 33, 49]),
+        "last short": np.array([3, 4, 48, 50]),
+    }[picked].astype(np.int64)
+    size = _chunks.changed_bytes(indices, data.size, CHUNK)
+    alone = np.zeros(size, dtype=np.uint8)
+    assert _chunks.copy_changed(data, indices, CHUNK, alone) == size
+    shared = np.zeros(size, dtype=np.uint8)
+    workers = Workers(3, "test")
+    try:
+        assert _chunks.copy_changed(data, indices, CHUNK, shared, workers) == size
+    finally:
+        workers.close()
+    assert np.array_equal(shared, alone)
+    expected = np.concatenate([data[i * CHUNK : (i + 1) * CHUNK] for i in indices])
+    assert np.array_equal(shared, expected)
 
 
 def test_workers_give_results_in_order_and_the_first_error_in_order() -> None:
