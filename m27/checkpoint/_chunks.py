@@ -103,8 +103,9 @@ class ChunkDiff:
     (the call itself ~35 ns; the stream of reads restarts: one thread over 1 GiB, 128 KiB
     calls 74 ms, 1 MiB calls 66 ms, the same in cache 19 ms either way), so with 1 % of a
     1 GiB state's chunks changed at random that is ~1,700 calls (1,024 groups, the
-    chunks of ~80 changed groups) instead of 8,192. After a dense save (more than `DENSE_GROUPS` of the groups changed) `groups`
-    is None and the next save hashes chunks directly: a group pass would only add work.
+    chunks of ~80 changed groups) instead of 8,192. After a dense save (more than
+    `DENSE_GROUPS` of the groups changed) `groups` is None and the next save hashes
+    chunks directly: a group pass would only add work.
     """
 
     chunks: npt.NDArray[np.uint64]
