@@ -3,11 +3,12 @@
 zstd costs ~0.5 GB/s per core and buys ~8-12% on float data (shared/notes/limits.md); a
 disk takes 0.7-7 GB/s. Compressing is only worth it when it does not slow the save down,
 so the writer keeps two running estimates (:class:`Throughput`): how fast this machine's
-threads compress (timed on every probe chunk) and how fast the pack's disk takes bytes
-(timed on the writes and the fsync). A group is compressed when the probe saves at least
+threads compress (timed on every probe chunk, and on one group in :data:`RETIME_EVERY`
+while compression is vetoed) and how fast the pack's disk takes bytes (timed on the
+writes and the fsync). A group is compressed when the probe saves at least
 :data:`MIN_GAIN` *and* the threads together compress faster than the disk writes, by
-:data:`SPEED_MARGIN`; otherwise it is stored raw at disk speed. On a 2-core VM with a fast
-disk that means raw; on a 32-core server writing to a network filesystem, zstd.
+:data:`SPEED_MARGIN` (2x); otherwise it is stored raw at disk speed. On a 2-core VM with
+a fast disk that means raw; on a 32-core server writing to a network filesystem, zstd.
 
 Chunks are encoded in groups of :data:`PROBE_GROUP` (4 MiB at the default 128 KiB
 chunks): the group's first chunk is the probe, and when it misses, the whole group is
@@ -34,12 +35,19 @@ from m27.checkpoint._format import CODEC_RAW, CODEC_ZSTD
 MIN_GAIN = 0.05
 #: Chunks that share one compressibility probe.
 PROBE_GROUP = 32
-#: Compression must beat the disk by this factor to be chosen (noise, and the probe's cost).
-SPEED_MARGIN = 1.2
+#: Compression must beat the disk by this factor to be chosen. It buys ~10-20 % on float
+#: data at best, while a disk faster than its estimate makes a compressing save slower by
+#: as much as it was underestimated, and disks drift: on the 2-core dev VM consecutive
+#: 1 GiB packs were written at 0.37 and 1.35 GB/s. Compressible data compresses faster,
+#: so it clears the margin more easily.
+SPEED_MARGIN = 2.0
 #: Item sizes that are byte-shuffled before zstd.
 SHUFFLE_SIZES = (2, 4, 8)
 #: Disk speed assumed before the first pack was timed (bytes/s): a mid-range local SSD.
 DEFAULT_DISK_BPS = 1.0e9
+#: While compression is vetoed for speed, one group in this many still compresses (and
+#: times) its probe chunk, so the estimate follows the machine instead of freezing.
+RETIME_EVERY = 16
 
 Payload = memoryview | bytes
 #: One chunk as the writer stores it: (payload, codec, xxh3 of the raw bytes or None).
@@ -90,6 +98,7 @@ class Throughput:
         self.disk_bps = disk_bps or DEFAULT_DISK_BPS
         self.compress_bps: float | None = None
         self._disk_timed = disk_bps is not None
+        self._vetoed = 0
 
     def compressed(self, nbytes: int, seconds: float) -> None:
         """A probe compressed `nbytes` in `seconds` on one thread."""
@@ -115,6 +124,11 @@ class Throughput:
         if self.compress_bps is None:
             return True  # unknown yet: let the probe decide and time itself
         return self.threads * self.compress_bps > SPEED_MARGIN * self.disk_bps
+
+    def retime_due(self) -> bool:
+        """Called once per group stored raw for speed: is this one's probe timed anyway?"""
+        self._vetoed += 1
+        return self._vetoed % RETIME_EVERY == 0
 
 
 def _compressor(level: int) -> zstandard.ZstdCompressor:
@@ -159,13 +173,17 @@ def encode(
     zstd = _compressor(level) if level > 0 else None
     shuffle = itemsize if itemsize in SHUFFLE_SIZES else 0
     for start in range(0, len(chunks), PROBE_GROUP):
-        compress = zstd is not None and (speed is None or speed.compression_pays())
+        pays = zstd is not None and (speed is None or speed.compression_pays())
+        retime = not pays and zstd is not None and speed is not None and speed.retime_due()
+        compress = pays or retime
         for chunk in chunks[start : start + PROBE_GROUP]:
             payload: Payload = chunk
             codec = CODEC_RAW
             if compress and zstd is not None:
                 probe = len(out) == start
-                began = time.perf_counter() if probe else 0.0
+                if probe and speed is not None:
+                    _warm_up(zstd, chunk, shuffle)
+                began = time.perf_counter()
                 packed, packed_codec = _compress(zstd, chunk, shuffle)
                 if probe and speed is not None:
                     speed.compressed(len(chunk), time.perf_counter() - began)
@@ -173,8 +191,23 @@ def encode(
                     payload, codec = packed, packed_codec
                 elif probe:  # the group's probe missed: store the group raw
                     compress = False
+                if retime:  # only the probe: the rest of the group stays raw
+                    compress = False
             out.append((payload, codec, chunk_hash(chunk) if with_hash else None))
     return out
+
+
+def _warm_up(zstd: zstandard.ZstdCompressor, chunk: memoryview, shuffle: int) -> None:
+    """Compress `chunk` once untimed if this thread's compressor never saw its size: the
+    first call also sets up zstd's context (a first 128 KiB probe timed ~0.2 GB/s, the
+    next ones ~0.5), and an estimate taken from it would veto compression for good."""
+    seen: set[tuple[int, int]] | None = getattr(_local, "warm", None)
+    if seen is None:
+        seen = _local.warm = set()
+    key = (id(zstd), len(chunk))
+    if key not in seen:
+        _compress(zstd, chunk, shuffle)
+        seen.add(key)
 
 
 def _compress(zstd: zstandard.ZstdCompressor, chunk: memoryview, shuffle: int) -> tuple[bytes, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +75,67 @@ def test_throughput_estimates_follow_measurements() -> None:
     speed = _codec.Throughput(threads=4)
     assert speed.compression_pays(), "unknown compressor speed: the probe decides"
     speed.compressed(1 << 20, 1 / 500)  # 0.5 GB/s per thread, 4 threads: 2 GB/s
-    speed.written(1 << 30, 1.0)  # disk: 1.07 GB/s
+    speed.written(1 << 30, 1.0)  # disk: 1.07 GB/s, less than the margin below 2 GB/s
+    assert not speed.compression_pays()
+    speed.written(1 << 30, 4.0)  # the disk turns out slower: ~0.67 GB/s averaged
     assert speed.compression_pays()
-    speed.written(1 << 30, 0.25)  # the disk turns out faster: ~2.7 GB/s averaged
+    speed.written(1 << 30, 0.25)  # and faster again: ~2.5 GB/s averaged
     assert not speed.compression_pays()
     speed.written(100, 1.0)  # too small to say anything about the disk
     assert not speed.compression_pays()
+
+
+class Timed(_codec.Throughput):
+    """A Throughput that also records every probe it was given."""
+
+    def __init__(self, threads: int, disk_bps: float) -> None:
+        super().__init__(threads, disk_bps)
+        self.probes: list[float] = []
+
+    def compressed(self, nbytes: int, seconds: float) -> None:
+        self.probes.append(nbytes / seconds)
+        super().compressed(nbytes, seconds)
+
+
+def test_a_threads_first_compression_is_not_what_gets_timed() -> None:
+    chunk = memoryview(smooth(CHUNK // 4, np.float32).view(np.uint8))  # type: ignore[arg-type]
+    calls: list[int] = []
+    real = _codec._compress
+
+    def counting(zstd: Any, data: memoryview, shuffle: int) -> tuple[bytes, str]:
+        calls.append(len(data))
+        return real(zstd, data, shuffle)
+
+    speed = Timed(threads=1, disk_bps=1e3)
+
+    def first_use() -> None:  # a new thread: its compressor has never run
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_codec, "_compress", counting)
+            _codec.encode([chunk] * 3, level=3, itemsize=4, speed=speed)
+            _codec.encode([chunk] * 3, level=3, itemsize=4, speed=speed)
+
+    thread = threading.Thread(target=first_use)
+    thread.start()
+    thread.join()
+    # one untimed warm-up, then the probe and the 2 other chunks, twice, warm the second time
+    assert calls == [CHUNK] * 7
+    assert len(speed.probes) == 2
+
+
+def test_a_vetoed_compressor_is_timed_again_and_wins_back_a_slow_disk() -> None:
+    noise = np.random.default_rng(7).integers(0, 4, 8 * CHUNK, dtype=np.uint8)  # compressible
+    chunks = [memoryview(noise[i * CHUNK : (i + 1) * CHUNK]) for i in range(8)]  # type: ignore[arg-type]
+    speed = Timed(threads=2, disk_bps=1e3)  # a slow disk: zstd should pay...
+    speed.compress_bps = 1.0  # ...but a bad first estimate says zstd runs at 1 byte/s
+    group = [chunks[i % 8] for i in range(_codec.PROBE_GROUP)]
+    vetoed = [_codec.encode(group, level=3, speed=speed) for _ in range(_codec.RETIME_EVERY - 1)]
+    assert all(codec == CODEC_RAW for out in vetoed for _, codec, _ in out)
+    assert speed.probes == []
+    retimed = _codec.encode(group, level=3, speed=speed)  # the RETIME_EVERY-th vetoed group
+    assert [codec for _, codec, _ in retimed] == [CODEC_ZSTD] + [CODEC_RAW] * (len(group) - 1)
+    assert len(speed.probes) == 1 and speed.compression_pays()
+    after = _codec.encode(group, level=3, speed=speed)
+    assert {codec for _, codec, _ in after} == {CODEC_ZSTD}
 
 
 def test_a_shuffled_checkpoint_restores_and_a_corrupt_one_is_refused(tmp_path: Path) -> None:
