@@ -212,7 +212,7 @@ def shares(
 ) -> list[list[tuple[int, int, int]]]:
     """Cut back-to-back (source, dest, length) copies into `count` shares of nearly equal
     bytes, splitting a copy where a share ends."""
-    size = -(-total // count)
+    size = max(1, -(-total // count))
     out: list[list[tuple[int, int, int]]] = [[] for _ in range(count)]
     for source, target, length in pieces:
         while length:

@@ -146,6 +146,7 @@ def test_copy_shares_cover_every_byte_once_in_nearly_equal_parts(
     size = -(-pos // count)
     assert len(shares) <= count
     assert all(sum(length for *_, length in share) <= size for share in shares)
+    assert _chunks.shares([], 0, count) == [], "nothing to copy: no share"
 
 
 @pytest.mark.parametrize("picked", ["all", "scattered", "last short"])
