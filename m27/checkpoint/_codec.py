@@ -183,7 +183,7 @@ def encode(
                 probe = len(out) == start
                 if probe and speed is not None:
                     _warm_up(zstd, chunk, shuffle)
-                began = time.perf_counter()
+                began = time.perf_counter() if probe else 0.0
                 packed, packed_codec = _compress(zstd, chunk, shuffle)
                 if probe and speed is not None:
                     speed.compressed(len(chunk), time.perf_counter() - began)
