@@ -29,7 +29,7 @@ from m27.spec._limits import (
 )
 from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Problem, Step
 from m27.spec._nodes import Reader, Template, describe, is_null, representable, suggest
-from m27.spec._shell import unsafe_placeholders
+from m27.spec._shell import unsafe_placeholders, unshelled
 from m27.spec._template import (
     VAR_NAME,
     render_argv,
@@ -298,6 +298,9 @@ class Checker(Reader):
             split_template(text, tpl.placeholders)
         except ValueError as exc:
             self.add(node, where, f"cannot split the command into arguments: {exc}")
+            return
+        if (syntax := unshelled(text)) is not None:
+            self.add(node, where, syntax[1], syntax[0])
             return
         if tpl.ok:
             argv = list(render_argv(text, tpl.placeholders, self.values))

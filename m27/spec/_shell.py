@@ -18,14 +18,22 @@ This is a small lexer, not a shell parser: where it is unsure it refuses the pla
 (the user gets a validation problem and can pass the value through `env:` instead); it
 never declares a doubtful place safe. `case ... esac` is tracked so that a pattern's `)`
 does not end a `$(`.
+
+A command *without* a shell is split like a shell would split it, but nothing else a
+shell does happens: `a | b`, `a; b`, `> file`, `$HOME`, `~/x` and `# note` reach the
+program as literal arguments, and the step "succeeds" having done something else.
+`shell_syntax` finds the first such place so that the file is refused with the fix
+(`shell: true`, or quotes) instead.
 """
 
 from __future__ import annotations
 
+import re
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from m27.spec._template import Placeholder
+from m27.spec._template import Placeholder, join_lines
 
 _CODE = frozenset({"top", "paren", "cmdsub"})
 _BOUNDARY = frozenset(" \t\n;&|()<>")
@@ -179,3 +187,102 @@ def _code_step(text: str, i: int, stack: list[_Frame]) -> tuple[int, bool]:
                 frame.cases = max(0, frame.cases + delta)
                 return after, False
     return i + 1, False
+
+
+#: Characters that can start shell syntax; a command without any is read at once.
+_MAYBE_SYNTAX = re.compile(r"[;&|<>()`$~#*?\[=\n]")
+#: The pieces of a command as its split reads them: blanks, '...', "...", \x, plain text.
+_TOKEN = re.compile(r"""[ \t\r\n]+|'[^']*'|"(?:[^"\\]|\\[\s\S])*"|\\[\s\S]|[^ \t\r\n'"\\]+""")
+#: Expansions a shell makes inside "..." too: $NAME, ${...} (not m27's `${{X}}`), $(...), `.
+_EXPANSION = r"\$(?:[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-]|\(|\{(?!\{))|`"
+_IN_DQUOTES = re.compile(r"\\[\s\S]|(" + _EXPANSION + ")")
+_IN_PLAIN = re.compile(
+    r"(?P<operator>[;&|<>()]+)"
+    r"|(?P<expansion>" + _EXPANSION + ")"
+    r"|(?P<pattern>[*?]|\[(?=[^\]]*\]))"  # `[` only with a `]` after it, as in sh
+)
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_AT_WORD_START = {"~": "a home directory", "#": "a comment"}
+_PLAIN_KINDS = {
+    "operator": "an operator",
+    "expansion": "an expansion",
+    "pattern": "a file-name pattern",
+}
+
+
+@dataclass(frozen=True)
+class ShellSyntax:
+    """A place where a shell would act on a command's text instead of passing it on."""
+
+    offset: int
+    text: str
+    kind: str  # what it is, in words: "an operator", "a comment", ...
+
+
+def shell_syntax(text: str) -> ShellSyntax | None:
+    """The first shell syntax in a command run without a shell, if any.
+
+    Shell syntax is what /bin/sh would act on rather than pass along: an unquoted
+    operator or redirection (`; & | < > ( )`), an expansion outside single quotes
+    (`$NAME`, `${...}`, `$(...)`, backticks), a file-name pattern (`* ? [...]`), `~` or
+    `#` starting a word, a line break between two commands, and `NAME=value` as the
+    first word. Quoted or backslash-escaped, the same characters are plain text, as in a
+    shell; `{{NAME}}` placeholders are not shell syntax (their values are never looked at).
+    Where this finds nothing, m27's split gives the arguments sh would.
+    """
+    if _MAYBE_SYNTAX.search(text) is None:
+        return None
+    joined, removed = join_lines(text)
+    found = _first_syntax(joined)
+    if found is None or not removed:
+        return found
+    at = found.offset + 2 * bisect_right(removed, found.offset)  # where it is in `text`
+    return ShellSyntax(at, found.text, found.kind)
+
+
+def _first_syntax(text: str) -> ShellSyntax | None:
+    """`shell_syntax` of a text whose lines are already joined."""
+    word_start, first_word = True, True
+    for token in _TOKEN.finditer(text):
+        piece, at = token.group(), token.start()
+        lead = piece[0]
+        if lead in " \t\r\n":
+            if "\n" in piece and token.end() < len(text):
+                return ShellSyntax(at + piece.index("\n"), "\n", "a line break")
+            word_start, first_word = True, first_word and word_start
+            continue
+        if lead == '"':
+            found = next((m for m in _IN_DQUOTES.finditer(piece) if m.group(1)), None)
+            if found is not None:
+                return ShellSyntax(at + found.start(), found.group(1), "an expansion")
+        elif lead not in "'\\":
+            if word_start and lead in _AT_WORD_START:
+                return ShellSyntax(at, lead, _AT_WORD_START[lead])
+            if first_word and word_start and (named := _ASSIGNMENT.match(piece)):
+                return ShellSyntax(at, named.group(), "a variable assignment")
+            if (plain := _IN_PLAIN.search(piece)) is not None:
+                kind = _PLAIN_KINDS[plain.lastgroup or "operator"]
+                return ShellSyntax(at + plain.start(), plain.group(), kind)
+        word_start = False
+    return None
+
+
+_FIXES = {
+    "a line break": "in sh a line break ends the command: join the lines (end a line with \\ "
+    "to go on), or add `shell: true`",
+    "a variable assignment": "set the variable under env: instead",
+    "a home directory": "write the path out (m27 expands `~` in output: and workdir:, "
+    "not in commands)",
+}
+_DEFAULT_FIX = "add `shell: true` to run the command with /bin/sh, or quote it to pass it as text"
+
+
+def unshelled(text: str) -> tuple[int, str] | None:
+    """(offset, problem) for the first shell syntax in a command run without a shell."""
+    found = shell_syntax(text)
+    if found is None:
+        return None
+    return found.offset, (
+        f"{found.text!r} is shell syntax ({found.kind}), but the command runs without a "
+        f"shell, so nothing acts on it; {_FIXES.get(found.kind, _DEFAULT_FIX)}"
+    )

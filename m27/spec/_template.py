@@ -122,21 +122,49 @@ _SPECIAL = re.compile(r"['\"\\]")
 _PIECE = r"[^ \t\r\n'\"\\]+|'[^']*'|\"[^\"\\]*(?:\\[\s\S][^\"\\]*)*\"|\\[\s\S]"
 _WORD = re.compile(f"(?:{_PIECE})+")
 _PIECES = re.compile(_PIECE)
-_DQ_ESCAPE = re.compile(r'\\([\\"])')
+#: Inside "...", sh reads a backslash as an escape only before these (and a line break).
+_DQ_ESCAPE = re.compile(r'\\([\\"$`])')
+_QUOTED_OR_ESCAPED = re.compile(r"""'[^']*'|"(?:[^"\\]|\\[\s\S])*"|\\[\s\S]""")
+_ESCAPE = re.compile(r"\\[\s\S]")
+
+
+def join_lines(text: str) -> tuple[str, list[int]]:
+    """`text` without its backslash-newlines outside '...', as sh joins lines before it
+    splits words, and where each one was (offsets in the joined text, ascending)."""
+    if "\\\n" not in text:
+        return text, []
+    out: list[str] = []
+    removed: list[int] = []
+    size = last = 0
+    for match in _QUOTED_OR_ESCAPED.finditer(text):
+        if match.group()[0] == "'":
+            continue
+        for escape in _ESCAPE.finditer(text, match.start(), match.end()):
+            if escape.group() == "\\\n":
+                out.append(text[last : escape.start()])
+                size += escape.start() - last
+                removed.append(size)
+                last = escape.end()
+    out.append(text[last:])
+    return "".join(out), removed
 
 
 def split_words(text: str) -> list[str]:
-    """``shlex.split(text)`` (POSIX rules, no comments) in linear time.
+    """The words /bin/sh would split `text` into, before it expands anything.
 
-    shlex reads one character per Python call (about 3 s for 5 MB); this matches whole
-    words with regular expressions and only looks inside the words that quote or escape.
-    Raises ValueError with shlex's messages for an unclosed quote or a trailing backslash.
+    Quotes and backslashes as in sh (so not quite ``shlex.split``: a backslash-newline
+    joins lines, and inside "..." a backslash also escapes `$` and a backquote), in linear
+    time: shlex reads one character per Python call (about 3 s for 5 MB); this matches
+    whole words with regular expressions and only looks inside the words that quote or
+    escape. Raises ValueError with shlex's messages for an unclosed quote or a trailing
+    backslash. Whether sh would also *expand* something is `_shell.shell_syntax`'s part.
     """
     if _SPECIAL.search(text) is None:
         if _ODD_SPACE.search(text) is None:
             return text.split()  # same words: no blank here that str.split and shlex differ on
         stripped = text.strip(_SPACE)
         return _SPACES.split(stripped) if stripped else []
+    text = join_lines(text)[0]
     words: list[str] = []
     pos = 0
     for match in _WORD.finditer(text):
