@@ -18,6 +18,7 @@ __all__ = [
     "complete_models",
     "prefect_defaults",
     "prefect_env",
+    "quiet_run_loggers",
     "run_settings",
     "small_ca_file",
 ]
@@ -31,6 +32,22 @@ def prefect_defaults(env: MutableMapping[str, str], *, verbose: bool) -> None:
         env.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
         env.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
         env.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
+
+
+def quiet_run_loggers() -> None:
+    """Flow and task run log records go to Prefect's API (the UI's logs), not also to the
+    terminal: m27 prints each step's output and state itself.
+
+    Prefect logs a step's stderr lines as WARNING, the level its console shows for
+    `m27 run`, so each of them was printed twice (every progress line of `gmx mdrun -v`),
+    with Prefect's own "Task run failed with state ..." after m27's line saying the same.
+    Other Prefect warnings (an unreachable API) still reach the terminal. Called once
+    Prefect has set up its logging (at import), which does not happen again in a run.
+    """
+    import logging
+
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).propagate = False
 
 
 def run_settings(

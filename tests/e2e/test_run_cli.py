@@ -122,6 +122,55 @@ def test_diamond_with_a_failing_branch_finishes_the_others_and_fails_the_run(
     assert detail["steps"]["c"]["gpus"] in ([0], [1])
 
 
+def _log_messages(prefect_api: str, flow_run_id: str) -> list[str]:
+    """The messages of a flow run's logs in Prefect (what its UI shows), oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    async def fetch() -> list[str]:
+        async with get_client() as client:
+            logs = await client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+            )
+            return [log.message for log in logs]
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
+        return asyncio.run(fetch())
+
+
+def test_a_steps_stderr_shows_once_in_the_terminal_and_in_prefects_logs(
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    # Prefect logs a step's stderr as WARNING, the level its console shows: each line was
+    # printed twice (and Prefect's "Task run failed with state ..." after m27's own line).
+    spec = _write(
+        tmp_path,
+        textwrap.dedent("""\
+            name: noisy
+            pipeline:
+              - name: a
+                type: cpu
+                command: python -c "import sys; print('progress 1 of 2', file=sys.stderr); sys.exit(3)"
+        """),
+    )
+    done = m27("run", str(spec), "--plain")
+    assert done.returncode == 1, done.stdout + done.stderr
+    terminal = done.stdout + done.stderr
+    assert terminal.count("progress 1 of 2") == 1 and "[a] progress 1 of 2" in terminal
+    assert "Task run" not in terminal and "Finished in state" not in terminal
+    assert "a: failed (attempt 1): exited with code 3" in terminal
+    (run,) = node_state(m27_home).runs.values()
+    seen: list[list[str]] = []
+    wait_until(
+        lambda: (
+            seen.append(_log_messages(prefect_env, run.flow_run_id))
+            or any("progress 1 of 2" in m for m in seen[-1])
+        ),
+        timeout=30,
+    )
+
+
 def test_resume_reruns_only_the_steps_that_did_not_succeed(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:

@@ -18,7 +18,7 @@ from m27.cli import warm
 from m27.cli.commands import _common
 from m27.cli.commands._options import add_set_option
 from m27.cli.commands._progress import Progress
-from m27.cli.prefect_run import prefect_defaults, run_settings
+from m27.cli.prefect_run import prefect_defaults, quiet_run_loggers, run_settings
 from m27.events import CancelRequested, RunFailed
 from m27.gpu import detect
 from m27.signals import SignalRelay
@@ -143,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     from flows.pipeline import LINE_SINKS, RUN_ENDED, pipeline_flow
+
+    if not args.verbose:
+        quiet_run_loggers()
 
     released: list[int] = []
 
