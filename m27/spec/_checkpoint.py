@@ -14,7 +14,6 @@ What a recipe (``m27.executors.engines``) adds is decided later, from the render
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
@@ -22,6 +21,8 @@ from typing import TYPE_CHECKING
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from m27.spec._nodes import describe, is_null, suggest
+from m27.spec._shell import unshelled
+from m27.spec._template import render_argv, split_template
 from m27.units import parse_duration
 
 if TYPE_CHECKING:
@@ -140,14 +141,26 @@ def _resume(checker: Checker, node: Node, where: str) -> tuple[str, ...] | None:
             if value is not None:
                 args.append(value)
         return tuple(args)
-    value = _rendered(checker, node, where)
-    if value is None:
+    # one string: split like a command without a shell (a value stays one argument)
+    text = checker.text(node, where)
+    if text is None:
         return None
+    tpl = checker.template(node, where, text)
     try:
-        return tuple(shlex.split(value))
+        split_template(text, tpl.placeholders)
     except ValueError as exc:
         checker.add(node, where, f"cannot split into arguments: {exc}")
         return None
+    if (syntax := unshelled(text)) is not None:
+        checker.add(node, where, syntax[1], syntax[0])
+        return None
+    if not tpl.ok:
+        return None
+    words = render_argv(text, tpl.placeholders, checker.values)
+    if "\0" in "\1".join(words):
+        checker.add(node, where, "a variable's value puts a NUL byte into the arguments")
+        return None
+    return words
 
 
 def _signal(checker: Checker, node: Node, where: str) -> str | None:

@@ -170,3 +170,31 @@ def test_slurm_script_of_a_gromacs_step_passes_term_requeues_and_resumes(tmp_pat
     script = tmp_path / "job.sh"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+
+
+def _resume_step(resume: str) -> str:
+    return (
+        "vars: {STATE: x}\n"
+        "pipeline:\n"
+        "  - name: md\n"
+        "    type: cpu\n"
+        "    command: prog --go\n"
+        "    checkpoint:\n"
+        "      files: [state.chk]\n"
+        f"      resume: {resume}\n"
+    )
+
+
+def test_a_resume_string_splits_like_a_command_a_value_staying_one_argument() -> None:
+    text = _resume_step("--restart {{STATE}} --tag 'a b'")
+    step = parse_pipeline(text, "p.yaml", {"STATE": "my state.chk"}).steps[0]
+    assert step.checkpoint_resume == ("--restart", "my state.chk", "--tag", "a b")
+
+
+def test_shell_syntax_in_a_resume_string_is_refused_where_it_stands() -> None:
+    with pytest.raises(SpecError) as err:
+        parse_pipeline(_resume_step("'-cpi state.cpt > log'"), "p.yaml")
+    (problem,) = err.value.problems
+    assert (problem.line, problem.column) == (8, 31)
+    assert problem.field == "pipeline[0].checkpoint.resume"
+    assert "'>' is shell syntax (an operator)" in problem.message
