@@ -198,3 +198,11 @@ def test_shell_syntax_in_a_resume_string_is_refused_where_it_stands() -> None:
     assert (problem.line, problem.column) == (8, 31)
     assert problem.field == "pipeline[0].checkpoint.resume"
     assert "'>' is shell syntax (an operator)" in problem.message
+
+
+def test_a_nul_byte_from_a_value_in_a_resume_string_is_refused() -> None:
+    text = _resume_step("--restart {{STATE}}").replace("{STATE: x}", '{STATE: "a\\0b"}')
+    with pytest.raises(SpecError) as err:
+        parse_pipeline(text, "p.yaml")
+    (problem,) = err.value.problems
+    assert "NUL byte" in problem.message and problem.field == "pipeline[0].checkpoint.resume"
