@@ -274,6 +274,12 @@ _FIXES = {
     "a home directory": "write the path out (m27 expands `~` in output: and workdir:, "
     "not in commands)",
 }
+#: Operators that run one command after another: each could be a step.
+_SEQUENCES = frozenset({";", "&&", "||", "&"})
+_SEQUENCE_FIX = (
+    "make each command a step of its own (depends_on orders them), add `shell: true` to "
+    "run the command with /bin/sh, or quote it to pass it as text"
+)
 _DEFAULT_FIX = "add `shell: true` to run the command with /bin/sh, or quote it to pass it as text"
 
 
@@ -282,7 +288,8 @@ def unshelled(text: str) -> tuple[int, str] | None:
     found = shell_syntax(text)
     if found is None:
         return None
+    fix = _SEQUENCE_FIX if found.text in _SEQUENCES else _FIXES.get(found.kind, _DEFAULT_FIX)
     return found.offset, (
         f"{found.text!r} is shell syntax ({found.kind}), but the command runs without a "
-        f"shell, so nothing acts on it; {_FIXES.get(found.kind, _DEFAULT_FIX)}"
+        f"shell, so nothing acts on it; {fix}"
     )

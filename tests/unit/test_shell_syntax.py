@@ -147,3 +147,11 @@ def test_a_pipe_without_shell_is_refused_with_the_fix_and_runs_with_it() -> None
     assert "add `shell: true`" in problem.message
     step = parse_pipeline(_pipeline("echo hi | wc -c > out.txt", shell=True), "p.yaml").steps[0]
     assert step.argv[:2] == ("/bin/sh", "-c")
+
+
+def test_commands_in_sequence_are_pointed_to_steps_of_their_own() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_pipeline(_pipeline("gmx grompp -o md.tpr && gmx mdrun -deffnm md"), "p.yaml")
+    (problem,) = caught.value.problems
+    assert "'&&' is shell syntax (an operator)" in problem.message
+    assert "make each command a step of its own (depends_on orders them)" in problem.message
