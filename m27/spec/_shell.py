@@ -33,7 +33,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from m27.spec._template import Placeholder, join_lines
+from m27.spec._template import PIECE, Placeholder, join_lines
 
 _CODE = frozenset({"top", "paren", "cmdsub"})
 _BOUNDARY = frozenset(" \t\n;&|()<>")
@@ -192,7 +192,7 @@ def _code_step(text: str, i: int, stack: list[_Frame]) -> tuple[int, bool]:
 #: Characters that can start shell syntax; a command without any is read at once.
 _MAYBE_SYNTAX = re.compile(r"[;&|<>()`$~#*?\[=\n]")
 #: The pieces of a command as its split reads them: blanks, '...', "...", \x, plain text.
-_TOKEN = re.compile(r"""[ \t\r\n]+|'[^']*'|"(?:[^"\\]|\\[\s\S])*"|\\[\s\S]|[^ \t\r\n'"\\]+""")
+_TOKEN = re.compile(r"[ \t\r\n]+|" + PIECE)
 #: Expansions a shell makes inside "..." too: $NAME, ${...} (not m27's `${{X}}`), $(...), `.
 _EXPANSION = r"\$(?:[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-]|\(|\{(?!\{))|`"
 _IN_DQUOTES = re.compile(r"\\[\s\S]|(" + _EXPANSION + ")")

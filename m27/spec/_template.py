@@ -119,9 +119,10 @@ _ODD_SPACE = re.compile(
 )
 _NONSPACE = re.compile(r"[^ \t\r\n]")
 _SPECIAL = re.compile(r"['\"\\]")
-_PIECE = r"[^ \t\r\n'\"\\]+|'[^']*'|\"[^\"\\]*(?:\\[\s\S][^\"\\]*)*\"|\\[\s\S]"
-_WORD = re.compile(f"(?:{_PIECE})+")
-_PIECES = re.compile(_PIECE)
+#: One piece of a word: plain text, '...', "..." or a backslash and what it escapes.
+PIECE = r"[^ \t\r\n'\"\\]+|'[^']*'|\"[^\"\\]*(?:\\[\s\S][^\"\\]*)*\"|\\[\s\S]"
+_WORD = re.compile(f"(?:{PIECE})+")
+_PIECES = re.compile(PIECE)
 #: Inside "...", sh reads a backslash as an escape only before these (and a line break).
 _DQ_ESCAPE = re.compile(r'\\([\\"$`])')
 _QUOTED_OR_ESCAPED = re.compile(r"""'[^']*'|"(?:[^"\\]|\\[\s\S])*"|\\[\s\S]""")
