@@ -110,12 +110,20 @@ class FileGuard:
         self.captures = 0
         self._lock = threading.Lock()
 
-    def adopt(self, restored: Restored) -> None:
-        """Files just restored are not a new checkpoint: do not capture them again."""
-        for name in restored.files:
-            sig = _signature(self.workdir / name)
-            if sig is not None:
-                self._captured[name] = sig
+    def baseline(self) -> None:
+        """What the workdir holds before the program starts is not a new checkpoint.
+
+        That is a capture just restored, or files another run left there: a fresh start of
+        `gmx mdrun -deffnm simulation` in a folder holding last week's `simulation.cpt`
+        captured it as this run's checkpoint a second after starting, and a resume after
+        a crash then continued that other trajectory. Only versions the program writes
+        from now on are captured.
+        """
+        with self._lock:
+            names = matched(self.workdir, self.patterns)
+            self._captured = {
+                n: s for n in names if (s := _signature(self.workdir / n)) is not None
+            }
 
     def poll(self, final: bool = False) -> bool:
         """One look; capture if the files changed and are complete. True if captured.

@@ -156,7 +156,6 @@ def open_guard(
         )
         argv = (*argv, *resume)
         resume_path = str(restored.path)
-    if restored is not None:
-        guard.adopt(restored)
+    guard.baseline()  # neither restored nor stale files are this attempt's checkpoints
     sig = signal.Signals[f"SIG{spec.signal}"]
     return Guarded(argv, resume_path, guard, sig, spec.poll)

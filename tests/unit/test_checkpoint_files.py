@@ -132,3 +132,53 @@ def test_a_complete_newer_file_in_the_workdir_is_captured_and_used(tmp_path: Pat
     assert g.guard is not None
     g.guard.stop()
     assert (work / "sim.cpt").read_bytes() == newer
+
+
+def test_a_fresh_start_does_not_capture_a_checkpoint_another_run_left(tmp_path: Path) -> None:
+    """`gmx mdrun -deffnm simulation` in a folder holding an earlier run's simulation.cpt:
+    that file was captured as this run's checkpoint a second after the start, and a resume
+    after a crash continued the other run's trajectory."""
+    from dataclasses import dataclass
+
+    from m27.clock import SystemClock
+    from m27.executors._guard import SelfCheckpoint, open_guard
+
+    work = tmp_path / "work"
+    work.mkdir()
+    _cpt(work / "sim.cpt", b"old")  # complete and valid, from another run
+    spec = SelfCheckpoint(files=("sim.cpt",), resume=("-cpi", "sim.cpt"), recipe="gromacs")
+
+    @dataclass(frozen=True)
+    class Launch:
+        run_id: str = "r2"
+        step: str = "md"
+        workdir: Path = work
+        checkpoint_dir: Path = tmp_path / "r2"
+        self_checkpoint: SelfCheckpoint = spec
+
+    store = MemoryEventStore()
+    g = open_guard(Launch(), ("prog",), store, SystemClock(), lambda note: None)
+    assert g.argv == ("prog",) and g.guard is not None  # nothing to resume from
+    assert not g.guard.poll() and not g.guard.poll()  # stable, complete, and still not taken
+    new = _cpt(work / "sim.cpt", b"new")  # the program's own first checkpoint
+    g.guard.poll()
+    assert g.guard.poll()
+    g.guard.stop()
+    written = [r.event for r in store.read() if isinstance(r.event, CheckpointWritten)]
+    assert len(written) == 1
+    (work / "sim.cpt").unlink()
+    assert restore_files([tmp_path / "r2" / "files"], work) is not None
+    assert (work / "sim.cpt").read_bytes() == new
+
+
+def test_a_stale_file_the_program_never_rewrites_is_not_captured_when_it_ends(
+    tmp_path: Path,
+) -> None:
+    store = MemoryEventStore()
+    work = tmp_path / "work"
+    work.mkdir()
+    _cpt(work / "sim.cpt", b"old")
+    guard = _guard(tmp_path, store)
+    guard.baseline()
+    guard.stop()  # the program exited without a checkpoint: the final look takes nothing
+    assert not any(isinstance(r.event, CheckpointWritten) for r in store.read())
