@@ -51,6 +51,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from m27.cli._stale import code_stamps, first_changed
 from m27.cli.prefect_run import (
     check_server_version,
     complete_models,
@@ -334,6 +335,10 @@ class _Runner:
         self.identity = _identity()
         self.prefect = prefect_env(dict(os.environ))
         self.stop = False
+        #: m27's files as imported; once one changed, no run is taken, and the runner ends
+        #: when its runs have (the node service starts a new one on the new code)
+        self.code = code_stamps()
+        self.stale: str | None = None
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.listener.bind(address(home))
         self.listener.listen(64)
@@ -348,6 +353,9 @@ class _Runner:
         info.write_text(json.dumps({"pid": self.me}) + "\n")
         try:
             while not self.stop and os.getppid() == self.parent:
+                if self.stale and not self.children:
+                    print(f"m27 warm runner: {self.stale} changed on disk; exiting", flush=True)
+                    return None
                 for key, _ in self.selector.select(timeout=1.0):
                     if key.data is None:
                         child = self._accept()
@@ -414,6 +422,9 @@ class _Runner:
         for key, value in self.identity.items():
             if request.get(key) != value:
                 return f"a different {key}: {request.get(key)!r}"
+        self.stale = self.stale or first_changed(self.code)
+        if self.stale:
+            return f"m27 changed on disk since the runner started ({self.stale})"
         info = find_service(self.home)
         if info is None or info.state != "ready":
             return "the node service is not ready"

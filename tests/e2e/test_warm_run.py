@@ -152,6 +152,50 @@ def test_other_prefect_settings_or_verbose_run_in_the_clients_own_process(
         assert run is not None and run.pid == proc.pid, (extra_env, extra_args)
 
 
+def _serving(home: Path) -> int | None:
+    """The pid in warm.json, or None while there is none (or it is being written)."""
+    try:
+        return int(json.loads((home / "warm.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _run_quick(tmp_path: Path, home: Path) -> tuple[int, int]:
+    """(the client's pid, the pid the run's flow ran in) of one `m27 run` of QUICK."""
+    before = set(node_state(home).runs)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(tmp_path / "quick.yaml"), "--plain"],
+        env=m27_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "warm-hello" in out, out
+    run = _only_run(home, before)
+    assert run is not None
+    return proc.pid, run.pid
+
+
+def test_a_runner_whose_m27_changed_on_disk_hands_runs_back_and_is_replaced(
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    """After `pip install -U m27` (or an edit of a checkout) the runner must not go on
+    running the code it imported: runs ran the old m27 until the service stopped."""
+    import m27.cli._stale as imported_by_the_runner
+
+    runner = _start_service(m27, tmp_path, m27_home)
+    changed = Path(imported_by_the_runner.__file__)
+    changed.touch()  # what an upgrade or an edit does to the file (the content is kept)
+    client, flow = _run_quick(tmp_path, m27_home)
+    assert flow == client  # refused by the runner: the run ran in the client's own process
+    wait_until(lambda: not psutil.pid_exists(runner), timeout=60, what="the stale runner gone")
+    # the node service starts a new runner (on the code as it is now), and runs fork again
+    wait_until(lambda: _serving(m27_home) not in (None, runner), timeout=240, what="a new runner")
+    client, flow = _run_quick(tmp_path, m27_home)
+    assert flow not in (client, runner)
+
+
 LONG = "name: long\npipeline:\n  - name: wait\n    type: cpu\n    command: sleep 300\n"
 
 
