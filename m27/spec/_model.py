@@ -7,6 +7,7 @@ no problem at all, so consumers never re-validate.
 from __future__ import annotations
 
 import heapq
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +96,15 @@ class Pipeline:
             if step.name == name:
                 return step
         raise KeyError(f"pipeline {self.name!r} has no step {name!r}")
+
+    def output_paths(self) -> list[str]:
+        """Every step's declared outputs as absolute paths: a step's are relative to its
+        workdir, else to the pipeline's (where the runner looks for them)."""
+        return [
+            os.path.normpath(os.path.join(step.workdir or self.workdir, os.path.expanduser(out)))
+            for step in self.steps
+            for out in step.outputs
+        ]
 
     def topo_order(self) -> list[str]:
         """Step names so that every step comes after its dependencies; ties in file order."""

@@ -171,6 +171,54 @@ def test_a_steps_stderr_shows_once_in_the_terminal_and_in_prefects_logs(
     )
 
 
+def test_a_second_run_writing_the_same_outputs_is_refused_until_the_first_ends(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    # Both "succeeded" before, each with the other's data mixed into its files.
+    (tmp_path / "write.py").write_text(
+        "import os, time\n"
+        "while not os.path.exists('go'):\n"
+        "    time.sleep(0.05)\n"
+        "open('out.txt', 'w').write('x')\n"
+    )
+    spec = _write(
+        tmp_path,
+        "name: writer\npipeline:\n  - name: write\n    type: cpu\n"
+        "    command: python write.py\n    output: out.txt\n",
+    )
+    first = spawn_m27("run", str(spec), "--plain")
+    try:
+        running = wait_until(
+            lambda: next(
+                (
+                    r
+                    for r in node_state(m27_home).runs.values()
+                    if r.steps["write"].status == "running"
+                ),
+                None,
+            ),
+            timeout=240,
+            what="the first run's step running",
+        )
+        second = m27("run", str(spec), "--plain")
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert (
+            f"output {tmp_path / 'out.txt'} is being written by run {running.run_id}"
+            in second.stderr
+        )
+        assert "Traceback" not in second.stdout + second.stderr
+        assert list(node_state(m27_home).runs) == [running.run_id]  # nothing of the second
+        (tmp_path / "go").write_text("")
+        out, _ = first.communicate(timeout=240)
+        assert first.returncode == 0, out
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    third = m27("run", str(spec), "--plain")  # the outputs are free again at once
+    assert third.returncode == 0, third.stdout + third.stderr
+
+
 def test_resume_reruns_only_the_steps_that_did_not_succeed(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:

@@ -1,4 +1,4 @@
-"""m27.locks.NodeLock: one holder per lock file, its pid on record, gone with its process."""
+"""m27.locks: one holder per lock file, its pid on record, gone with its process."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from m27.locks import AGENT_LOCK, BOT_LOCK, NodeLock
+from m27.locks import AGENT_LOCK, BOT_LOCK, NodeLock, OutputHeld, OutputLocks
 
 
 def test_one_holder_at_a_time_and_each_lock_file_is_its_own(tmp_path: Path) -> None:
@@ -49,6 +49,50 @@ def test_kill_9_of_the_holder_frees_the_lock(tmp_path: Path) -> None:
         child.wait(timeout=60)
         assert mine.acquire()  # the kernel dropped the dead holder's flock
         assert mine.holder() == os.getpid()
+        mine.release()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_two_runs_sharing_an_output_one_holds_them_and_the_other_none(tmp_path: Path) -> None:
+    first = OutputLocks(tmp_path, ["/lab/out/a.npz", "/lab/out/b.png"])
+    second = OutputLocks(tmp_path, ["/lab/out/c.csv", "/lab/out/b.png"])
+    assert first.acquire("run r1 (md)") is None
+    held = second.acquire("run r2 (md)")
+    assert held == OutputHeld("/lab/out/b.png", os.getpid(), "run r1 (md)")
+    # the refused run kept nothing: its other output is free for a third run
+    third = OutputLocks(tmp_path, ["/lab/out/c.csv"])
+    assert third.acquire("run r3 (x)") is None
+    third.release()
+    first.release()
+    first.release()  # idempotent
+    assert second.acquire("run r2 (md)") is None
+    second.release()
+
+
+def test_a_dead_runs_outputs_are_free(tmp_path: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path; from m27.locks import OutputLocks\n"
+        "locks = OutputLocks(Path(sys.argv[1]), ['/lab/out/a.npz'])\n"
+        "print('held' if locks.acquire('run r1 (md)') is None else 'busy', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "held"
+        mine = OutputLocks(tmp_path, ["/lab/out/a.npz"])
+        assert mine.acquire("run r2 (md)") == OutputHeld("/lab/out/a.npz", child.pid, "run r1 (md)")
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
+        assert mine.acquire("run r2 (md)") is None  # kill -9 of a run frees its outputs
         mine.release()
     finally:
         if child.poll() is None:

@@ -296,3 +296,16 @@ def test_validate_command_rejects_a_bad_set_argument(
 ) -> None:
     assert _validate(str(_write(tmp_path, SEED)), "--set", "INPUT_FILE") == 2
     assert "expected NAME=VALUE" in capsys.readouterr().out
+
+
+def test_output_paths_are_absolute_from_each_steps_workdir(tmp_path: Path) -> None:
+    spec = tmp_path / "lab" / "p.yaml"
+    spec.parent.mkdir()
+    spec.write_text(
+        "pipeline:\n"
+        "  - name: a\n    type: cpu\n    command: 'true'\n    output: [out/x.npz, ./y.csv]\n"
+        "  - name: b\n    type: cpu\n    command: 'true'\n    workdir: run\n    output: z.log\n"
+    )
+    pipeline = load_pipeline(spec, {})
+    lab = str(spec.parent.resolve())
+    assert pipeline.output_paths() == [f"{lab}/out/x.npz", f"{lab}/y.csv", f"{lab}/run/z.log"]

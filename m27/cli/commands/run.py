@@ -21,6 +21,7 @@ from m27.cli.commands._progress import Progress
 from m27.cli.prefect_run import prefect_defaults, quiet_run_loggers, run_settings
 from m27.events import CancelRequested, RunFailed
 from m27.gpu import detect
+from m27.locks import OutputLocks
 from m27.signals import SignalRelay
 from m27.spec import Pipeline, load_pipeline, parse_set_args
 from m27.units import format_size
@@ -84,6 +85,30 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
     return pipeline, overrides, resume_of
 
 
+def _claim_outputs(pipeline: Pipeline, run_id: str) -> OutputLocks | None:
+    """Hold the pipeline's declared outputs for this run, or say which run writes one.
+
+    Two runs writing the same files at once (the same pipeline started twice, a resume
+    while the run still runs) each "succeed" with the other's data mixed into theirs.
+    """
+    from m27.config import m27_home
+
+    locks = OutputLocks(m27_home(), pipeline.output_paths())
+    held = locks.acquire(f"run {run_id} ({pipeline.name})")
+    if held is None:
+        return locks
+    by = held.note or "another run"
+    if held.pid is not None:
+        by += f", pid {held.pid}"
+    print(
+        f"m27: {pipeline.path}: output {held.path} is being written by {by}; two runs "
+        "writing it at once would mix their files. Wait for that run to end (m27 runs), "
+        "cancel it (m27 cancel RUN), or give this run other outputs (--set NAME=...)",
+        file=sys.stderr,
+    )
+    return None
+
+
 def _check_resources(pipeline: Pipeline) -> str | None:
     backend = detect()
     try:
@@ -118,11 +143,14 @@ def run(args: argparse.Namespace) -> int:
     from m27.config import load_settings
 
     load_settings()  # a bad ~/.m2config or M27_CONFIG: a clean error here, not in the flow
+    run_id = runids.new_run_id()
+    outputs = _claim_outputs(pipeline, run_id)
+    if outputs is None:
+        return 2
     prefect_defaults(os.environ, verbose=args.verbose)
     waited = _node_service()
     store = _common.store()
     before = store.last_seq()  # the run's events all come after this
-    run_id = runids.new_run_id()
     live = sys.stdout.isatty() and not args.plain
     progress = Progress(store, run_id, pipeline, live=live, show_output=not args.quiet)
 
@@ -159,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
         if result is None or result.status == "running":
             return
         progress.stop()
+        outputs.release()  # the next run may write them now, before Prefect's bookkeeping
         code = _summarize(progress, result, waited)
         if warm.release_client(code):
             released.append(code)
@@ -200,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
             )
         raise
     finally:
+        outputs.release()
         _stop_notifier(notifier)
         progress.stop()
         LINE_SINKS.pop(run_id, None)
