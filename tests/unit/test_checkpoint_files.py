@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from m27.checkpoint import scan
 from m27.checkpoint.files import FileGuard, restore_files
+from m27.clock import SystemClock
 from m27.events import CheckpointRestored, CheckpointWritten
+from m27.executors._guard import SelfCheckpoint, open_guard
 from m27.executors.engines.gromacs import Gromacs
 from m27.store.memory import MemoryEventStore
 
@@ -21,6 +24,17 @@ def _cpt(path: Path, fill: bytes, size: int = 300_000) -> bytes:
     tmp.write_bytes(body)
     os.replace(tmp, path)  # as GROMACS does: write, then rename
     return body
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """The parts of a step launch open_guard reads."""
+
+    workdir: Path
+    checkpoint_dir: Path
+    self_checkpoint: SelfCheckpoint
+    run_id: str = "r1"
+    step: str = "md"
 
 
 def _guard(tmp_path: Path, store: MemoryEventStore) -> FileGuard:
@@ -92,11 +106,6 @@ def test_restore_with_no_capture_leaves_the_workdir_alone(tmp_path: Path) -> Non
 
 def test_a_complete_newer_file_in_the_workdir_is_captured_and_used(tmp_path: Path) -> None:
     """kill -9 of m27 run, then mdrun wrote its checkpoint on SIGTERM: that one is newest."""
-    from dataclasses import dataclass
-
-    from m27.clock import SystemClock
-    from m27.executors._guard import SelfCheckpoint, open_guard
-
     store = MemoryEventStore()
     guard = _guard(tmp_path, store)
     work = guard.workdir
@@ -108,18 +117,10 @@ def test_a_complete_newer_file_in_the_workdir_is_captured_and_used(tmp_path: Pat
     os.utime(work / "sim.cpt", ns=(stamp, stamp))
 
     spec = SelfCheckpoint(files=("sim.cpt",), resume=("--resume", "sim.cpt"), recipe="gromacs")
-
-    @dataclass(frozen=True)
-    class Launch:
-        run_id: str = "r1"
-        step: str = "md"
-        workdir: Path = work
-        checkpoint_dir: Path = tmp_path
-        self_checkpoint: SelfCheckpoint = spec
-
+    launch = _Launch(work, tmp_path, spec)
     (tmp_path / "files").symlink_to(tmp_path / "ckpt")  # capture_dir(tmp_path)
     notes: list[str] = []
-    g = open_guard(Launch(), ("prog",), store, SystemClock(), notes.append)
+    g = open_guard(launch, ("prog",), store, SystemClock(), notes.append)
     assert g.guard is not None
     g.guard.stop()
     assert g.argv == ("prog", "--resume", "sim.cpt")
@@ -128,7 +129,7 @@ def test_a_complete_newer_file_in_the_workdir_is_captured_and_used(tmp_path: Pat
     # a torn newer file is not: the capture wins
     (work / "sim.cpt").write_bytes(HEAD + b"x")
     os.utime(work / "sim.cpt", ns=(stamp * 2, stamp * 2))
-    g = open_guard(Launch(), ("prog",), store, SystemClock(), notes.append)
+    g = open_guard(launch, ("prog",), store, SystemClock(), notes.append)
     assert g.guard is not None
     g.guard.stop()
     assert (work / "sim.cpt").read_bytes() == newer
@@ -138,26 +139,13 @@ def test_a_fresh_start_does_not_capture_a_checkpoint_another_run_left(tmp_path: 
     """`gmx mdrun -deffnm simulation` in a folder holding an earlier run's simulation.cpt:
     that file was captured as this run's checkpoint a second after the start, and a resume
     after a crash continued the other run's trajectory."""
-    from dataclasses import dataclass
-
-    from m27.clock import SystemClock
-    from m27.executors._guard import SelfCheckpoint, open_guard
-
     work = tmp_path / "work"
     work.mkdir()
     _cpt(work / "sim.cpt", b"old")  # complete and valid, from another run
     spec = SelfCheckpoint(files=("sim.cpt",), resume=("-cpi", "sim.cpt"), recipe="gromacs")
-
-    @dataclass(frozen=True)
-    class Launch:
-        run_id: str = "r2"
-        step: str = "md"
-        workdir: Path = work
-        checkpoint_dir: Path = tmp_path / "r2"
-        self_checkpoint: SelfCheckpoint = spec
-
+    launch = _Launch(work, tmp_path / "r2", spec, run_id="r2")
     store = MemoryEventStore()
-    g = open_guard(Launch(), ("prog",), store, SystemClock(), lambda note: None)
+    g = open_guard(launch, ("prog",), store, SystemClock(), lambda note: None)
     assert g.argv == ("prog",) and g.guard is not None  # nothing to resume from
     assert not g.guard.poll() and not g.guard.poll()  # stable, complete, and still not taken
     new = _cpt(work / "sim.cpt", b"new")  # the program's own first checkpoint
