@@ -294,20 +294,36 @@ class Checker(Reader):
                 script = render_shell(text, tpl.placeholders, self.values)
                 v["argv"] = self._checked_argv(node, where, [SHELL, "-c", script])
             return
+        words = self.split_words(node, where, text, tpl, "the command")
+        if words is None:
+            return
+        if not words:
+            self.add(node, where, "the command is empty")
+        elif not words[0]:
+            self.add(node, where, "the program name is empty after substitution")
+        else:
+            v["argv"] = words
+
+    def split_words(
+        self, node: Node, where: str, text: str, tpl: Template, what: str
+    ) -> tuple[str, ...] | None:
+        """`text` as arguments, as a command without a shell: split first, then each
+        value put in (one argument whatever it holds); None after a problem."""
         try:
             split_template(text, tpl.placeholders)
         except ValueError as exc:
-            self.add(node, where, f"cannot split the command into arguments: {exc}")
-            return
+            self.add(node, where, f"cannot split {what} into arguments: {exc}")
+            return None
         if (syntax := unshelled(text)) is not None:
             self.add(node, where, syntax[1], syntax[0])
-            return
-        if tpl.ok:
-            argv = list(render_argv(text, tpl.placeholders, self.values))
-            if not argv:
-                self.add(node, where, "the command is empty")
-            else:
-                v["argv"] = self._checked_argv(node, where, argv)
+            return None
+        if not tpl.ok:
+            return None
+        words = render_argv(text, tpl.placeholders, self.values)
+        if "\0" in "\1".join(words):  # one scan, not one per argument
+            self.add(node, where, f"a variable's value puts a NUL byte into {what}")
+            return None
+        return words
 
     def _checked_argv(self, node: Node, where: str, argv: list[str]) -> tuple[str, ...] | None:
         if "\0" in "\1".join(argv):  # one scan, not one per argument

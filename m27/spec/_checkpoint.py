@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from m27.spec._nodes import describe, is_null, suggest
-from m27.spec._shell import unshelled
-from m27.spec._template import render_argv, split_template
 from m27.units import parse_duration
 
 if TYPE_CHECKING:
@@ -145,22 +143,7 @@ def _resume(checker: Checker, node: Node, where: str) -> tuple[str, ...] | None:
     text = checker.text(node, where)
     if text is None:
         return None
-    tpl = checker.template(node, where, text)
-    try:
-        split_template(text, tpl.placeholders)
-    except ValueError as exc:
-        checker.add(node, where, f"cannot split into arguments: {exc}")
-        return None
-    if (syntax := unshelled(text)) is not None:
-        checker.add(node, where, syntax[1], syntax[0])
-        return None
-    if not tpl.ok:
-        return None
-    words = render_argv(text, tpl.placeholders, checker.values)
-    if "\0" in "\1".join(words):
-        checker.add(node, where, "a variable's value puts a NUL byte into the arguments")
-        return None
-    return words
+    return checker.split_words(node, where, text, checker.template(node, where, text), "it")
 
 
 def _signal(checker: Checker, node: Node, where: str) -> str | None:
