@@ -62,6 +62,27 @@ def test_plain_mode_prints_one_line_per_event_of_this_run_only(
     assert "other-run" not in out and " x:" not in out
 
 
+def test_a_steps_first_output_line_comes_after_its_started_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The follower is not started: only the output line can bring "started" out first.
+    store = MemoryEventStore()
+    pipeline = parse_pipeline(SPEC, tmp_path / "demo.yaml")
+    progress = Progress(store, "r1", pipeline, live=False)
+    store.append([*_events()[:2], ev.StepStarted(1.2, "r1", "prep", 1, 100, 100, ("x",))])
+    progress.on_line("prep", "stderr", "cannot create out/x: Directory nonexistent")
+    progress.on_line("prep", "stderr", "second line")
+    store.append([ev.StepSucceeded(1.5, "r1", "prep", 1, 0.3)])
+    progress._drain()
+    lines = [line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert lines == [
+        "prep: started (attempt 1, pid 100, CPU)",
+        "[prep] cannot create out/x: Directory nonexistent",
+        "[prep] second line",
+        "prep: succeeded in 300ms",
+    ]
+
+
 def test_live_mode_renders_a_table_of_steps_with_their_state(tmp_path: Path) -> None:
     store = MemoryEventStore()
     pipeline = parse_pipeline(SPEC, tmp_path / "demo.yaml")

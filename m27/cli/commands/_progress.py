@@ -20,6 +20,7 @@ from m27.events import (
     CheckpointWritten,
     Event,
     LeaseGranted,
+    Recorded,
     RunCancelled,
     RunFailed,
     RunSubmitted,
@@ -85,6 +86,9 @@ class Progress:
         self._ended = False  # the run's end event was applied: the follower has shown it all
         self._thread = threading.Thread(target=self._follow, name="m27-progress", daemon=True)
         self._lock = threading.Lock()
+        # Held while events are taken from the log and applied: the follower and a step's
+        # first output line (`on_line`) both take them, each event exactly once.
+        self._feed = threading.Lock()
         self._live: Live | None = None
         self._after = store.last_seq()
 
@@ -116,9 +120,15 @@ class Progress:
     # --- inputs ----------------------------------------------------------------------
     def on_line(self, step: str, stream: str, line: str) -> None:
         with self._lock:
-            if step in self.rows:
-                self.rows[step]["last"] = line[-80:]
+            row = self.rows.get(step)
+            if row is not None:
+                row["last"] = line[-80:]
+            starting = row is not None and row["status"] != "running"
         if self.show_output and not self.live:
+            if starting:
+                # The step's StepStarted is in the log before its first line is read: show
+                # "started" first, not whenever the follower wakes next.
+                self._take(self.store.read(self._after))
             self._print(f"[{step}] {line}")
 
     def note(self, text: str) -> None:
@@ -134,9 +144,7 @@ class Progress:
         drawn = 0.0
         while not self._stop.is_set():
             records = self.store.follow(self._after, timeout=0.05)
-            for rec in records:
-                self._after = rec.seq
-                self._apply(rec.event)
+            self._take(records)
             if self._ended:
                 return  # the run's end is shown; `stop` then drains what came after it
             now = time.monotonic()
@@ -145,9 +153,15 @@ class Progress:
                 self._live.update(self._table())
 
     def _drain(self) -> None:
-        for rec in self.store.read(self._after):
-            self._after = rec.seq
-            self._apply(rec.event)
+        self._take(self.store.read(self._after))
+
+    def _take(self, records: list[Recorded]) -> None:
+        """Apply the records not applied yet, in order (two readers may overlap)."""
+        with self._feed:
+            for rec in records:
+                if rec.seq > self._after:
+                    self._after = rec.seq
+                    self._apply(rec.event)
 
     def _apply(self, ev: Event) -> None:
         if getattr(ev, "run_id", None) != self.run_id:
