@@ -142,8 +142,8 @@ def begin_attempt(
     resume_from: Callable[[], str | None] | None,
 ) -> tuple[tuple[str, ...], str | None] | AttemptEnd:
     """What every executor does first: frame the attempt in the log, find the checkpoint
-    to resume from and check the step's workdir. Returns (argv, resume path), or the
-    attempt's end if that failed."""
+    to resume from, check the step's workdir and create its outputs' folders. Returns
+    (argv, resume path), or the attempt's end if that failed."""
     argv = resolve_argv(launch.argv)
     # One line even when an argument holds newlines (python -c scripts), for `m27 logs`.
     command = shlex.join(argv).replace("\n", "\\n")
@@ -158,6 +158,16 @@ def begin_attempt(
         sink.note(f"workdir not found: {launch.workdir}")
         why = f"workdir not found: {launch.workdir}"
         return AttemptEnd(False, why, exit_code=126, retryable=False)
+    base = launch.workdir or Path.cwd()
+    for out in launch.outputs:
+        # Like Snakemake: `output: out/x.txt` needs no `mkdir out` first (a shell
+        # redirection or an engine's -o would fail on a missing folder).
+        try:
+            (base / out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = f"cannot create the folder of output {out}: {exc.strerror or exc}"
+            sink.note(why)
+            return AttemptEnd(False, why, exit_code=126, retryable=False)
     return argv, resume
 
 

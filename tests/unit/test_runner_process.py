@@ -162,6 +162,28 @@ def test_missing_workdir_fails_cleanly(store: MemoryEventStore, tmp_path: Path) 
     assert result.reason == f"workdir not found: {tmp_path / 'nope'}"
 
 
+def test_the_folders_of_declared_outputs_exist_before_the_step_starts(
+    store: MemoryEventStore, tmp_path: Path
+) -> None:
+    code = "open('out/deep/x.txt', 'w').write('x'); open('y.txt', 'w').write('y')"
+    step = launch(code, workdir=tmp_path, outputs=("out/deep/x.txt", "y.txt"))
+    result = run_step(step, store)
+
+    assert result.ok, result.reason
+    assert (tmp_path / "out" / "deep" / "x.txt").read_text() == "x"
+
+
+def test_an_output_folder_that_cannot_be_made_fails_before_the_step_runs(
+    store: MemoryEventStore, tmp_path: Path
+) -> None:
+    (tmp_path / "out").write_text("a file where the folder should be")
+    step = launch("open('ran', 'w')", workdir=tmp_path, outputs=("out/x.txt",))
+    result, _ = _cannot_start(store, step)
+
+    assert result.reason == "cannot create the folder of output out/x.txt: File exists"
+    assert not (tmp_path / "ran").exists()
+
+
 def test_unwritable_log_location_fails_cleanly(store: MemoryEventStore, tmp_path: Path) -> None:
     (tmp_path / "file").touch()
     result, _ = _cannot_start(store, launch("print(1)", log_path=tmp_path / "file" / "s1.log"))
