@@ -17,6 +17,14 @@ RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
 STEP_DONE: frozenset[str] = frozenset({"succeeded", "failed", "skipped", "cancelled"})
 
 
+def step_ended(run_status: str, step_status: str | None) -> str | None:
+    """How a step ended ("succeeded", ..., or the run's status when the run ended first),
+    or None while it may still wait or run: a priority or a cancel matters only then."""
+    if step_status in STEP_DONE:
+        return step_status
+    return None if run_status == "running" else run_status
+
+
 @dataclass
 class StepState:
     """One step of one run, as the log tells it."""
@@ -100,6 +108,11 @@ class RunState:
         if self.ended_at is None:
             return None
         return max(0.0, self.ended_at - self.submitted_at)
+
+    def ended(self, name: str) -> str | None:
+        """How step `name` ended (see `step_ended`)."""
+        found = self.steps.get(name)
+        return step_ended(self.status, found.status if found is not None else None)
 
     def step(self, name: str) -> StepState:
         """The step called `name`, created (pending, at the end) if the log adds one."""

@@ -28,6 +28,7 @@ from m27.events._projection import (
     RunStatus,
     StepState,
     StepStatus,
+    step_ended,
 )
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "handled_kinds",
     "live_runs",
     "orphaned_steps",
+    "step_ended",
 ]
 
 

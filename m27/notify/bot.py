@@ -27,6 +27,7 @@ from telegram import InlineKeyboardButton, InlineKeyboardMarkup, Update
 
 from m27 import events as ev
 from m27.clock import Clock, SystemClock
+from m27.events.state import step_ended
 from m27.locks import BOT_LOCK
 from m27.notify.config import NotifyConfig
 from m27.notify.facts import NodeFacts, RunFacts
@@ -296,6 +297,10 @@ class CommandBot:
         step, amount = args[1], args[2]
         if step not in found.steps:
             return f"Run <code>{esc(found.run_id)}</code> has no step <b>{esc(step)}</b>."
+        ended = step_ended(found.status, found.steps[step].status)
+        if ended is not None:
+            where = f"<code>{esc(found.run_id)}</code>/<b>{esc(step)}</b>"
+            return f"{where} is {ended}: nothing to bump."
         try:
             delta = int(amount)
         except ValueError:

@@ -122,18 +122,18 @@ def parse_set_args(items: Sequence[str]) -> dict[str, str]:
     read as YAML or as a template); a later NAME wins. Raises SpecError for a bad item."""
     out: dict[str, str] = {}
     problems = []
-    for index, item in enumerate(items):
+    for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            message = f"expected NAME=VALUE, got {item!r}"
+            message = "expected NAME=VALUE, e.g. --set INPUT_FILE=x.pdb"
         elif not VAR_NAME.match(name):
             message = f"bad variable name {name!r} (use letters, digits and _)"
         else:
             out[name] = value
             continue
-        problems.append(Problem("--set", 0, 0, f"--set[{index}]", message))
+        problems.append(Problem("command line", 0, 0, f"--set {item}", message))
     if problems:
-        raise _error(problems, "--set")
+        raise _error(problems, "command line")
     return out
 
 

@@ -144,6 +144,9 @@ def test_bump_appends_a_priority_event(
     assert (bump.run_id, bump.step, bump.delta) == ("md-1", "sim", 10)
     assert "no step" in ask(api, bot, "/bump md-1 nosuch 1")[0]
     assert "must be an integer" in ask(api, bot, "/bump md-1 sim lots")[0]
+    before = store.last_seq()
+    assert "is succeeded: nothing to bump" in ask(api, bot, "/bump old-1 a 3")[0]
+    assert store.last_seq() == before
 
 
 def test_resume_replies_with_the_command_or_uses_the_handler(

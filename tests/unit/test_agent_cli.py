@@ -75,6 +75,22 @@ def test_bump_of_an_unknown_step_is_bad_input(
     assert queue.run(argparse.Namespace(why="nope", json=False)) == 2
 
 
+def test_bump_of_a_step_that_ended_is_bad_input_and_writes_nothing(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _log(m27_home)
+    store = open_store(m27_home)
+    now = time.time()
+    store.append([ev.StepSucceeded(now, "run1", "md", 1, 1.0), ev.RunCancelled(now, "run1", 1.0)])
+    before = store.last_seq()
+    assert bump.run(argparse.Namespace(run_id="run1", step="md", delta=1)) == 2
+    assert "run1/md is succeeded" in capsys.readouterr().out
+    assert bump.run(argparse.Namespace(run_id="run1", step="b", delta=1)) == 2
+    assert "run1/b is cancelled" in capsys.readouterr().out
+    assert store.last_seq() == before
+    store.close()
+
+
 def test_queue_table_has_a_row_per_step_with_its_tier_and_why_it_waits(
     m27_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -110,8 +110,8 @@ def test_missing_file_is_a_spec_error_naming_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("items", "message"),
     [
-        (["NOEQUALS"], "expected NAME=VALUE"),
-        (["1BAD=x"], "bad variable name '1BAD'"),
+        (["NOEQUALS"], "command line: --set NOEQUALS: expected NAME=VALUE"),
+        (["1BAD=x"], "command line: --set 1BAD=x: bad variable name '1BAD'"),
         (["A-B=x"], "bad variable name 'A-B'"),
     ],
 )

@@ -35,6 +35,13 @@ def run(args: argparse.Namespace) -> int:
     if args.step not in steps:
         print(f"m27 bump: run {run_id} has no step {args.step!r}")
         return 2
+    ended = state.runs[run_id].ended(args.step) if run_id in state.runs else None
+    if ended is not None:
+        print(
+            f"m27 bump: {run_id}/{args.step} is {ended}: a priority only matters while a "
+            "step waits or runs"
+        )
+        return 2
     st.append([PriorityBumped(at=time.time(), run_id=run_id, step=args.step, delta=args.delta)])
     total = book.bumps.get((run_id, args.step), 0) + args.delta
     print(f"{run_id}/{args.step}: priority {args.delta:+d} (bumps now {total:+d})")
