@@ -54,8 +54,24 @@ def _only(argv: Sequence[str]) -> tuple[str, ...] | None:
     return (module,) if module in COMMANDS else None
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose subcommands report arguments they do not know themselves.
+
+    Plain argparse hands them up to `m27`, which prints its own usage (`usage: m27 [-h]
+    [--version] COMMAND ...`) for `m27 exporter --port 1`; the subcommand's usage is the
+    one that lists what it does take. Subparsers inherit the class (``parser_class``)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="m27",
         description="Run YAML pipelines of cpu/gpu steps on Prefect, keep GPUs busy, "
         "checkpoint long jobs.",

@@ -57,6 +57,26 @@ def test_unknown_or_ambiguous_run_ids_exit_2_with_one_line(
     assert ("matches 2 runs" in err) if argv[1] == "20261129" else ("no run matches" in err)
 
 
+@pytest.mark.parametrize(
+    ("argv", "usage", "unknown"),
+    [
+        (["exporter", "--port", "1"], "usage: m27 exporter [-h] [--listen HOST:PORT]", "--port 1"),
+        (["agent", "status", "--bogus"], "usage: m27 agent [-h]", "--bogus"),
+        (["runs", "x"], "usage: m27 runs [-h]", "x"),
+    ],
+    ids=lambda v: "-".join(v) if isinstance(v, list) else "",
+)
+def test_an_unknown_argument_shows_the_subcommands_usage(
+    m27_home: Path, argv: list[str], usage: str, unknown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage), err
+    assert f"m27 {argv[0]}: error: unrecognized arguments: {unknown}" in err
+
+
 def test_run_id_errors_carry_what_was_typed_and_what_it_could_mean() -> None:
     with pytest.raises(RunIdError) as info:
         resolve("20261129", RUNS)
