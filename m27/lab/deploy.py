@@ -108,6 +108,8 @@ async def deploy(client: PrefectClient, spec: DeploymentSpec) -> dict[str, Any]:
     """Create or update deployment ``m27-pipeline/<name>``; returns its id and full name.
 
     Updating replaces the parameters, queue and schedule: the command line is the truth.
+    The pool and its tier queues are made first when missing (`pool_init`): a deployment
+    on a pool that does not exist is refused by the server.
     """
     from prefect.client.schemas.actions import DeploymentScheduleCreate
     from prefect.client.schemas.schedules import CronSchedule
@@ -122,6 +124,7 @@ async def deploy(client: PrefectClient, spec: DeploymentSpec) -> dict[str, Any]:
         except ValueError as exc:
             raise ConfigError(f"bad schedule: {exc}", cron=spec.cron) from exc
         schedules.append(DeploymentScheduleCreate(schedule=cron, active=True))
+    await pool_init(client, spec.pool)
     flow_id = await client.create_flow_from_name(FLOW_NAME)
     deployment_id = await client.create_deployment(
         flow_id=flow_id,

@@ -103,6 +103,20 @@ def test_one_service_from_first_run_to_stop(
     assert data["pid"] == info.pid and data["prefect_url"] == info.url
     assert data["runs_served"] == 2
 
+    # 2b. lab commands without PREFECT_API_URL use this server: one GPU server keeps its
+    # deployments (and schedules) there, and its `m27 worker` runs them
+    note = f"using this node's Prefect server {info.url}"
+    made = call_m27("deploy", str(quick), "--name", "quick-now")
+    assert made.returncode == 0 and note in made.stderr, made.stdout + made.stderr
+    assert f"PREFECT_API_URL={info.url} prefect deployment run" in made.stdout
+    with urllib.request.urlopen(f"{info.url}/deployments/name/m27-pipeline/quick-now") as resp:
+        deployment = json.load(resp)
+    flow_run = _api(info.url, f"deployments/{deployment['id']}/create_flow_run", {})
+    worker = call_m27("worker", "--run-once", timeout=400)
+    assert worker.returncode == 0 and note in worker.stderr, worker.stdout + worker.stderr
+    assert _flow_run_state(info.url, flow_run["id"]) == "COMPLETED"
+    assert find_service(m27_home) == info  # the same service: none started for the worker
+
     # 3. kill -9 of its Prefect server: restarted on the same URL
     assert info.prefect_pid is not None
     os.kill(info.prefect_pid, signal.SIGKILL)

@@ -77,6 +77,26 @@ def test_an_unknown_argument_shows_the_subcommands_usage(
     assert f"m27 {argv[0]}: error: unrecognized arguments: {unknown}" in err
 
 
+@pytest.mark.parametrize("argv", [["pool", "init"], ["deploy", "SPEC", "--name", "x"]])
+def test_a_prefect_server_that_cannot_be_reached_is_one_line(
+    m27_home: Path,
+    tmp_path: Path,
+    argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/api"
+    monkeypatch.setenv("PREFECT_API_URL", url)
+    spec = tmp_path / "p.yaml"
+    spec.write_text("pipeline:\n  - name: a\n    type: cpu\n    command: 'true'\n")
+    assert main([str(spec) if a == "SPEC" else a for a in argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"m27: cannot reach the Prefect server at {url}: "), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_run_id_errors_carry_what_was_typed_and_what_it_could_mean() -> None:
     with pytest.raises(RunIdError) as info:
         resolve("20261129", RUNS)

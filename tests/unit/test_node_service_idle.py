@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
+from pathlib import Path
 
+from m27.cli.commands.worker import keep_in_use
 from m27.events import LeaseGranted, RunSubmitted, RunSucceeded
 from m27.events.state import fold
+from m27.node import service
 from m27.node.serve import busy
+from tests.waiting import wait_until
 
 HOST = socket.gethostname()
 
@@ -33,3 +39,20 @@ def test_runs_without_a_process_here_do_not_count() -> None:
 def test_a_held_lease_counts() -> None:
     state = fold([LeaseGranted(at=1.0, run_id="r1", step="a", gpus=(0,), tier="immediate")])
     assert busy(state, HOST)
+
+
+def test_a_worker_on_the_nodes_server_keeps_marking_the_service_used(tmp_path: Path) -> None:
+    # a worker waiting for scheduled runs has no run or step: without this the service
+    # would stop after service_idle and take the Prefect server the worker polls with it
+    stop = threading.Event()
+    used = tmp_path / service.USED_NAME
+    thread = threading.Thread(target=keep_in_use, args=(tmp_path, stop, 0.01), daemon=True)
+    thread.start()
+    try:
+        wait_until(used.exists, timeout=30, what="the service marked used")
+        os.utime(used, (1.0, 1.0))
+        wait_until(lambda: used.stat().st_mtime > 1.0, timeout=30, what="marked used again")
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()

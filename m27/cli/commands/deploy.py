@@ -9,7 +9,7 @@ from typing import Any
 
 from m27.cli.commands import _common
 from m27.cli.commands._options import add_set_option
-from m27.cli.commands.pool import require_api
+from m27.cli.commands.pool import lab_server
 from m27.lab.capacity import TIERS, check_tier
 from m27.lab.deploy import POOL_NAME, DeploymentSpec
 from m27.spec import load_pipeline, parse_set_args
@@ -21,8 +21,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="create or update a Prefect deployment of a pipeline",
         description="Validate FILE and create (or update) deployment m27-pipeline/NAME of "
         "flows/pipeline.py with FILE and the --set values as parameters, in work pool m27 "
-        "on the queue of --tier. With --cron the deployment runs on that schedule. Needs "
-        "PREFECT_API_URL; run `m27 pool init` once first. Exit code 2 for a bad file.",
+        "on the queue of --tier. With --cron the deployment runs on that schedule. The "
+        "server is PREFECT_API_URL's, or without it this node's own (the node service's, "
+        "started when none runs); `m27 worker` runs the flow runs. Exit code 2 for a bad "
+        "file.",
     )
     p.add_argument(
         "file",
@@ -51,7 +53,6 @@ async def _deploy(spec: DeploymentSpec) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     overrides = parse_set_args(args.sets)
     pipeline = load_pipeline(args.file, overrides)  # SpecError -> exit 2 before any API call
-    require_api()
     spec = DeploymentSpec(
         name=args.name,
         spec_path=str(Path(args.file).resolve()),
@@ -62,11 +63,15 @@ def run(args: argparse.Namespace) -> int:
         timezone=args.timezone,
         pool=args.pool,
     )
-    result = asyncio.run(_deploy(spec))
+    with lab_server() as server:
+        result = asyncio.run(_deploy(spec))
     if args.json:
         _common.print_json(result)
     else:
         when = f", cron {args.cron!r} ({args.timezone or 'UTC'})" if args.cron else ""
         print(f"deployment {result['name']}: pool {result['pool']}, queue {result['queue']}{when}")
-        print(f"run it now: prefect deployment run '{result['name']}'")
+        api = f"PREFECT_API_URL={server.url} " if server.node_home is not None else ""
+        print(f"run it now: {api}prefect deployment run '{result['name']}'")
+        if server.node_home is not None:
+            print(f"its runs start when a worker polls pool {result['pool']}: `m27 worker`")
     return 0

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from m27._exceptions import ConfigError
+from m27._exceptions import M27Error
 from m27.cli.commands import _common
 from m27.lab.deploy import POOL_NAME
 
@@ -18,7 +23,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="manage the m27 work pool on a Prefect server",
         description="`m27 pool init` creates work pool m27 (type m27) with the queues "
         "immediate, ready and background (priorities 1, 2, 3) on the Prefect server at "
-        "PREFECT_API_URL. Running it again changes nothing.",
+        "PREFECT_API_URL, or without it on this node's own (the node service's). Running "
+        "it again changes nothing.",
     )
     actions = p.add_subparsers(dest="pool_action", metavar="ACTION", required=True)
     init = actions.add_parser("init", help="create the pool and its tier queues (idempotent)")
@@ -27,19 +33,59 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     init.set_defaults(func=run)
 
 
-def require_api() -> str:
-    """The Prefect server to talk to; a lab command makes no sense on a temporary server."""
-    url = os.environ.get("PREFECT_API_URL", "")
-    if not url:
-        from prefect.settings import PREFECT_API_URL
+@dataclass(frozen=True)
+class LabServer:
+    """The Prefect server a lab command talks to; `node_home` is set when it is this
+    node's own (the node service's), which must then not stop while the command runs."""
 
-        url = PREFECT_API_URL.value() or ""
+    url: str
+    node_home: Path | None = None
+
+
+@contextlib.contextmanager
+def lab_server() -> Iterator[LabServer]:
+    """PREFECT_API_URL (the lab's server), else this node's own Prefect server.
+
+    One GPU server needs no lab server for deployments and schedules: the node service
+    keeps a Prefect server on SQLite under ``$M27_HOME/prefect/`` (started here when none
+    runs, as `m27 run` does), and a deployment made on it is run by this node's
+    `m27 worker`. Prefect reads its settings once, on import, so the URL is also put in
+    Prefect's settings for this block; ``os.environ`` carries it to child processes.
+    A server that cannot be reached or refuses a request is an M27Error naming it."""
+    url = os.environ.get("PREFECT_API_URL", "")
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = url or PREFECT_API_URL.value() or ""
+    server = LabServer(url)
     if not url:
-        raise ConfigError(
-            "PREFECT_API_URL is not set: point it at the lab's Prefect server, "
-            "e.g. export PREFECT_API_URL=http://prefect.lab:4200/api"
+        from m27.config import m27_home
+        from m27.node.service import ensure_service
+
+        home = m27_home()
+        info, _ = ensure_service(home)
+        os.environ["PREFECT_API_URL"] = info.url
+        print(
+            f"m27: PREFECT_API_URL is not set: using this node's Prefect server {info.url} "
+            "(the node service's; set PREFECT_API_URL for a lab's server)",
+            file=sys.stderr,
         )
-    return url
+        server = LabServer(info.url, home)
+    import httpx
+
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.url}):
+            yield server
+    except httpx.HTTPStatusError as exc:
+        raise M27Error(
+            f"the Prefect server at {server.url} refused a request: "
+            f"{exc.response.status_code} {exc.response.text[:300]}",
+            url=server.url,
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise M27Error(
+            f"cannot reach the Prefect server at {server.url}: {exc}; is it running?",
+            url=server.url,
+        ) from exc
 
 
 async def init_pool(pool: str) -> dict[str, Any]:
@@ -53,8 +99,8 @@ async def init_pool(pool: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    require_api()
-    result = asyncio.run(init_pool(args.pool))
+    with lab_server():
+        result = asyncio.run(init_pool(args.pool))
     if args.json:
         _common.print_json(result)
     else:

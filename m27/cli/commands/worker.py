@@ -6,10 +6,12 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
-from m27.cli.commands.pool import require_api
+from m27.cli.commands.pool import lab_server
 from m27.lab.capacity import TIERS
 from m27.lab.deploy import POOL_NAME
 
@@ -20,7 +22,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="run this node's Prefect worker (type m27)",
         description="Poll work pool m27 and run the flow runs this node has room for, "
         "highest tier first; publish the node's free seats; record crashed runs. The node "
-        "is M27_HOME and M27_GPUS; PREFECT_API_URL names the server. Poll interval: "
+        "is M27_HOME and M27_GPUS; PREFECT_API_URL names the server (without it: this "
+        "node's own, the node service's, kept running while the worker runs). Poll interval: "
         "PREFECT_WORKER_QUERY_SECONDS (default 10). Same as `prefect worker start --pool "
         "m27 --type m27`.",
     )
@@ -43,10 +46,36 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+#: How often a worker on the node service's Prefect server tells the service it is in use.
+IN_USE_EVERY_S = 60.0
+
+
+def keep_in_use(home: Path, stop: threading.Event, every: float = IN_USE_EVERY_S) -> None:
+    """Mark the node service used every `every` seconds until `stop`: a worker waiting for
+    scheduled runs has no run or step, and the service would stop after `service_idle`,
+    taking the Prefect server the worker polls with it."""
+    from m27.node.service import touch
+
+    while not stop.wait(every):
+        touch(home)
+
+
 def run(args: argparse.Namespace) -> int:
-    require_api()
     if args.node:
         os.environ["M27_NODE"] = args.node
+    stop = threading.Event()
+    with lab_server() as server:
+        if server.node_home is not None:
+            threading.Thread(
+                target=keep_in_use, args=(server.node_home, stop), name="m27-in-use", daemon=True
+            ).start()
+        try:
+            return _serve(args)
+        finally:
+            stop.set()
+
+
+def _serve(args: argparse.Namespace) -> int:
     import anyio
 
     from m27.cli.commands.pool import init_pool
