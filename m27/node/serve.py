@@ -193,7 +193,7 @@ def serve(
             f"{agent.backend.kind} GPU(s), tick {agent.tick_s * 1000:.0f} ms"
         )
         if lab is None:
-            server = PrefectServer(home / "prefect", port or service.free_port(), log)
+            server = PrefectServer(home / "prefect", port or service.node_port(home), log)
             info = _replace(info, url=server.url, port=server.port)
             service.write_info(home, info)
             server.start()

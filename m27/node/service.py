@@ -42,6 +42,7 @@ __all__ = [
     "free_port",
     "healthy",
     "lab_url",
+    "node_port",
     "read_info",
     "remove_info",
     "stop_service",
@@ -53,6 +54,8 @@ INFO_NAME = "service.json"
 LOCK_NAME = "service.lock"
 LOG_NAME = "service.log"
 USED_NAME = "service.used"
+#: The port the node's Prefect server had last (see `node_port`).
+PORT_NAME = "prefect/port"
 
 #: How long a command waits for a service it started (a loaded 2-core machine with 16
 #: runs importing Prefect at once needs far more than the usual 8-15 s).
@@ -96,6 +99,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def node_port(home: Path) -> int:
+    """The port for this node's Prefect server: the one it had last time while nothing
+    listens there (the UI's address, a bookmark and an exported PREFECT_API_URL stay right
+    across restarts and idle stops), else a free one; remembered in ``prefect/port``."""
+    path = Path(home) / PORT_NAME
+    try:
+        last = int(path.read_text())
+    except (OSError, ValueError):
+        last = 0
+    if 0 < last < 65536 and _can_listen(last):
+        return last
+    port = free_port()
+    with contextlib.suppress(OSError):  # not remembered: the next start picks another
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{port}\n")
+    return port
+
+
+def _can_listen(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:`port` now (with SO_REUSEADDR, as
+    uvicorn binds: a port in TIME_WAIT after the last server stopped is still usable)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def healthy(url: str, timeout: float = 2.0) -> bool:
@@ -265,7 +298,7 @@ def _ensure(
         if mine:
             info = find_service(home)
             if info is None:
-                port = None if lab else free_port()
+                port = None if lab else node_port(home)
                 child = _spawn(home, port, env)
                 info = _wait_ready(home, child, port, lab, progress, timeout)
             else:  # a service is coming up (or restarting its Prefect server): wait for it

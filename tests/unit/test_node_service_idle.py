@@ -1,4 +1,5 @@
-"""When the node service counts the node as busy (so it does not stop for idleness)."""
+"""The node service's small decisions: when it counts the node as busy (so it does not stop
+for idleness), and which port its Prefect server takes."""
 
 from __future__ import annotations
 
@@ -56,3 +57,16 @@ def test_a_worker_on_the_nodes_server_keeps_marking_the_service_used(tmp_path: P
         stop.set()
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def test_the_prefect_server_keeps_its_port_across_restarts_while_it_is_free(
+    tmp_path: Path,
+) -> None:
+    first = service.node_port(tmp_path)
+    assert service.node_port(tmp_path) == first  # the UI's address stays right
+    with socket.socket() as taken:  # another program listens there now
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        second = service.node_port(tmp_path)
+        assert second != first
+    assert service.node_port(tmp_path) == second  # the new one is remembered

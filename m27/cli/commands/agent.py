@@ -48,7 +48,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--verbose", action="store_true", help="print one line per decision")
     p.add_argument("--json", action="store_true", help="status as JSON")
-    p.add_argument("--port", type=int, help="the Prefect server's port (default: a free one)")
+    p.add_argument(
+        "--port",
+        type=int,
+        help="the Prefect server's port (default: the one it had last time, while free)",
+    )
     p.add_argument(
         "--idle",
         metavar="DURATION",
