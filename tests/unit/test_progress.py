@@ -42,12 +42,15 @@ def _events() -> list[ev.Event]:
     ]
 
 
+def _progress(tmp_path: Path, *, live: bool = False) -> tuple[MemoryEventStore, Progress]:
+    store = MemoryEventStore()
+    return store, Progress(store, "r1", parse_pipeline(SPEC, tmp_path / "demo.yaml"), live=live)
+
+
 def test_plain_mode_prints_one_line_per_event_of_this_run_only(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store = MemoryEventStore()
-    pipeline = parse_pipeline(SPEC, tmp_path / "demo.yaml")
-    progress = Progress(store, "r1", pipeline, live=False)
+    store, progress = _progress(tmp_path)
     progress.start()
     store.append(_events())
     progress.on_line("sim", "stdout", "step 400/2000")
@@ -66,9 +69,7 @@ def test_a_steps_first_output_line_comes_after_its_started_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The follower is not started: only the output line can bring "started" out first.
-    store = MemoryEventStore()
-    pipeline = parse_pipeline(SPEC, tmp_path / "demo.yaml")
-    progress = Progress(store, "r1", pipeline, live=False)
+    store, progress = _progress(tmp_path)
     store.append([*_events()[:2], ev.StepStarted(1.2, "r1", "prep", 1, 100, 100, ("x",))])
     progress.on_line("prep", "stderr", "cannot create out/x: Directory nonexistent")
     progress.on_line("prep", "stderr", "second line")
@@ -84,9 +85,7 @@ def test_a_steps_first_output_line_comes_after_its_started_line(
 
 
 def test_live_mode_renders_a_table_of_steps_with_their_state(tmp_path: Path) -> None:
-    store = MemoryEventStore()
-    pipeline = parse_pipeline(SPEC, tmp_path / "demo.yaml")
-    progress = Progress(store, "r1", pipeline, live=True)
+    store, progress = _progress(tmp_path, live=True)
     progress.console = Console(file=io.StringIO(), width=120, force_terminal=True)
     progress.start()
     store.append(_events()[:5])
