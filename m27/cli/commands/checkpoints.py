@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "checkpoints",
         help="list, verify or garbage-collect a run's checkpoints",
+        # argparse would write nargs="+" as "[verify|gc] RUN [STEP] [[verify|gc] ...]"
+        usage="m27 checkpoints [-h] [--json] [--keep N] [verify|gc] RUN [STEP]",
         description="List the checkpoints of RUN (all steps, or STEP); `verify` checks every "
         "chunk's hash (exit 1 on corruption, naming the files); `gc` keeps the newest N valid "
         "checkpoints and deletes packs nothing references. RUN is a run id, a unique prefix, "

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="replay a trace under m27 and baseline policies",
         description="TRACE is a JSON Lines trace, an Alibaba openb_pod_list_*.csv, an m27 "
         "event log (events.db), or `lab[:seed=N,load=X]` for the generated lab week. "
-        "Prints GPU busy %%, idle %% while work waits, makespan, jobs done in the window "
+        "Prints GPU busy %, idle % while work waits, makespan, jobs done in the window "
         "and JCT per priority class for each policy.",
     )
     p.add_argument("trace", metavar="TRACE")
