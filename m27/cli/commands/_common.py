@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from m27 import liveness, runids
 from m27.config import m27_home
 from m27.events.state import NodeState, RunState, fold
 from m27.store.sqlite import SqliteEventStore, open_store
+from m27.units import format_size
+
+if TYPE_CHECKING:  # the commands that need no pipeline file do not import yaml
+    from m27.spec import Pipeline
 
 
 def store() -> SqliteEventStore:
@@ -27,6 +31,25 @@ def runs_since(st: SqliteEventStore, after: int, run_id: str) -> NodeState:
     process started then): folding the whole log would cost every run's end more as the
     node's history grows."""
     return fold(r for r in st.read(after) if getattr(r.event, "run_id", None) == run_id)
+
+
+def beyond_gpus(
+    pipeline: Pipeline, count: int, largest: int | None, gpus_are: str, memory_is: str
+) -> list[str]:
+    """One line per step that asks for more GPUs than `count`, or more GPU memory than
+    `largest` (None: not known), each ending in what the node has ("this node has 2",
+    "the largest GPU here has 80.0GiB"): such a step would wait in the queue forever."""
+    problems = []
+    for step in pipeline.steps:
+        where = f"{pipeline.path}:{step.line}: step {step.name!r}"
+        if step.uses_gpu and step.gpus > count:
+            problems.append(f"{where} needs {step.gpus} GPUs; {gpus_are} {count}")
+        elif step.uses_gpu and largest is not None and (step.gpu_memory or 0) > largest:
+            problems.append(
+                f"{where} asks for gpu_memory {format_size(step.gpu_memory or 0)}; "
+                f"{memory_is} {format_size(largest)}"
+            )
+    return problems
 
 
 def find_run(state: NodeState, prefix: str) -> RunState:

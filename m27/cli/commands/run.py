@@ -24,7 +24,6 @@ from m27.gpu import detect
 from m27.locks import OutputLocks
 from m27.signals import SignalRelay
 from m27.spec import Pipeline, load_pipeline, parse_set_args
-from m27.units import format_size
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -109,36 +108,24 @@ def _claim_outputs(pipeline: Pipeline, run_id: str) -> OutputLocks | None:
     return None
 
 
-def _check_resources(pipeline: Pipeline) -> str | None:
+def _check_resources(pipeline: Pipeline) -> list[str]:
     backend = detect()
     try:
         devices = backend.devices()
     finally:
         backend.close()
-    count = len(devices)
     sizes = [d.memory_total for d in devices if d.memory_total is not None]
-    largest = max(sizes) if sizes and len(sizes) == count else None  # known for every GPU
-    for step in pipeline.steps:
-        if step.type != "cpu" and step.gpus > count:
-            return (
-                f"{pipeline.path}:{step.line}: step {step.name!r} needs {step.gpus} GPUs; "
-                f"this node has {count}"
-            )
-        if step.type != "cpu" and largest is not None and (step.gpu_memory or 0) > largest:
-            return (
-                f"{pipeline.path}:{step.line}: step {step.name!r} asks for gpu_memory "
-                f"{format_size(step.gpu_memory or 0)}; the largest GPU here has "
-                f"{format_size(largest)}"
-            )
-    return None
+    largest = max(sizes) if sizes and len(sizes) == len(devices) else None  # known for all
+    return _common.beyond_gpus(
+        pipeline, len(devices), largest, "this node has", "the largest GPU here has"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     atexit.register(_fast_exit)
     pipeline, overrides, resume_of = _prepare(args)
-    problem = _check_resources(pipeline)
-    if problem:
-        print(f"m27: {problem}", file=sys.stderr)
+    if problems := _check_resources(pipeline):
+        print("\n".join(f"m27: {p}" for p in problems), file=sys.stderr)
         return 2
     from m27.config import load_settings
 

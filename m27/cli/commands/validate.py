@@ -8,11 +8,11 @@ import os
 import sys
 
 from m27._exceptions import ConfigError, SpecError
+from m27.cli.commands import _common
 from m27.cli.commands._explain import explain_checkpoint
 from m27.cli.commands._options import add_command, add_set_option
 from m27.gpu import parse_gpus_env
 from m27.spec import Pipeline, load_pipeline, parse_set_args, problem_lines
-from m27.units import format_size
 
 
 def _safe(text: str) -> str:
@@ -21,27 +21,19 @@ def _safe(text: str) -> str:
     return text.encode(encoding, errors="backslashreplace").decode(encoding)
 
 
-def _beyond_sim_gpus(pipeline: Pipeline) -> str | None:
+def _beyond_sim_gpus(pipeline: Pipeline) -> list[str]:
     """With `M27_GPUS=sim:NxSIZE` the node's GPUs are known without opening NVML: a step
     asking for more GPUs or memory than they have is bad input now, not at run time.
     (`m27 run` checks the real GPUs the same way.)"""
     value = os.environ.get("M27_GPUS", "")
     if not value.lower().startswith("sim:"):
-        return None
+        return []
     try:
         count, memory = parse_gpus_env(value)
     except ConfigError as exc:
-        return f"m27: {exc}"
-    for step in pipeline.steps:
-        where = f"{pipeline.path}:{step.line}: step {step.name!r}"
-        if step.uses_gpu and step.gpus > count:
-            return f"{where} needs {step.gpus} GPUs; M27_GPUS={value} has {count}"
-        if step.uses_gpu and (step.gpu_memory or 0) > memory:
-            return (
-                f"{where} asks for gpu_memory {format_size(step.gpu_memory or 0)}; the "
-                f"GPUs of M27_GPUS={value} have {format_size(memory)}"
-            )
-    return None
+        return [f"m27: {exc}"]
+    sim = f"M27_GPUS={value}"
+    return _common.beyond_gpus(pipeline, count, memory, f"{sim} has", f"the GPUs of {sim} have")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -68,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
                 print(_safe(line))
             print(f"{total} problem(s) found", file=sys.stderr)
         return 2
-    if (problem := _beyond_sim_gpus(pipeline)) is not None:
-        print(problem)
-        print("1 problem(s) found", file=sys.stderr)
+    if problems := _beyond_sim_gpus(pipeline):
+        print("\n".join(problems))
+        print(f"{len(problems)} problem(s) found", file=sys.stderr)
         return 2
     order = pipeline.topo_order()
     if args.json:
