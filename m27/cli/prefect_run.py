@@ -8,6 +8,7 @@ imports this module for :func:`prefect_defaults`) stays light.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -44,10 +45,20 @@ def quiet_run_loggers() -> None:
     Other Prefect warnings (an unreachable API) still reach the terminal. Called once
     Prefect has set up its logging (at import), which does not happen again in a run.
     """
-    import logging
-
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).propagate = False
+    for name in ("EventsWorker", "APILogWorker"):  # Prefect's senders of events and logs
+        logger = logging.getLogger(name)
+        if _draining not in logger.filters:
+            logger.addFilter(_draining)
+
+
+def _draining(record: logging.LogRecord) -> bool:
+    """False for "Still processing items: N items remaining...": Prefect's senders say
+    it as they drain at exit, as a WARNING, after the run's summary (a loaded machine,
+    a first run creating Prefect's database); the items are sent all the same. Their
+    other warnings (a full queue dropping items) still show."""
+    return not str(record.msg).startswith("Still processing items")
 
 
 def run_settings(
