@@ -75,6 +75,12 @@ class StepState:
     def done(self) -> bool:
         return self.status in STEP_DONE
 
+    @property
+    def done_before(self) -> bool:
+        """Skipped because it succeeded in the run this one resumes ("succeeded in the
+        resumed run"): done, not left out; listings show it as succeeded."""
+        return self.status == "skipped" and self.reason.startswith("succeeded")
+
 
 @dataclass
 class RunState:

@@ -118,7 +118,9 @@ def _apply(node: NodeFacts, e: ev.Event) -> None:
                 e.step, e.attempt, e.reason, e.exit_code, e.signal, e.log_tail, step.log_path
             )
     elif isinstance(e, ev.StepSkipped):
-        node.run(e.run_id).step(e.step).status = "skipped"
+        # done in the run this one resumes: counted as succeeded (as `m27 runs` does)
+        done = e.reason.startswith("succeeded")
+        node.run(e.run_id).step(e.step).status = "succeeded" if done else "skipped"
     elif isinstance(e, ev.StepCancelled):
         node.run(e.run_id).step(e.step).status = "cancelled"
     elif isinstance(e, ev.StepEnergyMeasured):

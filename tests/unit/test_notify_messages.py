@@ -91,6 +91,20 @@ def test_run_succeeded_reports_duration_steps_gpu_hours_energy_and_prefect_link(
     check_golden("run_succeeded", text)
 
 
+def test_a_resumed_run_counts_the_steps_done_in_the_run_it_resumes() -> None:
+    _, msgs = fold(
+        [
+            submitted(),
+            ev.StepSkipped(T0, "md-0412", "prep", "succeeded in the resumed run"),
+            started("md_simulation", (0,)),
+            ev.StepSucceeded(T0, "md-0412", "md_simulation", 1, 60.0),
+            ev.StepSkipped(T0, "md-0412", "analysis", "upstream step x did not succeed"),
+            ev.RunSucceeded(T0, "md-0412", 61.0),
+        ]
+    )
+    assert "2/3 steps" in only(msgs, "run_succeeded")
+
+
 def test_run_succeeded_without_energy_or_prefect_url_leaves_them_out() -> None:
     _, msgs = fold(
         [

@@ -278,7 +278,7 @@ class Progress:
             if st.energy_j:  # measured by the exporter from NVML energy counters
                 extra += f"  {format_energy(st.energy_j)}"
             shown = st.status
-            if st.status == "skipped" and st.reason.startswith("succeeded"):
+            if st.done_before:
                 shown = "succeeded"  # done already: a resumed run shows every step done
                 extra += f"  (in the earlier run {run.resume_of})" if run.resume_of else ""
             _line(f"  {shown:<10} {name}{extra}")

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     runs = list(state.runs.values())[-args.limit :] if args.limit > 0 else list(state.runs.values())
     rows: list[dict[str, Any]] = []
     for r in runs:
-        ok = sum(1 for s in r.steps.values() if s.status == "succeeded")
+        ok = sum(1 for s in r.steps.values() if s.status == "succeeded" or s.done_before)
         rows.append(
             {
                 "run_id": r.run_id,

@@ -37,7 +37,7 @@ def step_status(r: RunState, s: StepState) -> str:
         return "crashed"
     if s.status == "failed" and s.reason.startswith("run crashed"):
         return "crashed"
-    if s.status == "skipped" and s.reason.startswith("succeeded"):
+    if s.done_before:
         return "succeeded"  # done in the run this one resumes (the note says so)
     return s.status
 
