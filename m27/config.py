@@ -141,8 +141,9 @@ def load_settings(env: Mapping[str, str] | None = None, path: Path | str | None 
         values[key] = getattr(defaults, key)
         sources[key] = "default"
 
+    problems: list[_Problem] = []
     if file.exists():
-        _load_file(file, _display(file, env), values, sources)
+        problems += _load_file(file, _display(file, env), values, sources)
     elif named:
         raise ConfigError(
             f"config file {file} (named by M27_CONFIG) does not exist", file=str(file)
@@ -162,17 +163,43 @@ def load_settings(env: Mapping[str, str] | None = None, path: Path | str | None 
         try:
             values[key] = spec.parse(raw)
         except ValueError:
-            raise ConfigError(
-                f"env {name}={raw!r}: {key} must be {spec.accepted}",
-                env=name,
-                key=key,
-                value=raw,
-            ) from None
+            problems.append(
+                _Problem(
+                    f"env {name}={raw!r}: {key} must be {spec.accepted}",
+                    {"env": name, "key": key, "value": raw},
+                )
+            )
+            continue
         sources[key] = f"env {name}"
+    _raise_all(problems)
     return Settings(**values, sources=MappingProxyType(sources))
 
 
-def _load_file(file: Path, shown: str, values: dict[str, Any], sources: dict[str, str]) -> None:
+@dataclass(frozen=True)
+class _Problem:
+    message: str
+    context: dict[str, Any]
+
+
+def _raise_all(problems: list[_Problem]) -> None:
+    """One ConfigError for every bad entry found (one per line, like `m27 validate`): a
+    user fixes them all in one pass, not one per try. A single one keeps its fields."""
+    if len(problems) == 1:
+        raise ConfigError(problems[0].message, **problems[0].context)
+    if problems:
+        files = {p.context["file"] for p in problems if "file" in p.context}
+        raise ConfigError(
+            "\n".join(p.message for p in problems),
+            problems=len(problems),
+            **({"file": files.pop()} if len(files) == 1 else {}),
+        )
+
+
+def _load_file(
+    file: Path, shown: str, values: dict[str, Any], sources: dict[str, str]
+) -> list[_Problem]:
+    """Read `file` into `values`/`sources`; a file that does not parse raises at once,
+    a bad section, key or value is returned (with the others) and left at its default."""
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -214,43 +241,36 @@ def _load_file(file: Path, shown: str, values: dict[str, Any], sources: dict[str
         ) from None
 
     section_lines, key_lines = _line_numbers(text)
+    problems: list[_Problem] = []
     for section in parser.sections():
         where = section_lines.get(section, 0)
         if section.lower() not in SECTIONS:
-            raise ConfigError(
-                f"{shown}:{where}: unknown section [{section}]{_suggest(section, SECTIONS)}",
-                file=str(file),
-                line=where,
-                section=section,
+            problems.append(
+                _Problem(
+                    f"{shown}:{where}: unknown section [{section}]{_suggest(section, SECTIONS)}",
+                    {"file": str(file), "line": where, "section": section},
+                )
             )
+            continue
         for key, raw in parser.items(section):
             line = key_lines.get((section, key), where)
             spec = KEYS.get(key)
+            context: dict[str, Any] = {"file": str(file), "line": line, "key": key}
             if spec is None:
-                raise ConfigError(
-                    f"{shown}:{line}: unknown key {key!r} in [{section}]{_suggest(key, KEYS)}",
-                    file=str(file),
-                    line=line,
-                    key=key,
-                )
-            if spec.section != section.lower():
-                raise ConfigError(
-                    f"{shown}:{line}: {key} belongs in [{spec.section}], not [{section}]",
-                    file=str(file),
-                    line=line,
-                    key=key,
-                )
-            try:
-                values[key] = spec.parse(raw)
-            except ValueError:
-                raise ConfigError(
-                    f"{shown}:{line}: {key} = {raw!r} is not valid: use {spec.accepted}",
-                    file=str(file),
-                    line=line,
-                    key=key,
-                    value=raw,
-                ) from None
-            sources[key] = f"{shown}:{line}"
+                message = f"unknown key {key!r} in [{section}]{_suggest(key, KEYS)}"
+            elif spec.section != section.lower():
+                message = f"{key} belongs in [{spec.section}], not [{section}]"
+            else:
+                try:
+                    values[key] = spec.parse(raw)
+                except ValueError:
+                    message = f"{key} = {raw!r} is not valid: use {spec.accepted}"
+                    context["value"] = raw
+                else:
+                    sources[key] = f"{shown}:{line}"
+                    continue
+            problems.append(_Problem(f"{shown}:{line}: {message}", context))
+    return problems
 
 
 def _line_numbers(text: str) -> tuple[dict[str, int], dict[tuple[str, str], int]]:

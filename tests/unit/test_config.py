@@ -166,6 +166,29 @@ def test_bad_value_names_file_line_key_and_accepted_form(
     assert info.value.context["key"] == line.split(" = ")[0]
 
 
+def test_every_bad_entry_is_named_at_once_in_file_order_then_the_environment(
+    home: Path,
+) -> None:
+    write(
+        home,
+        "[performance]\nio_timeout = fast\ncpu_slots = 2\nbogus = 1\n"
+        "[agent]\nx = 1\n[checkpoint]\nkeep_last = 0\n",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_settings({"HOME": str(home), "M27_GPU_STREAMS": "0"})
+    lines = str(info.value).splitlines()
+    assert [line.split(": ", 1)[0] for line in lines] == [
+        "~/.m2config:2",
+        "~/.m2config:4",
+        "~/.m2config:5",
+        "~/.m2config:8",
+        "env M27_GPU_STREAMS='0'",
+    ]
+    assert "io_timeout" in lines[0] and "'bogus'" in lines[1] and "[agent]" in lines[2]
+    assert info.value.context["problems"] == 5
+    assert info.value.context["file"] == str(home / ".m2config")
+
+
 def test_compression_level_range_is_checked(home: Path) -> None:
     write(home, "[checkpoint]\ncompression_level = 23\n")
     with pytest.raises(ConfigError, match="from 1 to 22"):
