@@ -89,3 +89,15 @@ def test_status_lists_parked_messages_and_retry_requeues_them(
     assert "1 parked message(s) back" in capsys.readouterr().out
     assert box.counts()["parked"] == 0
     box.close()
+
+
+def test_status_of_a_node_that_never_notified_says_the_outbox_is_empty(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["notify", "status"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["cursor: event 0", "outbox: empty"]
+    box = Outbox(m27_home / "notify.db")
+    box.enqueue([Draft(5, "run_failed", "x")], [9], 0.0, cursor=5)
+    box.close()
+    assert main(["notify", "status"]) == 0
+    assert "outbox: 0 parked, 1 pending, 0 sent" in capsys.readouterr().out

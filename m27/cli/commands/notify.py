@@ -126,7 +126,7 @@ def run_status(args: argparse.Namespace) -> int:
     counts = data["counts"]
     print(f"cursor: event {data['cursor']}")
     if isinstance(counts, dict):
-        print("outbox: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "empty")
+        print("outbox: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "empty"))
     parked = data["parked"]
     if isinstance(parked, list):
         for p in parked:
