@@ -273,6 +273,23 @@ def test_validate_command_prints_ok_and_the_order(
     assert result["steps"][0]["argv"] == ["python", "prepare_pdb.py", "--input", "x.pdb"]
 
 
+def test_validate_shows_a_long_order_in_one_line_a_terminal_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    steps = "".join(
+        f"  - {{name: s{i}, type: cpu, command: 'true'"
+        + (f", depends_on: [s{i - 1}]}}\n" if i else "}\n")
+        for i in range(500)
+    )
+    path = _write(tmp_path, "name: chain\npipeline:\n" + steps)
+    assert _validate(str(path)) == 0
+    order = capsys.readouterr().out.splitlines()[1]
+    shown = " -> ".join(f"s{i}" for i in range(10))
+    assert order == f"order: {shown} -> ... (488 more) -> s498 -> s499"
+    assert _validate(str(path), "--json") == 0
+    assert len(json.loads(capsys.readouterr().out)["order"]) == 500
+
+
 def test_validate_command_lists_every_problem_and_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -36,6 +36,20 @@ def _beyond_sim_gpus(pipeline: Pipeline) -> list[str]:
     return _common.beyond_gpus(pipeline, count, memory, f"{sim} has", f"the GPUs of {sim} have")
 
 
+#: `m27 validate` names at most this many steps on its "order:" line (--json has them all).
+ORDER_SHOWN = 12
+
+
+def _order_line(order: list[str]) -> str:
+    """The run order on one line a terminal can hold: a 5,000-step pipeline printed a
+    line of 5,000 names. The first and last few, and how many lie between."""
+    if len(order) <= ORDER_SHOWN:
+        return " -> ".join(order)
+    head, tail = order[: ORDER_SHOWN - 2], order[-2:]
+    hidden = len(order) - len(head) - len(tail)
+    return " -> ".join([*head, f"... ({hidden} more)", *tail])
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = add_command(sub, "validate", run, "check a pipeline file and list every problem")
     parser.add_argument("file", help="the pipeline YAML file")
@@ -84,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(f"OK: pipeline {pipeline.name!r} ({len(pipeline.steps)} steps)")
-        print("order: " + " -> ".join(order))
+        print("order: " + _order_line(order))
         for s in pipeline.steps:
             for line in explain_checkpoint(s, pipeline.workdir).lines(s.name):
                 print(line)
