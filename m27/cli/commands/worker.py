@@ -66,8 +66,15 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with lab_server() as server:
         if server.node_home is not None:
+            from m27.config import load_settings
+
+            # well within service_idle, however short it is set
+            every = min(IN_USE_EVERY_S, load_settings().service_idle / 4)
             threading.Thread(
-                target=keep_in_use, args=(server.node_home, stop), name="m27-in-use", daemon=True
+                target=keep_in_use,
+                args=(server.node_home, stop, every),
+                name="m27-in-use",
+                daemon=True,
             ).start()
         try:
             return _serve(args)
