@@ -65,3 +65,8 @@ def format_size(n: float) -> str:
             return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
         n /= 1024
     return f"{n:.1f}TiB"
+
+
+def count(n: int, noun: str) -> str:
+    """`n` and `noun`, plural unless n is 1: "1 step", "2 steps", "0 steps"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -290,6 +290,14 @@ def test_validate_shows_a_long_order_in_one_line_a_terminal_holds(
     assert len(json.loads(capsys.readouterr().out)["order"]) == 500
 
 
+def test_validate_counts_one_step_as_one_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, "name: one\npipeline:\n  - {name: a, type: cpu, command: 'true'}\n")
+    assert _validate(str(path)) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == ["OK: pipeline 'one' (1 step)", "order: a"]
+
+
 def test_validate_command_lists_every_problem_and_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -36,7 +36,7 @@ from m27.events.state import RunState
 from m27.monitoring.energy import format_energy
 from m27.spec import Pipeline
 from m27.store import EventStore
-from m27.units import format_duration, format_size
+from m27.units import count, format_duration, format_size
 
 #: The live table is redrawn at least this often (elapsed times move on).
 REDRAW_S = 0.2
@@ -102,7 +102,7 @@ class Progress:
         else:
             self._print(
                 f"run {self.run_id}: pipeline {self.pipeline.name} "
-                f"({len(self.pipeline.steps)} steps)"
+                f"({count(len(self.pipeline.steps), 'step')})"
             )
         self._thread.start()
 

@@ -13,6 +13,7 @@ from m27.cli.commands._explain import explain_checkpoint
 from m27.cli.commands._options import add_command, add_set_option
 from m27.gpu import parse_gpus_env
 from m27.spec import Pipeline, load_pipeline, parse_set_args, problem_lines
+from m27.units import count
 
 
 def _safe(text: str) -> str:
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         result = {"ok": True, "pipeline": pipeline.name, "order": order, "steps": steps}
         print(json.dumps(result))
     else:
-        print(f"OK: pipeline {pipeline.name!r} ({len(pipeline.steps)} steps)")
+        print(f"OK: pipeline {pipeline.name!r} ({count(len(pipeline.steps), 'step')})")
         print("order: " + _order_line(order))
         for s in pipeline.steps:
             for line in explain_checkpoint(s, pipeline.workdir).lines(s.name):
