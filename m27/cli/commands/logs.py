@@ -9,6 +9,7 @@ from pathlib import Path
 
 from m27.cli.commands import _common
 from m27.config import m27_home
+from m27.events.state import StepState
 from m27.paths import join_under
 
 _DONE = {"succeeded", "failed", "skipped", "cancelled"}
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         if not args.follow:
             if not path.exists():
-                print(f"(no log yet for {args.step}: it has not started)", file=sys.stderr)
+                print(f"({_no_log(r.steps[args.step], r.status, path)})", file=sys.stderr)
             return 0
         state = _common.load_state(st)
         run_state = state.runs[r.run_id]
@@ -59,3 +60,15 @@ def run(args: argparse.Namespace) -> int:
             return 0
         st.follow(st.last_seq(), timeout=0.3)
         time.sleep(0.05)
+
+
+def _no_log(step: StepState, run_status: str, path: Path) -> str:
+    """Why a step has no log: it has not started yet, it never will, or it was removed."""
+    if step.attempts > 0:
+        return f"no log for {step.name}: {path} is gone"
+    if step.done:
+        why = f": {step.reason}" if step.reason else ""
+        return f"no log for {step.name}: it did not run ({step.status}{why})"
+    if run_status != "running":
+        return f"no log for {step.name}: it did not run (the run {run_status} first)"
+    return f"no log yet for {step.name}: it has not started"

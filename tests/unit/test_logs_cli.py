@@ -1,0 +1,39 @@
+"""`m27 logs RUN STEP` for a step with no log says why: not started yet, never will be
+(skipped, or its run ended first), or its log file is gone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from m27 import events as ev
+from m27.cli.main import main
+from m27.store.sqlite import open_store
+
+
+def test_a_step_without_a_log_says_why(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gone = tmp_path / "removed.log"
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(1.0, "done", "p", "p.yaml", ("a", "b", "c")),
+            ev.StepStarted(2.0, "done", "a", 1, 9, 9, ("false",), log_path=str(gone)),
+            ev.StepFailed(3.0, "done", "a", 1, 1.0, "exited with code 1", exit_code=1),
+            ev.StepSkipped(3.0, "done", "b", "upstream step a did not succeed"),
+            ev.RunCancelled(3.0, "done", 2.0),
+            ev.RunSubmitted(4.0, "live", "p", "p.yaml", ("a",)),
+        ]
+    )
+    store.close()
+    expected = {
+        ("done", "a"): f"(no log for a: {gone} is gone)",
+        ("done", "b"): "(no log for b: it did not run (skipped: upstream step a did not succeed))",
+        ("done", "c"): "(no log for c: it did not run (the run cancelled first))",
+        ("live", "a"): "(no log yet for a: it has not started)",
+    }
+    for (run, step), said in expected.items():
+        assert main(["logs", run, step]) == 0
+        assert capsys.readouterr().err.strip() == said
