@@ -97,7 +97,10 @@ def load_trace(path: Path) -> Trace:
                 data["depends_on"] = tuple(data.get("depends_on", ()))
                 jobs.append(Job(**data))
             except (ValueError, TypeError, KeyError) as exc:
-                raise SpecError(f"bad trace line: {exc}", file=str(path), line=n) from exc
+                what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+                raise SpecError(
+                    f"{path}:{n}: bad trace line: {what}", file=str(path), line=n
+                ) from exc
     head.pop("jobs", None)
     return Trace(jobs=tuple(jobs), **head)
 

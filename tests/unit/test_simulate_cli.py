@@ -29,6 +29,22 @@ def test_a_bad_lab_option_is_a_clean_error(
     assert message in err and "Traceback" not in err and "invalid literal" not in err
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"bad json', "bad trace line: Invalid control character"),
+        ('{"id": "a"}', "bad trace line: missing field 'phases'"),
+    ],
+)
+def test_a_bad_trace_line_names_its_file_and_line(
+    tmp_path: Path, line: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(f'{{"trace": {{"gpus": 1}}}}\n\n{line}\n')
+    assert main(["simulate", str(trace)]) == 2
+    assert capsys.readouterr().err.startswith(f"m27: {trace}:3: {message}")
+
+
 def test_an_event_log_replays_on_its_nodes_gpu_count(tmp_path: Path) -> None:
     store = SqliteEventStore(tmp_path / "events.db")
     try:
