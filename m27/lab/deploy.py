@@ -18,6 +18,7 @@ from m27.lab.capacity import TIERS, Tier
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import PrefectClient
+    from prefect.client.schemas.schedules import CronSchedule
 
 POOL_NAME = "m27"
 POOL_TYPE = "m27"
@@ -84,6 +85,18 @@ class DeploymentSpec:
     pool: str = POOL_NAME
     description: str = ""
 
+    def check(self) -> None:
+        """Refuse what Prefect would refuse, before any server is asked (or started), in
+        one line naming the option: a name with / % & < >, a bad --cron or --timezone."""
+        if any(c in self.name for c in _NAME_FORBIDDEN):
+            raise ConfigError(
+                f"--name {self.name!r}: a deployment name cannot contain "
+                f"{' '.join(_NAME_FORBIDDEN)}",
+                name=self.name,
+            )
+        if self.cron:
+            schedule_of(self.cron, self.timezone)
+
     def parameters(self) -> dict[str, Any]:
         return {
             "spec_path": self.spec_path,
@@ -93,6 +106,27 @@ class DeploymentSpec:
 
     def tags(self) -> list[str]:
         return ["m27", f"tier:{self.tier}", f"pipeline:{self.pipeline_name}"]
+
+
+#: Characters Prefect refuses in a deployment name.
+_NAME_FORBIDDEN = ("/", "%", "&", "<", ">")
+
+
+def schedule_of(cron: str, timezone: str | None) -> CronSchedule:
+    """The Prefect schedule of `cron` in `timezone` (UTC when None); a ConfigError with
+    the option and Prefect's reason when either is bad (not pydantic's error dump)."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    try:
+        return CronSchedule(cron=cron, timezone=timezone or "UTC")
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        reason = str(error.get("msg", exc)).removeprefix("Value error, ")
+        option = f"--timezone {timezone!r}" if "timezone" in error.get("loc", ()) else ""
+        raise ConfigError(
+            f"{option or f'--cron {cron!r}'}: {reason}", cron=cron, timezone=timezone
+        ) from None
 
 
 #: Where a flow run finds flows/pipeline.py: the m27 installed on the node that runs it (the
@@ -112,17 +146,13 @@ async def deploy(client: PrefectClient, spec: DeploymentSpec) -> dict[str, Any]:
     on a pool that does not exist is refused by the server.
     """
     from prefect.client.schemas.actions import DeploymentScheduleCreate
-    from prefect.client.schemas.schedules import CronSchedule
     from prefect.utilities.callables import parameter_schema
 
     from flows.pipeline import pipeline_flow
 
     schedules: list[DeploymentScheduleCreate] = []
     if spec.cron:
-        try:
-            cron = CronSchedule(cron=spec.cron, timezone=spec.timezone or "UTC")
-        except ValueError as exc:
-            raise ConfigError(f"bad schedule: {exc}", cron=spec.cron) from exc
+        cron = schedule_of(spec.cron, spec.timezone)
         schedules.append(DeploymentScheduleCreate(schedule=cron, active=True))
     await pool_init(client, spec.pool)
     flow_id = await client.create_flow_from_name(FLOW_NAME)

@@ -97,6 +97,31 @@ def test_a_prefect_server_that_cannot_be_reached_is_one_line(
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--cron", "bad cron"], "--cron 'bad cron': Invalid cron string: \"bad cron\""),
+        (["--cron", "0 2 * * *", "--timezone", "Mars/Base"], "--timezone 'Mars/Base': Invalid"),
+        (["--name", "a/b"], "--name 'a/b': a deployment name cannot contain / % & < >"),
+    ],
+)
+def test_a_bad_deployment_option_is_one_line_before_any_server_starts(
+    m27_home: Path,
+    tmp_path: Path,
+    options: list[str],
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    spec = tmp_path / "p.yaml"
+    spec.write_text("pipeline:\n  - name: a\n    type: cpu\n    command: 'true'\n")
+    assert main(["deploy", str(spec), "--name", "n", *options]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"m27: {said}") and len(err.strip().splitlines()) == 1, err
+    assert not (m27_home / "service.json").exists()  # no node service started for it
+
+
 def test_run_id_errors_carry_what_was_typed_and_what_it_could_mean() -> None:
     with pytest.raises(RunIdError) as info:
         resolve("20261129", RUNS)

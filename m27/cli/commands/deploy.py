@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         timezone=args.timezone,
         pool=args.pool,
     )
+    spec.check()  # before a server is asked, or started
     with lab_server() as server:
         result = asyncio.run(_deploy(spec))
     if args.json:
