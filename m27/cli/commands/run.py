@@ -74,6 +74,14 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
     if args.resume:
         state = _common.load_state()
         old = _common.find_run(state, args.resume)
+        if _common.shown_status(old) == "running" and old.pid:
+            print(
+                f"m27 run: run {old.run_id} is still running (pid {old.pid}); resuming it "
+                "now would run its steps twice. Wait for it to end, or cancel it "
+                f"(m27 cancel {old.run_id}), then resume",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
         resume_of = old.run_id
         file = file or old.spec_path
         overrides = {**old.vars, **overrides}

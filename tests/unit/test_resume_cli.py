@@ -1,0 +1,51 @@
+"""`m27 run --resume RUN` of a run that is still running is refused: its steps would run
+twice at once (a run whose process died may be resumed: that is what resume is for)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from m27 import events as ev
+from m27 import liveness
+from m27.cli.main import main
+from m27.store.sqlite import open_store
+
+
+def _submitted(run_id: str, pid: int, spec: Path) -> ev.RunSubmitted:
+    return ev.RunSubmitted(
+        1.0,
+        run_id,
+        "p",
+        str(spec),
+        ("a",),
+        pid=pid,
+        host=socket.gethostname(),
+        pid_started=liveness.start_time(pid),
+    )
+
+
+def test_resuming_a_live_run_is_refused_and_a_dead_ones_is_not(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "p.yaml"
+    spec.write_text("name: p\npipeline:\n  - {name: a, type: gpu, gpus: 9, command: 'true'}\n")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    store = open_store(m27_home)
+    store.append([_submitted("live", os.getpid(), spec), _submitted("dead", dead.pid, spec)])
+    store.close()
+
+    with pytest.raises(SystemExit) as refused:
+        main(["run", "--resume", "live", "--plain"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert f"run live is still running (pid {os.getpid()})" in err
+    assert "m27 cancel live" in err
+    # the dead one gets past that check, to the next: this node has no 9 GPUs
+    assert main(["run", "--resume", "dead", "--plain"]) == 2
+    assert "needs 9 GPUs" in capsys.readouterr().err
