@@ -316,6 +316,10 @@ class CommandBot:
     def resume(self, args: list[str]) -> str:
         if not args:
             return "Usage: /resume RUN"
+        run = self.facts.runs.get(args[0])
+        if run is not None and run.status == "running":
+            # resuming it would run its steps twice at once (`m27 run --resume` refuses too)
+            return f"Run <code>{esc(run.run_id)}</code> is still running; /cancel it first."
         if self.resume_handler is not None:
             return esc(self.resume_handler(args[0]))
         return (

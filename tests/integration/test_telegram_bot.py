@@ -152,9 +152,10 @@ def test_bump_appends_a_priority_event(
 def test_resume_replies_with_the_command_or_uses_the_handler(
     api: FakeBotApi, bot: CommandBot
 ) -> None:
-    assert "<code>m27 run --resume md-1</code>" in ask(api, bot, "/resume md-1")[0]
+    assert "<code>m27 run --resume old-1</code>" in ask(api, bot, "/resume old-1")[0]
     bot.resume_handler = lambda run: f"started resume of {run} as <new>"
-    assert "started resume of md-1 as &lt;new&gt;" in ask(api, bot, "/resume md-1")[0]
+    assert "started resume of old-1 as &lt;new&gt;" in ask(api, bot, "/resume old-1")[0]
+    assert "is still running; /cancel it first" in ask(api, bot, "/resume md-1")[0]
 
 
 def test_unknown_text_gets_help(api: FakeBotApi, bot: CommandBot) -> None:
