@@ -48,6 +48,15 @@ RESTORE_PREFIX = ".m27-restore."
 Validator = Callable[[Path], str | None]
 
 
+#: The folder, inside a step's checkpoint directory, that holds its file captures.
+CAPTURES = "files"
+
+
+def capture_dir(checkpoint_dir: Path) -> Path:
+    """Where a step's file captures live: beside its array checkpoints, never mixed."""
+    return checkpoint_dir / CAPTURES
+
+
 @dataclass(frozen=True)
 class Restored:
     """A capture put back into the workdir."""

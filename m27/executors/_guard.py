@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from m27.checkpoint.files import FileGuard, newer_than_captures, restore_files
+from m27.checkpoint.files import FileGuard, capture_dir, newer_than_captures, restore_files
 from m27.clock import Clock
 from m27.executors import _proc
 from m27.executors.engines import recipe_named
@@ -81,11 +81,6 @@ class Guarded:
         finally:
             if self.guard is not None:
                 self.guard.stop()
-
-
-def capture_dir(checkpoint_dir: Path) -> Path:
-    """Where a step's file captures live: beside its array checkpoints, never mixed."""
-    return checkpoint_dir / "files"
 
 
 class _Launch(Protocol):

@@ -103,6 +103,31 @@ def test_cli_lists_checkpoints_with_step_bytes_and_change(
     assert "md_simulation" in text and "6.2%" in text and "yes" in text
 
 
+def test_cli_lists_verifies_and_prunes_the_files_a_program_checkpoints_itself(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the runner keeps captures of a program's own files (a GROMACS .cpt) in STEP/files
+    captures = run_dir / "files"
+    with Checkpointer(captures, chunk_size=CHUNK, keep_last=100) as ck:
+        for s in states(3):
+            ck.save(s, step=s["step"])
+    assert main(["checkpoints", "20260101", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["step"], r["sim_step"]) for r in rows[-3:]] == [
+        ("md_simulation/files", 1),
+        ("md_simulation/files", 2),
+        ("md_simulation/files", 3),
+    ]
+    assert main(["checkpoints", "20260101", "md_simulation", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 4 + 3
+    pack = sorted(captures.glob("ckpt-*.pack"))[-1]
+    pack.write_bytes(b"\0" * pack.stat().st_size)
+    assert main(["checkpoints", "verify", "20260101"]) == 1
+    assert pack.name in capsys.readouterr().out
+    assert main(["checkpoints", "gc", "20260101", "--keep", "1"]) == 0
+    assert len(names(captures, "json")) < 3
+
+
 def test_cli_verify_exits_1_naming_the_corrupt_file(
     run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

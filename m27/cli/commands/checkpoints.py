@@ -18,6 +18,7 @@ from typing import Any
 from m27 import runids, tables
 from m27._exceptions import CorruptCheckpointError, RunError
 from m27.checkpoint import Listed, checkpoints_home, load_settings, prune, scan, verify
+from m27.checkpoint.files import CAPTURES, capture_dir
 from m27.cli.commands._common import print_json
 from m27.paths import join_under
 from m27.tables import Col
@@ -96,8 +97,16 @@ def _directories(run: str, step: str | None) -> list[tuple[str, Path]]:
         step_dir = join_under(run_dir, step)
         if not step_dir.is_dir():
             raise RunError(f"run {run_id} has no checkpoints for step {step!r}", run_id=run_id)
-        return [(step, step_dir)]
-    return [(p.name, p) for p in sorted(run_dir.iterdir()) if p.is_dir()]
+        return _with_captures(step, step_dir)
+    return [t for p in sorted(run_dir.iterdir()) if p.is_dir() for t in _with_captures(p.name, p)]
+
+
+def _with_captures(step: str, step_dir: Path) -> list[tuple[str, Path]]:
+    """A step's array checkpoints, and the files it checkpoints itself (a GROMACS .cpt,
+    captured by the runner) as ``STEP/files``."""
+    captures = capture_dir(step_dir)
+    extra = [(f"{step}/{CAPTURES}", captures)] if captures.is_dir() else []
+    return [(step, step_dir), *extra]
 
 
 def _row(step: str, entry: Listed) -> dict[str, Any]:
