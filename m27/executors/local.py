@@ -275,8 +275,12 @@ def finish_attempt(
     ev: Event
     if end.ok:
         sink.write(f"=== attempt {attempt} succeeded ===\n")
+        # absolute: a step's outputs are relative to its own workdir, which the readers of
+        # the log (`m27 status`, the run summary, its plots) do not know
+        base = launch.workdir or Path.cwd()
+        outputs = tuple(str(base / out) for out in launch.outputs)
         ev = StepSucceeded(
-            **launch.head(clock.now()), attempt=attempt, duration_s=took, outputs=launch.outputs
+            **launch.head(clock.now()), attempt=attempt, duration_s=took, outputs=outputs
         )
     else:
         sink.write(f"=== attempt {attempt} failed: {end.reason} ===\n")

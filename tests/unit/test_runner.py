@@ -295,4 +295,5 @@ def test_declared_outputs_are_recorded_on_success(store: MemoryEventStore, tmp_p
     assert run_step(step, store).ok
 
     succeeded = of(store, StepSucceeded)[0]
-    assert isinstance(succeeded, StepSucceeded) and succeeded.outputs == ("a.txt",)
+    assert isinstance(succeeded, StepSucceeded)
+    assert succeeded.outputs == (str(tmp_path / "a.txt"),)  # from the step's own workdir
