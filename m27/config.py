@@ -257,7 +257,8 @@ def _load_file(
             spec = KEYS.get(key)
             context: dict[str, Any] = {"file": str(file), "line": line, "key": key}
             if spec is None:
-                message = f"unknown key {key!r} in [{section}]{_suggest(key, KEYS)}"
+                here = [k for k, known in KEYS.items() if known.section == section.lower()]
+                message = f"unknown key {key!r} in [{section}]{_suggest(key, KEYS, here)}"
             elif spec.section != section.lower():
                 message = f"{key} belongs in [{spec.section}], not [{section}]"
             else:
@@ -308,12 +309,15 @@ def _parse_chunk_size(raw: str) -> int:
     return value
 
 
-def _suggest(word: str, choices: Mapping[str, Any] | tuple[str, ...]) -> str:
+def _suggest(
+    word: str, choices: Mapping[str, Any] | tuple[str, ...], listed: list[str] | None = None
+) -> str:
+    """A close match among `choices`, else the `listed` ones (default: all of them)."""
     options = sorted(choices)
     match = difflib.get_close_matches(word.lower(), options, n=1, cutoff=0.6)
     if match:
         return f"; did you mean {match[0]!r}?"
-    return f"; known: {', '.join(options)}"
+    return f"; known: {', '.join(sorted(listed) if listed is not None else options)}"
 
 
 def _display(file: Path, env: Mapping[str, str]) -> str:

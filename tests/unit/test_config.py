@@ -132,6 +132,14 @@ def test_unknown_key_names_line_and_suggests(home: Path) -> None:
     assert info.value.context["line"] == 4
 
 
+def test_an_unknown_key_without_a_close_match_lists_its_sections_keys(home: Path) -> None:
+    write(home, "[performance]\nbogus = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings({"HOME": str(home)})
+    known = str(info.value).split("; known: ")[1].split(", ")
+    assert known == ["cpu_slots", "gpu_streams", "io_timeout", "memory_overprovision"]
+
+
 def test_unknown_section_suggests_the_known_one(home: Path) -> None:
     write(home, "[checkpiont]\nkeep_last = 2\n")
     with pytest.raises(ConfigError, match=r":1: unknown section \[checkpiont\]; did you mean"):
