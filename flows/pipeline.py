@@ -322,7 +322,7 @@ def _walk(run: _Run, pipeline: Pipeline, done: set[str]) -> dict[str, str]:
     for name in order:
         if name in done:
             outcome[name] = "succeeded"
-            why = "succeeded in the resumed run"
+            why = StepSkipped.DONE_BEFORE
             run.append(StepSkipped(at=_now(), run_id=run.run_id, step=name, reason=why))
             skipped_task.with_options(name=name, task_run_name=name).submit(why, True).wait()
     while len(outcome) < len(order):

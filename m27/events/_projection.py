@@ -79,7 +79,7 @@ class StepState:
     def done_before(self) -> bool:
         """Skipped because it succeeded in the run this one resumes ("succeeded in the
         resumed run"): done, not left out; listings show it as succeeded."""
-        return self.status == "skipped" and self.reason.startswith("succeeded")
+        return self.status == "skipped" and ev.StepSkipped.done_before(self.reason)
 
 
 @dataclass

@@ -4,6 +4,7 @@ reports, its checkpoints."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from m27.events._base import StepEvent, event
 
@@ -74,6 +75,15 @@ class StepSkipped(StepEvent):
     """A step did not run: an upstream step failed, or it already succeeded (resume)."""
 
     reason: str
+
+    #: The reason of a step skipped because it succeeded in the run this one resumes.
+    DONE_BEFORE: ClassVar[str] = "succeeded in the resumed run"
+
+    @staticmethod
+    def done_before(reason: str) -> bool:
+        """Whether a skip with `reason` means done, not left out (listings count it as
+        succeeded)."""
+        return reason.startswith(StepSkipped.DONE_BEFORE)
 
 
 @event

@@ -70,6 +70,16 @@ class StepLaunch:
         ``StepStarted(**launch.head(clock.now()), attempt=..., ...)``."""
         return {"at": at, "run_id": self.run_id, "step": self.step}
 
+    def output_paths(self) -> dict[str, Path]:
+        """Each declared output and where it is: outputs are relative to the step's
+        workdir (the caller's working directory when it has none)."""
+        base = self.workdir or Path.cwd()
+        return {out: base / out for out in self.outputs}
+
+    def missing_outputs(self) -> list[str]:
+        """The declared outputs an attempt that exited 0 did not leave behind."""
+        return [out for out, path in self.output_paths().items() if not path.exists()]
+
     def __post_init__(self) -> None:
         ctx = {"run_id": self.run_id, "step": self.step}
         if not self.argv or not self.argv[0]:

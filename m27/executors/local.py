@@ -158,12 +158,11 @@ def begin_attempt(
         sink.note(f"workdir not found: {launch.workdir}")
         why = f"workdir not found: {launch.workdir}"
         return AttemptEnd(False, why, exit_code=126, retryable=False)
-    base = launch.workdir or Path.cwd()
-    for out in launch.outputs:
+    for out, path in launch.output_paths().items():
         # Like Snakemake: `output: out/x.txt` needs no `mkdir out` first (a shell
         # redirection or an engine's -o would fail on a missing folder).
         try:
-            (base / out).parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             why = f"cannot create the folder of output {out}: {exc.strerror or exc}"
             sink.note(why)
@@ -243,9 +242,7 @@ def _judge(launch: StepLaunch, outcome: _proc.Outcome) -> AttemptEnd:
         return AttemptEnd(False, f"killed by {_signame(sig)}", code, sig)
     if code != 0:
         return AttemptEnd(False, f"exited with code {code}", code, sig)
-    base = launch.workdir or Path.cwd()
-    missing = [out for out in launch.outputs if not (base / out).exists()]
-    if missing:
+    if missing := launch.missing_outputs():
         return AttemptEnd(False, f"declared output missing: {', '.join(missing)}", code, sig)
     return AttemptEnd(True, "succeeded", code, sig)
 
@@ -277,8 +274,7 @@ def finish_attempt(
         sink.write(f"=== attempt {attempt} succeeded ===\n")
         # absolute: a step's outputs are relative to its own workdir, which the readers of
         # the log (`m27 status`, the run summary, its plots) do not know
-        base = launch.workdir or Path.cwd()
-        outputs = tuple(str(base / out) for out in launch.outputs)
+        outputs = tuple(str(path) for path in launch.output_paths().values())
         ev = StepSucceeded(
             **launch.head(clock.now()), attempt=attempt, duration_s=took, outputs=outputs
         )

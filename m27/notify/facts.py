@@ -119,7 +119,7 @@ def _apply(node: NodeFacts, e: ev.Event) -> None:
             )
     elif isinstance(e, ev.StepSkipped):
         # done in the run this one resumes: counted as succeeded (as `m27 runs` does)
-        done = e.reason.startswith("succeeded")
+        done = ev.StepSkipped.done_before(e.reason)
         node.run(e.run_id).step(e.step).status = "succeeded" if done else "skipped"
     elif isinstance(e, ev.StepCancelled):
         node.run(e.run_id).step(e.step).status = "cancelled"

@@ -12,8 +12,6 @@ from m27.config import m27_home
 from m27.events.state import StepState
 from m27.paths import join_under
 
-_DONE = {"succeeded", "failed", "skipped", "cancelled"}
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -54,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         state = _common.load_state(st)
         run_state = state.runs[r.run_id]
-        step_done = run_state.steps[args.step].status in _DONE
+        step_done = run_state.steps[args.step].done
         finished = step_done or _common.shown_status(run_state) != "running"
         if finished and path.exists() and path.stat().st_size == offset:
             return 0

@@ -30,11 +30,11 @@ def _beyond_sim_gpus(pipeline: Pipeline) -> list[str]:
     if not value.lower().startswith("sim:"):
         return []
     try:
-        count, memory = parse_gpus_env(value)
+        gpus, memory = parse_gpus_env(value)
     except ConfigError as exc:
         return [f"m27: {exc}"]
     sim = f"M27_GPUS={value}"
-    return _common.beyond_gpus(pipeline, count, memory, f"{sim} has", f"the GPUs of {sim} have")
+    return _common.beyond_gpus(pipeline, gpus, memory, f"{sim} has", f"the GPUs of {sim} have")
 
 
 #: `m27 validate` names at most this many steps on its "order:" line (--json has them all).

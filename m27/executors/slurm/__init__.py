@@ -213,9 +213,7 @@ class _Job(StepJobs):
         code, sig = _code_signal(info)
         state = info.state
         if state == "COMPLETED" and code == 0:
-            base = self.launch.workdir or Path.cwd()
-            missing = [out for out in self.launch.outputs if not (base / out).exists()]
-            if missing:
+            if missing := self.launch.missing_outputs():
                 return AttemptEnd(
                     False, f"declared output missing: {', '.join(missing)}", code, sig
                 )
