@@ -310,7 +310,7 @@ def _slurm_job_submitted(step: StepState, e: ev.SlurmJobSubmitted) -> None:
 
 @_on_step(ev.SlurmJobStateChanged)
 def _slurm_job_state_changed(step: StepState, e: ev.SlurmJobStateChanged) -> None:
-    step.slurm_job_id, step.slurm_state = e.job_id, e.state
+    step.slurm_job_id, step.slurm_state, step.slurm_reason = e.job_id, e.state, e.reason
 
 
 @_on_step(ev.StepFlopsReported)

@@ -116,7 +116,15 @@ def test_pipeline_of_cpu_and_gpu_steps_gets_gpus_from_slurm(tmp_path: Path) -> N
 def test_failing_job_reports_exit_code_slurm_state_and_output(tmp_path: Path) -> None:
     store = MemoryEventStore()
     launch = StepLaunch("r1", "bad", ("sh", "-c", "echo broken >&2; exit 3"), retries=1)
-    result = run_slurm_step(launch, store, options=FAST, site={})
+    starts_before_line: list[int] = []  # each attempt's output comes after its start
+    result = run_slurm_step(
+        launch,
+        store,
+        options=FAST,
+        site={},
+        on_line=lambda s, line: starts_before_line.append(len(of(store, StepStarted))),
+    )
+    assert starts_before_line == [1, 2]
     assert not result.ok and result.attempts == 2
     assert result.exit_code == 3
     assert result.reason == "Slurm FAILED: exited with code 3"
@@ -124,6 +132,18 @@ def test_failing_job_reports_exit_code_slurm_state_and_output(tmp_path: Path) ->
     assert [f.will_retry for f in failed] == [True, False]
     assert failed[-1].log_tail == "broken"
     assert len({j.job_id for j in of(store, SlurmJobSubmitted)}) == 2
+
+
+def test_a_job_slurm_refuses_fails_once_in_slurms_words_named_once(tmp_path: Path) -> None:
+    store = MemoryEventStore()
+    launch = StepLaunch("r1", "lost", ("true",), retries=2, workdir=tmp_path)
+    result = run_slurm_step(launch, store, options={"partition": "nosuch", **FAST}, site={})
+    assert not result.ok and result.attempts == 1  # not retried: it cannot succeed
+    # sbatch prints two "sbatch: error: ..." lines: one reason, one line, sbatch named once
+    assert result.reason.startswith("sbatch: ") and result.reason.count("sbatch") == 1
+    assert "\n" not in result.reason and "error:" not in result.reason
+    assert "Invalid partition name specified" in result.reason
+    assert of(store, SlurmJobSubmitted) == []
 
 
 def test_m27_cancel_scancels_the_running_job(tmp_path: Path, m27_home: Path) -> None:

@@ -84,6 +84,30 @@ def test_a_steps_first_output_line_comes_after_its_started_line(
     ]
 
 
+def test_a_slurm_step_shows_its_job_its_wait_in_the_queue_and_its_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, progress = _progress(tmp_path)
+    store.append(
+        [
+            *_events()[:4],
+            ev.SlurmJobSubmitted(1.6, "r1", "sim", "42", 1),
+            ev.SlurmJobStateChanged(1.7, "r1", "sim", "42", "PENDING"),
+            ev.SlurmJobStateChanged(1.8, "r1", "sim", "42", "PENDING", "Resources"),
+            ev.SlurmJobStateChanged(2.0, "r1", "sim", "42", "RUNNING"),
+            ev.StepStarted(2.0, "r1", "sim", 1, 0, 0, ("x",), (0,), host="node7"),
+            ev.SlurmJobStateChanged(2.5, "r1", "sim", "42", "COMPLETED"),
+        ]
+    )
+    progress._drain()
+    lines = [line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert lines[-3:] == [
+        "sim: submitted as Slurm job 42 (attempt 1)",
+        "sim: Slurm job 42 pending: Resources",
+        "sim: started (attempt 1, Slurm job 42 on node7, GPU 0)",
+    ]
+
+
 def test_live_mode_renders_a_table_of_steps_with_their_state(tmp_path: Path) -> None:
     store, progress = _progress(tmp_path, live=True)
     progress.console = Console(file=io.StringIO(), width=120, force_terminal=True)

@@ -211,7 +211,7 @@ def test_sbatch_rejection_fails_without_retry(tmp_path: Path) -> None:
     fake = FakeSlurm([], submit_error=SlurmError("sbatch: error: invalid partition specified: x"))
     result, store = run(tmp_path, fake, retries=3)
     assert not result.ok and result.attempts == 1
-    assert result.reason == "sbatch failed: sbatch: error: invalid partition specified: x"
+    assert result.reason == "sbatch: error: invalid partition specified: x"
     assert of(store, SlurmJobSubmitted) == []
 
 

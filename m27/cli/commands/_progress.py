@@ -25,6 +25,8 @@ from m27.events import (
     RunFailed,
     RunSubmitted,
     RunSucceeded,
+    SlurmJobStateChanged,
+    SlurmJobSubmitted,
     StepCancelled,
     StepFailed,
     StepQueued,
@@ -179,11 +181,22 @@ class Progress:
                 row["status"] = "queued"
             elif isinstance(ev, LeaseGranted):
                 row["gpus"] = ",".join(map(str, ev.gpus)) or "cpu"
+            elif isinstance(ev, SlurmJobSubmitted):
+                row["job"] = ev.job_id
+                text = f"{step}: submitted as Slurm job {ev.job_id} (attempt {ev.attempt})"
+            elif isinstance(ev, SlurmJobStateChanged):
+                # RUNNING shows as "started", the end as succeeded/failed; a wait in
+                # Slurm's queue (Resources, Priority, a requeue) is worth a line.
+                if ev.state == "PENDING" and ev.reason:
+                    text = f"{step}: Slurm job {ev.job_id} pending: {ev.reason}"
             elif isinstance(ev, StepStarted):
                 row.update(status="running", since=ev.at)
                 where = f"GPU {','.join(map(str, ev.gpus))}" if ev.gpus else "CPU"
                 resumed = f", resuming from {ev.resume_from}" if ev.resume_from else ""
-                text = f"{step}: started (attempt {ev.attempt}, pid {ev.pid}, {where}{resumed})"
+                # a Slurm step has no local pid (0): its job and node say where it runs
+                job = f"Slurm job {row.get('job', '?')} on {ev.host}"
+                proc = f"pid {ev.pid}" if ev.pid else job
+                text = f"{step}: started (attempt {ev.attempt}, {proc}, {where}{resumed})"
             elif isinstance(ev, StepSucceeded):
                 row.update(status="succeeded", took=ev.duration_s)
                 text = f"{step}: succeeded in {format_duration(ev.duration_s)}"

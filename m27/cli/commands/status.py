@@ -83,6 +83,10 @@ def _run_dict(r: RunState, energy: _Energy) -> dict[str, Any]:
                 "signal": s.signal,
                 "reason": s.reason,
                 "gpus": list(s.gpus or ()),
+                "host": s.host,
+                "slurm_job_id": s.slurm_job_id,
+                "slurm_state": s.slurm_state,
+                "slurm_reason": s.slurm_reason,
                 "log_path": s.log_path,
                 "last_checkpoint": s.last_checkpoint,
                 "checkpoint_step": s.checkpoint_step,
@@ -92,6 +96,15 @@ def _run_dict(r: RunState, energy: _Energy) -> dict[str, Any]:
             for name, s in r.steps.items()
         },
     }
+
+
+def _where(s: dict[str, Any]) -> str:
+    """GPUs here, `cpu`, or the Slurm job and node; empty before the step first started."""
+    gpus = ",".join(map(str, s["gpus"]))
+    if s["slurm_job_id"]:
+        on = f" on {s['host']}" if s["host"] else ""
+        return f"job {s['slurm_job_id']}{on}" + (f" GPU {gpus}" if gpus else "")
+    return gpus or ("cpu" if s["started_at"] is not None else "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,8 +150,11 @@ def _print_run(r: RunState, energy: _Energy) -> None:
         if s["started_at"] is not None:
             end = s["ended_at"] if s["ended_at"] is not None else None
             took = format_duration(end - s["started_at"]) if end is not None else "..."
-        where = ",".join(map(str, s["gpus"])) if s["gpus"] else ("cpu" if s["attempts"] else "")
+        where = _where(s)
         note = s["reason"] or ""
+        if s["slurm_job_id"] and s["status"] in ("queued", "running"):
+            why = f" ({s['slurm_reason']})" if s["slurm_reason"] else ""
+            note = f"Slurm {s['slurm_state']}{why} {note}".strip()
         if s["status"] == "failed" and s["exit_code"] is not None:
             note = f"exit {s['exit_code']}: {note}"
         if s["energy_j"]:

@@ -167,7 +167,7 @@ class _Job(StepJobs):
             job_id = self.cli.submit(script, env)
         except SlurmError as exc:
             sink.note(str(exc))
-            return AttemptEnd(False, f"sbatch failed: {exc}", retryable=exc.transient)
+            return AttemptEnd(False, str(exc), retryable=exc.transient)  # names sbatch
         self.store.append(
             [SlurmJobSubmitted(**launch.head(self.clock.now()), job_id=job_id, attempt=attempt)]
         )

@@ -167,12 +167,14 @@ class Follower:
         )
 
     def _pump(self, final: bool = False) -> None:
+        # The job script writes its `starts` line before the command runs: reading it
+        # first records StepStarted before the first output line of that start is shown.
+        for line in self.starts.finish() if final else self.starts.read():
+            self._started(line)
         for tail, stream in self.outputs:
             lines = tail.finish() if final else tail.read()
             if lines:
                 self.jobs.sink.emit(stream, lines)
-        for line in self.starts.finish() if final else self.starts.read():
-            self._started(line)
 
     def _drain(self) -> None:
         self._pump(final=True)

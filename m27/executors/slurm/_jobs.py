@@ -149,6 +149,12 @@ class SubprocessSlurm:
             ) from None
         if done.returncode != 0:
             message = (done.stderr or done.stdout).strip() or f"exit code {done.returncode}"
+            # "sbatch: error: Batch job submission failed: ..." (on each line) names the
+            # tool once, in one line
+            message = "; ".join(
+                line.strip().removeprefix(f"{argv[0]}: ").removeprefix("error: ")
+                for line in message.splitlines()
+            )
             transient = bool(re.search(r"contact|connect|timed? ?out|try again", message, re.I))
             raise SlurmError(f"{argv[0]}: {message}", transient, command=argv[0])
         return done.stdout

@@ -1,0 +1,57 @@
+"""`m27 status RUN`: where each step runs, as the log tells it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from m27 import events as ev
+from m27.cli.main import main
+from m27.store.sqlite import SqliteEventStore
+
+RUN = "20261203-100000-aaaa"
+
+
+@pytest.fixture
+def slurm_run(m27_home: Path) -> Path:
+    """A run with a local CPU step, a Slurm step running on node7 and one waiting in Slurm's
+    queue, and a step whose submission failed."""
+    steps = ("prep", "sim", "wait", "bad")
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, RUN, "p", "p.yaml", steps, pid=0),
+            ev.StepStarted(1.1, RUN, "prep", 1, 100, 100, ("true",)),
+            ev.StepSucceeded(1.2, RUN, "prep", 1, 0.1),
+            ev.StepQueued(1.3, RUN, "sim", "gpu"),
+            ev.SlurmJobSubmitted(1.4, RUN, "sim", "42", 1),
+            ev.SlurmJobStateChanged(1.5, RUN, "sim", "42", "RUNNING"),
+            ev.StepStarted(1.5, RUN, "sim", 1, 0, 0, ("x",), (0, 1), host="node7"),
+            ev.StepQueued(1.3, RUN, "wait", "gpu"),
+            ev.SlurmJobSubmitted(1.4, RUN, "wait", "43", 1),
+            ev.SlurmJobStateChanged(1.5, RUN, "wait", "43", "PENDING", "Resources"),
+            ev.StepQueued(1.3, RUN, "bad", "gpu"),
+            ev.StepFailed(1.4, RUN, "bad", 1, 0.0, "sbatch: Invalid partition name specified"),
+        ]
+    )
+    store.close()
+    return m27_home
+
+
+def test_status_names_the_slurm_job_its_node_and_its_state_in_slurm(
+    slurm_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", RUN]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[3:]}
+    assert "job 42 on node7 GPU 0,1" in rows["sim"] and "Slurm RUNNING" in rows["sim"]
+    assert "job 43" in rows["wait"] and "Slurm PENDING (Resources)" in rows["wait"]
+    assert rows["prep"].split()[-1] == "cpu"
+    # it never ran anywhere: no "cpu" for a GPU step whose sbatch failed
+    assert "cpu" not in rows["bad"].split()
+
+    assert main(["status", RUN, "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert (steps["sim"]["slurm_job_id"], steps["sim"]["host"]) == ("42", "node7")
+    assert steps["wait"]["slurm_state"] == "PENDING"
