@@ -114,6 +114,7 @@ def _step_body(run: _Run, step: Step) -> State:
                 launch,
                 run.store,
                 options=step.slurm,
+                gpus=step.gpus,
                 on_line=on_line,
                 cancel=run.cancel,
                 resume_from=lambda: run.resume_from(step.name),

@@ -13,7 +13,9 @@ from tests.integration.slurm_fixture import slurm_cluster  # noqa: F401
 pytestmark = [pytest.mark.service, pytest.mark.usefixtures("slurm_cluster")]
 
 
-def test_a_pipeline_mixes_local_and_slurm_steps(m27: M27, tmp_path: Path, m27_home: Path) -> None:
+def test_a_pipeline_mixes_local_and_slurm_steps(
+    m27: M27, tmp_path: Path, m27_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = tmp_path / "mixed.yaml"
     spec.write_text(
         textwrap.dedent("""\
@@ -26,14 +28,23 @@ def test_a_pipeline_mixes_local_and_slurm_steps(m27: M27, tmp_path: Path, m27_ho
             type: gpu
             depends_on: [prep]
             executor: slurm
-            slurm: {time: "00:02:00", gpus: 1}
+            gpus: 2
+            slurm: {time: "00:02:00"}
             command: python -c "import os; print('slurm gpus', os.environ['CUDA_VISIBLE_DEVICES'], open('input.txt').read())"
     """)
     )
+    monkeypatch.setenv("M27_GPUS", "sim:1")  # this node: one GPU
     done = m27("run", str(spec), "--plain", cwd=tmp_path, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     (run,) = node_state(m27_home).runs.values()
     train = run.steps["train"]
     assert run.status == "succeeded" and train.status == "succeeded"
     assert train.slurm_job_id
-    assert "[train] slurm gpus 0 42" in done.stdout
+    # the step's own `gpus: 2` is asked from Slurm (its cluster has 2 GPUs), not held
+    # against this node's
+    assert "[train] slurm gpus 0,1 42" in done.stdout
+    job = train.slurm_job_id
+    assert f"train: submitted as Slurm job {job} (attempt 1)" in done.stdout
+    started = f"train: started (attempt 1, Slurm job {job} on {train.host}, GPU 0,1)"
+    assert started in done.stdout
+    assert done.stdout.index(started) < done.stdout.index("[train] slurm gpus")

@@ -60,3 +60,49 @@ def test_validate_with_simulated_gpus_names_them_too(
         "the GPUs of M27_GPUS=sim:2x80GiB have 80.0GiB",
     ]
     assert err.strip() == "2 problem(s) found"
+
+
+SLURM_SPEC = """\
+name: cluster
+pipeline:
+  - name: wide
+    type: gpu
+    executor: slurm
+    gpus: 8
+    command: echo wide
+  - name: odd
+    type: gpu
+    executor: slurm
+    command: echo odd
+    slurm: {time: 4 hours, mem: lots, gpus: 1, gres: "gpu:1", tier: urgent}
+"""
+
+
+def test_slurm_steps_are_held_to_slurms_options_not_to_this_nodes_gpus(
+    tmp_path: Path,
+    m27_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("M27_GPUS", "sim:2x80GiB")
+    monkeypatch.setenv("M27_SLURM_CONFIG", str(tmp_path / "no-site-file.yaml"))
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(SLURM_SPEC)
+    assert main(["validate", str(spec)]) == 2
+    out, err = capsys.readouterr()
+    # 8 GPUs on a node of 2 is fine for a Slurm step; each bad option is named
+    where = f"{spec}:8: step 'odd': slurm"
+    assert out.splitlines() == [
+        f"{where}.tier 'urgent' is not in slurm.tiers (none are configured)",
+        f"{where}: give gpus or gres, not both",
+        f"{where}.time: not a time limit: '4 hours' (use minutes as a number (240), "
+        "Slurm's 4:00:00 or 1-00:00:00, or 4h, 90m)",
+        f"{where}.mem: not a memory size: 'lots' (use e.g. 32G, 500M or 32GiB)",
+    ]
+    assert err.strip() == "4 problem(s) found"
+    assert main(["run", str(spec), "--plain"]) == 2  # before anything starts
+    assert (
+        capsys.readouterr().err.splitlines()[0]
+        == f"m27: {where}.tier 'urgent' is not in slurm.tiers (none are configured)"
+    )
+    assert not (m27_home / "service.json").exists()

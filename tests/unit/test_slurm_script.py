@@ -114,14 +114,34 @@ def test_time_accepts_minutes_slurm_forms_and_durations() -> None:
     assert parse_options({"time": 5}, site={}, timeout=3600.0).time == "5"
 
 
+def test_mem_takes_slurms_sizes_as_written_and_m27_sizes_as_megabytes() -> None:
+    mem = [parse_options({"mem": m}, site={}).mem for m in ("32G", "500m", "1GB", 0, 4000)]
+    assert mem == ["32G", "500m", "1GB", "0", "4000"]
+    # sbatch refuses "32GiB" and "1.5G" as written (Invalid --mem specification)
+    mem = [parse_options({"mem": m}, site={}).mem for m in ("32GiB", "1.5GiB", "100MB ")]
+    assert mem == ["32G", "1536M", "100MB"]
+
+
+def test_a_gpu_step_gets_its_gpus_from_slurm_unless_an_option_names_gpus() -> None:
+    assert parse_options({}, site={}, gpus=1).gpus == 1  # type: gpu, nothing more said
+    assert parse_options({}, site={"gpus": 4}, gpus=1).gpus == 4
+    assert parse_options({"gpus": 0}, site={}, gpus=1).gpus == 0  # asked for none
+    gres = parse_options({"gres": "gpu:a100:2"}, site={}, gpus=1)
+    assert (gres.gpus, gres.gres) == (None, "gpu:a100:2")
+    assert parse_options({"extra": ["--gpus-per-node=2"]}, site={}, gpus=1).gpus is None
+    assert parse_options({}, site={}, gpus=0).gpus is None  # a cpu step
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"partiton": "gpu"}, "unknown key 'partiton'"),
+        ({"mem": "lots"}, "slurm.mem: not a memory size: 'lots'"),
+        ({"mem": "-1G"}, "slurm.mem"),
         ({"gpus": 1, "gres": "gpu:1"}, "gpus or gres, not both"),
         ({"cpus": 0}, "slurm.cpus must be a whole number >= 1"),
         ({"extra": ["exclusive"]}, "sbatch options"),
-        ({"time": "soon"}, "slurm.time"),
+        ({"time": "soon"}, "slurm.time: not a time limit: 'soon'"),
         ({"tier": "urgent"}, "'urgent' is not in slurm.tiers"),
         ({"tiers": {"x": {"tier": "y"}}}, "unknown key 'tier' in slurm.tiers.x"),
         ({"requeue": "yes"}, "true or false"),

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from m27 import liveness, runids
+from m27._exceptions import ConfigError, SpecError
 from m27.config import m27_home
 from m27.events.state import NodeState, RunState, fold
 from m27.store.sqlite import SqliteEventStore, open_store
@@ -42,6 +43,8 @@ def beyond_gpus(
     problems = []
     for step in pipeline.steps:
         where = f"{pipeline.path}:{step.line}: step {step.name!r}"
+        if step.executor == "slurm":
+            continue  # Slurm gives its GPUs, on its nodes
         if step.uses_gpu and step.gpus > count:
             problems.append(f"{where} needs {step.gpus} GPUs; {gpus_are} {count}")
         elif step.uses_gpu and largest is not None and (step.gpu_memory or 0) > largest:
@@ -49,6 +52,35 @@ def beyond_gpus(
                 f"{where} asks for gpu_memory {format_size(step.gpu_memory or 0)}; "
                 f"{memory_is} {format_size(largest)}"
             )
+    return problems
+
+
+def slurm_problems(pipeline: Pipeline) -> list[str]:
+    """One line per Slurm step whose options (with the site file's and its tier's) sbatch
+    would refuse or m27 cannot read, found before the run instead of at its step."""
+    slurm_steps = [s for s in pipeline.steps if s.executor == "slurm"]
+    if not slurm_steps:
+        return []
+    from m27.executors.slurm import check_options, load_site_options  # only when used
+
+    try:
+        site = load_site_options()
+    except ConfigError as exc:
+        return [f"{pipeline.path}: {exc}"]
+    problems = []
+    for step in slurm_steps:
+        options = dict(step.slurm)
+        while True:  # each key's problem: the check stops at the first, so drop that key
+            try:
+                check_options(
+                    options, timeout=step.timeout, step=step.name, gpus=step.gpus, site=site
+                )
+                break
+            except SpecError as exc:
+                problems.append(f"{pipeline.path}:{step.line}: step {step.name!r}: {exc}")
+                if exc.context.get("key") not in options:
+                    break
+                del options[exc.context["key"]]
     return problems
 
 

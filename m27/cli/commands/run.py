@@ -132,7 +132,7 @@ def _check_resources(pipeline: Pipeline) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     atexit.register(_fast_exit)
     pipeline, overrides, resume_of = _prepare(args)
-    if problems := _check_resources(pipeline):
+    if problems := _check_resources(pipeline) + _common.slurm_problems(pipeline):
         print("\n".join(f"m27: {p}" for p in problems), file=sys.stderr)
         return 2
     from m27.config import load_settings

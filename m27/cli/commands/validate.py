@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                 print(_safe(line))
             print(f"{total} problem(s) found", file=sys.stderr)
         return 2
-    if problems := _beyond_sim_gpus(pipeline):
+    if problems := _beyond_sim_gpus(pipeline) + _common.slurm_problems(pipeline):
         print("\n".join(problems))
         print(f"{len(problems)} problem(s) found", file=sys.stderr)
         return 2

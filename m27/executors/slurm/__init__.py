@@ -52,6 +52,7 @@ from m27.executors.slurm._follow import Follower, FollowResult, StepJobs
 from m27.executors.slurm._jobs import JobInfo, SlurmCli, SlurmError, SubprocessSlurm
 from m27.executors.slurm._script import (
     ScriptInput,
+    SlurmOptions,
     load_site_options,
     parse_options,
     render_script,
@@ -105,6 +106,22 @@ def scrub_env(env: Mapping[str, str], wants_gpus: bool) -> dict[str, str]:
     return out
 
 
+def check_options(
+    options: Mapping[str, Any],
+    *,
+    timeout: float | None = None,
+    step: str = "",
+    gpus: int = 0,
+    site: Mapping[str, Any] | None = None,
+) -> SlurmOptions:
+    """A step's ``slurm:`` options merged with the site file's (`site` when given) and its
+    tier's, every value checked, as its job will be submitted: `m27 validate` and `m27
+    run` call it before a run starts. Raises SpecError naming the key, or ConfigError for
+    a bad site file."""
+    site_options = load_site_options() if site is None else site
+    return parse_options(options, site=site_options, timeout=timeout, step=step, gpus=gpus)
+
+
 def run_slurm_step(
     launch: StepLaunch,
     store: EventStore,
@@ -117,17 +134,20 @@ def run_slurm_step(
     cli: SlurmCli | None = None,
     site: Mapping[str, Any] | None = None,
     python: str | None = None,
+    gpus: int = 0,
 ) -> StepResult:
     """Run the step as Slurm jobs (one per attempt) and wait for the last one to end.
 
-    `options` is the step's ``slurm:`` mapping; `site` defaults to the site file (see
+    `options` is the step's ``slurm:`` mapping, `gpus` the step's own GPU count (asked
+    from Slurm when the options name none); `site` defaults to the site file (see
     :func:`m27.executors.slurm._script.load_site_options`). `cli` and `python` (the interpreter the
     batch script runs ``m27.executors.slurm._resume`` with) are for tests and unusual clusters.
     """
 
     def attempts(clock: Clock, sink: Sink, log_path: Path) -> Callable[[int], AttemptEnd]:
-        site_options = load_site_options() if site is None else site
-        opts = parse_options(options, site=site_options, timeout=launch.timeout, step=launch.step)
+        opts = check_options(
+            options, timeout=launch.timeout, step=launch.step, gpus=gpus, site=site
+        )
         slurm = cli or SubprocessSlurm()
         job = _Job(
             launch, store, clock, sink, slurm, opts, log_path, python or sys.executable or "python3"
@@ -282,7 +302,10 @@ def cancel_job(job_id: str) -> None:
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
+    "SlurmOptions",
     "cancel_job",
+    "check_options",
+    "load_site_options",
     "run_slurm_step",
     "scrub_env",
     "watch_preemption",

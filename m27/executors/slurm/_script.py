@@ -16,7 +16,7 @@ import os
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import yaml
 from m27._exceptions import ConfigError, SpecError
 from m27.config import m27_home
 from m27.spec import SLURM_KEYS
-from m27.units import parse_duration
+from m27.units import parse_duration, parse_size
 
 #: Keys a ``slurm:`` mapping (or the site file, or a tier's entry) may hold; the table
 #: lives in spec so that `m27 validate` reports an unknown key with its file:line.
@@ -39,6 +39,8 @@ DEFAULT_MAX_REQUEUES = 20
 DEFAULT_POLL_S = 1.0
 
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
+#: sbatch --mem: whole units, K/M/G/T (powers of 1024), an optional B, any case.
+_SLURM_MEM = re.compile(r"^\d+([KMGT]B?)?$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,14 @@ def parse_options(
     site: Mapping[str, Any] | None = None,
     timeout: float | None = None,
     step: str = "",
+    gpus: int = 0,
 ) -> SlurmOptions:
-    """Merge site < tier < step options and check every value; errors name the key."""
+    """Merge site < tier < step options and check every value; errors name the key.
+
+    `gpus` is what the step itself asks for (its ``gpus:``; 1 for a gpu or gpu_light
+    step): Slurm is asked for that many when no option names GPUs (``gpus``, ``gres``, a
+    GPU ``extra`` argument), so ``type: gpu`` gets a GPU on a cluster as it does here.
+    """
     site = site or {}
     _check_keys(site, "site slurm config", step)
     _check_keys(options, "slurm", step)
@@ -116,10 +124,12 @@ def parse_options(
     for source in (site, options):
         raw = source.get("tiers") or {}
         if not isinstance(raw, Mapping):
-            raise SpecError("slurm.tiers must map tier names to options", step=step)
+            raise SpecError("slurm.tiers must map tier names to options", step=step, key="tiers")
         for name, entry in raw.items():
             if not isinstance(entry, Mapping):
-                raise SpecError(f"slurm.tiers.{name} must be a mapping of options", step=step)
+                raise SpecError(
+                    f"slurm.tiers.{name} must be a mapping of options", step=step, key="tiers"
+                )
             _check_keys(entry, f"slurm.tiers.{name}", step, allowed_tier=False)
             tiers[str(name)] = entry
     merged: dict[str, Any] = {k: v for k, v in site.items() if k != "tiers"}
@@ -127,12 +137,17 @@ def parse_options(
     if tier is not None:
         if str(tier) not in tiers:
             known = ", ".join(sorted(tiers)) or "none are configured"
-            raise SpecError(f"slurm.tier {tier!r} is not in slurm.tiers ({known})", step=step)
+            raise SpecError(
+                f"slurm.tier {tier!r} is not in slurm.tiers ({known})", step=step, key="tier"
+            )
         merged.update(tiers[str(tier)])
     merged.update({k: v for k, v in options.items() if k != "tiers"})
     if merged.get("time") is None and timeout is not None:
         merged["time"] = timeout
-    return _build(merged, tiers, step)
+    built = _build(merged, tiers, step)
+    if gpus > 0 and built.gpus is None and built.gres is None and not built.wants_gpus:
+        built = replace(built, gpus=gpus)
+    return built
 
 
 def _check_keys(
@@ -175,9 +190,11 @@ def _build(m: Mapping[str, Any], tiers: Mapping[str, Mapping[str, Any]], step: s
     extra = texts("extra")
     for arg in extra:
         if not arg.startswith("-") or "\n" in arg:
-            raise SpecError(f"slurm.extra items are sbatch options, not {arg!r}", step=step)
+            raise SpecError(
+                f"slurm.extra items are sbatch options, not {arg!r}", step=step, key="extra"
+            )
     if m.get("gpus") is not None and m.get("gres") is not None:
-        raise SpecError("slurm: give gpus or gres, not both", step=step)
+        raise SpecError("slurm: give gpus or gres, not both", step=step, key="gres")
     requeue = m.get("requeue", True)
     if not isinstance(requeue, bool):
         raise SpecError("slurm.requeue must be true or false", step=step, key="requeue")
@@ -196,7 +213,7 @@ def _build(m: Mapping[str, Any], tiers: Mapping[str, Mapping[str, Any]], step: s
         account=text("account"),
         qos=text("qos"),
         time=slurm_time(m["time"], step) if m.get("time") is not None else None,
-        mem=text("mem"),
+        mem=slurm_mem(m["mem"], step) if m.get("mem") is not None else None,
         cpus=integer("cpus", 1),
         gpus=integer("gpus", 0),
         gres=text("gres"),
@@ -213,6 +230,25 @@ def _build(m: Mapping[str, Any], tiers: Mapping[str, Mapping[str, Any]], step: s
     )
 
 
+def slurm_mem(value: Any, step: str = "") -> str:
+    """A Slurm memory size: Slurm's own form as written (``32G``, ``500M``, ``0`` for all
+    of a node's memory; a bare number is megabytes), or an m27 size (``32GiB``,
+    ``1.5GiB``) as whole megabytes, which sbatch would refuse as written."""
+    text = str(value).strip()
+    if not isinstance(value, bool) and _SLURM_MEM.match(text):
+        return text
+    try:
+        size = parse_size(value)
+    except ValueError:
+        raise SpecError(
+            f"slurm.mem: not a memory size: {value!r} (use e.g. 32G, 500M or 32GiB)",
+            step=step,
+            key="mem",
+        ) from None
+    mib = math.ceil(size / 2**20)
+    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
+
+
 def slurm_time(value: Any, step: str = "") -> str:
     """A Slurm time limit: whole minutes (``90``), Slurm's own forms (``1:30:00``,
     ``2-00:00:00``) as written, or an m27 duration (``90m``, ``2h``, ``300s``) rounded up
@@ -221,8 +257,13 @@ def slurm_time(value: Any, step: str = "") -> str:
         return value.strip()
     try:
         seconds = parse_duration(value)
-    except ValueError as exc:
-        raise SpecError(f"slurm.time: {exc}", step=step, key="time") from None
+    except ValueError:
+        raise SpecError(
+            f"slurm.time: not a time limit: {value!r} (use minutes as a number (240), "
+            "Slurm's 4:00:00 or 1-00:00:00, or 4h, 90m)",
+            step=step,
+            key="time",
+        ) from None
     if isinstance(value, int) and not isinstance(value, bool):
         seconds = value * 60.0  # a bare number is minutes, as in sbatch --time
     if seconds <= 0:
