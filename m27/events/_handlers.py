@@ -305,7 +305,7 @@ def _run_crashed(state: NodeState, e: ev.RunCrashed) -> None:
 
 @_on_step(ev.SlurmJobSubmitted)
 def _slurm_job_submitted(step: StepState, e: ev.SlurmJobSubmitted) -> None:
-    step.slurm_job_id, step.slurm_state = e.job_id, "SUBMITTED"
+    step.slurm_job_id, step.slurm_state, step.slurm_conf = e.job_id, "SUBMITTED", e.slurm_conf
 
 
 @_on_step(ev.SlurmJobStateChanged)

@@ -70,6 +70,8 @@ class StepState:
     #: Set for steps run through Slurm (m27.executors.slurm): the job id and its last Slurm state.
     slurm_job_id: str = ""
     slurm_state: str = ""
+    #: the SLURM_CONF the job was submitted with ("": Slurm's default configuration)
+    slurm_conf: str = ""
     #: Slurm's reason for that state (``Resources``, ``requeued (restart 1)``), or ""
     slurm_reason: str = ""
 

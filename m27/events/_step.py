@@ -134,10 +134,15 @@ class CheckpointRestored(StepEvent):
 @event
 @dataclass(frozen=True)
 class SlurmJobSubmitted(StepEvent):
-    """sbatch accepted a step's attempt as Slurm job `job_id` (kept across requeues)."""
+    """sbatch accepted a step's attempt as Slurm job `job_id` (kept across requeues).
+
+    `slurm_conf` is the ``SLURM_CONF`` sbatch ran with ("" when unset): the cluster whose
+    controller knows the job, so that whoever cancels it later (the crash watcher, in
+    the node service's own environment) asks the same one."""
 
     job_id: str
     attempt: int
+    slurm_conf: str = ""
 
 
 @event

@@ -114,14 +114,15 @@ def finalize(
     clock: Clock | None = None,
     grace_s: float = 3.0,
     stop: Callable[[int, int, float, Clock], int | None] = _stop_group,
-    cancel_job: Callable[[str], None] | None = None,
+    cancel_job: Callable[[str, str], None] | None = None,
 ) -> list[Event]:
     """Close a run whose process is gone; returns the events appended (none if it had ended).
 
     `outcome="cancelled"` is for a run cancelled (from Prefect, or ``m27 cancel``) whose
     flow process died before it could stop its steps: the same cleanup, ending in
-    ``RunCancelled``. A step running as a Slurm job is stopped with `cancel_job`
-    (``scancel``; :func:`m27.executors.slurm.cancel_job` by default).
+    ``RunCancelled``. A step running as a Slurm job is stopped with `cancel_job(job id,
+    SLURM_CONF it was submitted with)` (``scancel``; :func:`m27.executors.slurm.cancel_job`
+    by default).
     """
     clock = clock or SystemClock()
     state = fold(store.read())
@@ -172,7 +173,7 @@ def _stop_step(
     grace_s: float,
     clock: Clock,
     stop: Callable[[int, int, float, Clock], int | None],
-    cancel_job: Callable[[str], None] | None,
+    cancel_job: Callable[[str, str], None] | None,
 ) -> int | None:
     """Stop what a dead run left of `step`: its Slurm job, or its process group; the last
     signal sent to the group. A step with neither (pid 0: a Slurm step) is never sent a
@@ -183,7 +184,7 @@ def _stop_step(
 
             cancel_job = slurm.cancel_job
         try:
-            cancel_job(step.slurm_job_id)
+            cancel_job(step.slurm_job_id, step.slurm_conf)
         except Exception as exc:  # best effort: the job may have ended on its own
             log.warning("could not cancel Slurm job %s: %s", step.slurm_job_id, exc)
         return None

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.e2e._helpers import M27, node_state
-from tests.integration.slurm_fixture import slurm_cluster  # noqa: F401
+from tests.e2e._helpers import M27, m27_env, node_state
+from tests.integration.slurm_fixture import job_state, slurm_cluster  # noqa: F401
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -48,3 +53,46 @@ def test_a_pipeline_mixes_local_and_slurm_steps(
     started = f"train: started (attempt 1, Slurm job {job} on {train.host}, GPU 0,1)"
     assert started in done.stdout
     assert done.stdout.index(started) < done.stdout.index("[train] slurm gpus")
+
+
+def test_kill_9_of_a_run_cancels_its_slurm_job_through_the_cluster_it_was_submitted_to(
+    m27: M27, tmp_path: Path, m27_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node service was started from a shell without SLURM_CONF (its crash watcher
+    cannot reach this cluster by default); the run that submitted the job had it."""
+    conf = os.environ["SLURM_CONF"]
+    (tmp_path / "local.yaml").write_text("pipeline:\n  - {name: a, type: cpu, command: 'true'}\n")
+    monkeypatch.delenv("SLURM_CONF")
+    assert m27("run", str(tmp_path / "local.yaml"), "--plain", cwd=tmp_path).returncode == 0
+    monkeypatch.setenv("SLURM_CONF", conf)
+    spec = tmp_path / "long.yaml"
+    spec.write_text(
+        "name: long\npipeline:\n  - {name: sim, type: gpu, executor: slurm, command: sleep 300}\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
+        env=m27_env(),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def running() -> str | None:
+        runs = [r for r in node_state(m27_home).runs.values() if r.pipeline == "long"]
+        step = runs[0].steps["sim"] if runs else None
+        return step.slurm_job_id if step is not None and step.status == "running" else None
+
+    try:
+        job = wait_until(running, timeout=120, interval=0.2, what="the Slurm job running")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    wait_until(
+        lambda: job_state(job) == "CANCELLED",
+        timeout=60,
+        interval=0.5,
+        what=f"the crash watcher to scancel job {job}",
+    )
+    (run,) = [r for r in node_state(m27_home).runs.values() if r.pipeline == "long"]
+    assert run.steps["sim"].slurm_conf == conf
+    assert run.steps["sim"].reason.startswith("run crashed")

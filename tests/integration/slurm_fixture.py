@@ -120,3 +120,15 @@ def slurm_cluster() -> Iterator[Path]:
     if not _live_users(users) and (base / "started-by-fixture").exists():
         (base / "started-by-fixture").unlink(missing_ok=True)
         subprocess.run(["bash", str(STOP), str(base)], capture_output=True, timeout=60, check=False)
+
+
+def scontrol(*args: str) -> str:
+    return subprocess.run(
+        ["scontrol", *args], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+
+
+def job_state(job_id: str) -> str:
+    """The job's JobState as the test cluster's controller sees it now."""
+    out = scontrol("show", "job", "-o", job_id)
+    return out.split("JobState=")[1].split()[0]

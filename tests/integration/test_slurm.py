@@ -40,7 +40,12 @@ from m27.executors.slurm import run_slurm_step
 from m27.store import EventStore
 from m27.store.memory import MemoryEventStore
 from m27.store.sqlite import open_store
-from tests.integration.slurm_fixture import CKPT_STEP, slurm_cluster  # noqa: F401
+from tests.integration.slurm_fixture import (  # noqa: F401
+    CKPT_STEP,
+    job_state,
+    scontrol,
+    slurm_cluster,
+)
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.usefixtures("slurm_cluster")]
@@ -51,17 +56,6 @@ FAST = {"poll": 0.2}
 
 def of(store: EventStore, kind: type[Event]) -> list[Any]:
     return [r.event for r in store.read() if isinstance(r.event, kind)]
-
-
-def scontrol(*args: str) -> str:
-    return subprocess.run(
-        ["scontrol", *args], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
-
-
-def job_state(job_id: str) -> str:
-    out = scontrol("show", "job", "-o", job_id)
-    return out.split("JobState=")[1].split()[0]
 
 
 def in_thread(fn: Callable[[], StepResult]) -> tuple[threading.Thread, list[StepResult]]:

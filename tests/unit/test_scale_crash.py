@@ -125,18 +125,24 @@ def test_finalize_cancels_a_slurm_step_and_never_signals_process_group_0() -> No
     the caller's own process group (the node service)."""
     store = MemoryEventStore()
     started_run(store, pid=111, step_pid=0)
-    store.append([ev.SlurmJobSubmitted(at=2.5, run_id="r", step="md", job_id="4711", attempt=1)])
+    conf = "/site/cluster-b/slurm.conf"  # not the one in this process's environment
+    store.append([ev.SlurmJobSubmitted(2.5, "r", "md", job_id="4711", attempt=1, slurm_conf=conf)])
     stopped: list[tuple[int, int]] = []
-    cancelled: list[str] = []
+    cancelled: list[tuple[str, str]] = []
 
     def stop(pgid: int, pid: int, grace: float, clock: Any) -> int:
         stopped.append((pgid, pid))
         return 15
 
     out = crash.finalize(
-        store, "r", "gone", outcome="cancelled", stop=stop, cancel_job=cancelled.append
+        store,
+        "r",
+        "gone",
+        outcome="cancelled",
+        stop=stop,
+        cancel_job=lambda job, conf: cancelled.append((job, conf)),
     )
-    assert cancelled == ["4711"] and stopped == []
+    assert cancelled == [("4711", conf)] and stopped == []
     assert [type(e).__name__ for e in out][:2] == ["StepCancelled", "StepCancelled"]
     assert fold(store.read()).runs["r"].status == "cancelled"
 

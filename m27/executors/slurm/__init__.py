@@ -189,7 +189,14 @@ class _Job(StepJobs):
             sink.note(str(exc))
             return AttemptEnd(False, str(exc), retryable=exc.transient)  # names sbatch
         self.store.append(
-            [SlurmJobSubmitted(**launch.head(self.clock.now()), job_id=job_id, attempt=attempt)]
+            [
+                SlurmJobSubmitted(
+                    **launch.head(self.clock.now()),
+                    job_id=job_id,
+                    attempt=attempt,
+                    slurm_conf=env.get("SLURM_CONF", ""),
+                )
+            ]
         )
         sink.write(f"=== attempt {attempt}: Slurm job {job_id} ({script}) ===\n")
         sink.flush()
@@ -293,11 +300,15 @@ def _signame(sig: int) -> str:
         return f"signal {sig}"
 
 
-def cancel_job(job_id: str) -> None:
-    """``scancel JOB``, for `m27 cancel` on a run whose process died (pid 0 steps)."""
+def cancel_job(job_id: str, slurm_conf: str = "") -> None:
+    """``scancel JOB``, for `m27 cancel` on a run whose process died (pid 0 steps), with
+    the ``SLURM_CONF`` the job was submitted with (`slurm_conf`; "": this environment's)."""
     if not re.fullmatch(r"\d+(_\d+)?", job_id):
         raise SlurmError(f"not a Slurm job id: {job_id!r}")
-    SubprocessSlurm(os.environ).cancel(job_id)
+    env = dict(os.environ)
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+    SubprocessSlurm(env).cancel(job_id)
 
 
 __all__ = [
