@@ -113,6 +113,11 @@ class RunState:
     pid_started: float | None = None
 
     @property
+    def crashed(self) -> bool:
+        """Closed by the crash watcher (``RunCrashed``): its m27 process died mid-run."""
+        return self.status == "failed" and self.reason.startswith("crashed")
+
+    @property
     def duration_s(self) -> float | None:
         """Wall time from submission to the run's end; None while it is running."""
         if self.ended_at is None:

@@ -43,7 +43,9 @@ StepKey = tuple[str, str]
 
 #: The policy's tiers, plus "guest" (a ready-tier step started on another's GPU).
 TIERS = ("immediate", "ready", "background")
-RUN_OUTCOMES = ("succeeded", "failed", "cancelled")
+#: How runs end, as `m27_runs_total{outcome}`: "crashed" is a run whose m27 process died
+#: (kill -9, out of memory, a power cut), closed by the crash watcher; `m27 runs` says the same.
+RUN_OUTCOMES = ("succeeded", "failed", "crashed", "cancelled")
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 BYTES_BUCKETS = tuple(float(1024 * 4**k) for k in range(14))  # 1 KiB .. 64 GiB
@@ -243,7 +245,8 @@ class ReadModel:
                         self.recent_ended.remove(run_id)
                 elif status_after in RUN_OUTCOMES:
                     self.live_runs.pop(run_id, None)
-                    self.run_outcomes[status_after] += 1
+                    crashed = run is not None and run.crashed
+                    self.run_outcomes["crashed" if crashed else status_after] += 1
                     if run_id in self.recent_ended:
                         self.recent_ended.remove(run_id)
                     self.recent_ended.append(run_id)

@@ -72,11 +72,15 @@ def test_run_outcomes_are_counted_from_zero() -> None:
         submitted("r1"),
         submitted("r2"),
         submitted("r3"),
+        submitted("r4"),
         ev.RunSucceeded(at=T0 + 5, run_id="r1", duration_s=5.0),
         ev.RunFailed(at=T0 + 5, run_id="r2", duration_s=5.0, failed_steps=("md",)),
+        ev.RunCrashed(at=T0 + 6, run_id="r4", reason="flow run process 7 on vm died"),
     )
     assert node.value("m27_runs_total", outcome="succeeded") == 1.0
+    # a crash is not a failed step: its own outcome, as `m27 runs` and Prefect show it
     assert node.value("m27_runs_total", outcome="failed") == 1.0
+    assert node.value("m27_runs_total", outcome="crashed") == 1.0
     assert node.value("m27_runs_total", outcome="cancelled") == 0.0
     assert node.value("m27_runs_running") == 1.0
 

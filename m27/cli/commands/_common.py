@@ -91,7 +91,7 @@ def find_run(state: NodeState, prefix: str) -> RunState:
 def shown_status(run: RunState) -> str:
     """The run's status, with `crashed` for a run whose process died: closed by the node
     service's crash watcher (``RunCrashed``), or not yet closed (no end event)."""
-    if run.status == "failed" and run.reason.startswith("crashed"):
+    if run.crashed:
         return "crashed"
     if run.status != "running":
         return run.status
