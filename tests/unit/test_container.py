@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
 from m27._exceptions import RunnerError
+from m27.cli.main import main
 from m27.executors.container import find_runtime, wrap_argv
 
 
@@ -65,3 +68,28 @@ def test_this_machine_without_a_runtime_gets_the_clear_error() -> None:
     else:
         with pytest.raises(RunnerError, match="neither apptainer nor singularity"):
             wrap_argv(("true",), "x.sif")
+
+
+def test_run_refuses_container_steps_before_anything_starts_when_no_runtime_is_installed(
+    tmp_path: Path,
+    m27_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bin_dir = tmp_path / "bin"  # a PATH with python but neither apptainer nor singularity
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    spec = tmp_path / "c.yaml"
+    spec.write_text(
+        "pipeline:\n"
+        "  - {name: local, type: cpu, command: 'true'}\n"
+        "  - {name: boxed, type: cpu, container: x.sif, command: 'true'}\n"
+    )
+    assert main(["run", str(spec), "--plain"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"m27: {spec}:3: step 'boxed': this step runs in a container, but neither apptainer "
+        "nor singularity is installed (install Apptainer: "
+        "https://apptainer.org/docs/admin/main/installation.html)"
+    ]
+    assert not (m27_home / "service.json").exists()  # no node service started for it

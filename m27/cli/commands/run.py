@@ -13,7 +13,7 @@ from types import FrameType
 from typing import Any
 
 from m27 import runids
-from m27._exceptions import StoreError
+from m27._exceptions import RunnerError, StoreError
 from m27.cli import warm
 from m27.cli.commands import _common
 from m27.cli.commands._options import add_set_option
@@ -129,10 +129,25 @@ def _check_resources(pipeline: Pipeline) -> list[str]:
     )
 
 
+def _container_problems(pipeline: Pipeline) -> list[str]:
+    """Container steps on a node without Apptainer would each fail at their start."""
+    steps = [s for s in pipeline.steps if s.container]
+    if not steps:
+        return []
+    from m27.executors.container import find_runtime
+
+    try:
+        find_runtime()
+    except RunnerError as exc:
+        return [f"{pipeline.path}:{s.line}: step {s.name!r}: {exc}" for s in steps]
+    return []
+
+
 def run(args: argparse.Namespace) -> int:
     atexit.register(_fast_exit)
     pipeline, overrides, resume_of = _prepare(args)
-    if problems := _check_resources(pipeline) + _common.slurm_problems(pipeline):
+    problems = _check_resources(pipeline) + _common.slurm_problems(pipeline)
+    if problems := problems + _container_problems(pipeline):
         print("\n".join(f"m27: {p}" for p in problems), file=sys.stderr)
         return 2
     from m27.config import load_settings
