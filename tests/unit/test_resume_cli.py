@@ -49,3 +49,25 @@ def test_resuming_a_live_run_is_refused_and_a_dead_ones_is_not(
     # the dead one gets past that check, to the next: this node has no 9 GPUs
     assert main(["run", "--resume", "dead", "--plain"]) == 2
     assert "needs 9 GPUs" in capsys.readouterr().err
+
+
+def test_resuming_a_run_whose_file_is_gone_says_how_to_give_its_new_path(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "p.yaml"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    store = open_store(m27_home)
+    store.append([_submitted("gone", dead.pid, spec)])
+    store.close()
+    with pytest.raises(SystemExit) as refused:
+        main(["run", "--resume", "gone", "--plain"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"m27 run: {spec}, the pipeline file of run gone, is gone; "
+        "if it moved, give its new path: m27 run --resume gone FILE"
+    )
+    moved = tmp_path / "moved.yaml"
+    moved.write_text("name: p\npipeline:\n  - {name: a, type: gpu, gpus: 9, command: 'true'}\n")
+    assert main(["run", "--resume", "gone", str(moved), "--plain"]) == 2
+    assert f"{moved}:3: step 'a' needs 9 GPUs" in capsys.readouterr().err

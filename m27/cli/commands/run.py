@@ -85,8 +85,15 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
             )
             raise SystemExit(2)
         resume_of = old.run_id
-        file = file or old.spec_path
         overrides = {**old.vars, **overrides}
+        if not file and old.spec_path and not os.path.exists(old.spec_path):
+            print(
+                f"m27 run: {old.spec_path}, the pipeline file of run {old.run_id}, is gone; "
+                f"if it moved, give its new path: m27 run --resume {old.run_id} FILE",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
+        file = file or old.spec_path
     if not file:
         print("m27 run: give a pipeline FILE (or --resume RUN_ID)", file=sys.stderr)
         raise SystemExit(2)
