@@ -31,7 +31,9 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}:{self.column}" if self.line > 0 else self.file
+        where = self.file
+        if self.line > 0:  # a step's own line has no column (checks after parsing)
+            where += f":{self.line}:{self.column}" if self.column > 0 else f":{self.line}"
         prefix = f"{where}: {self.field}" if self.field else where
         return f"{prefix}: {self.message}"
 

@@ -5,6 +5,7 @@ is named, each with its line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,20 @@ def test_slurm_steps_are_held_to_slurms_options_not_to_this_nodes_gpus(
         == f"m27: {where}.tier 'urgent' is not in slurm.tiers (none are configured)"
     )
     assert not (m27_home / "service.json").exists()
+
+
+def test_validate_json_reports_what_the_node_cannot_hold_as_json(
+    spec: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", str(spec), "--json"]) == 2
+    result = json.loads(capsys.readouterr().out)  # JSON, not the text lines
+    assert result["ok"] is False and result["total"] == 2
+    assert [(p["file"], p["line"], p["message"]) for p in result["problems"]] == [
+        (str(spec), 3, "step 'big' needs 3 GPUs; M27_GPUS=sim:2x80GiB has 2"),
+        (
+            str(spec),
+            10,
+            "step 'huge' asks for gpu_memory 200.0GiB; the GPUs of M27_GPUS=sim:2x80GiB "
+            "have 80.0GiB",
+        ),
+    ]

@@ -15,7 +15,7 @@ from m27.store.sqlite import SqliteEventStore, open_store
 from m27.units import format_size
 
 if TYPE_CHECKING:  # the commands that need no pipeline file do not import yaml
-    from m27.spec import Pipeline
+    from m27.spec import Pipeline, Problem, Step
 
 
 def store() -> SqliteEventStore:
@@ -34,28 +34,40 @@ def runs_since(st: SqliteEventStore, after: int, run_id: str) -> NodeState:
     return fold(r for r in st.read(after) if getattr(r.event, "run_id", None) == run_id)
 
 
+def step_problem(pipeline: Pipeline, step: Step, message: str) -> Problem:
+    """A problem found after parsing, at the step's line: `FILE:LINE: step 'x' ...`."""
+    from m27.spec import Problem  # called with a pipeline: spec is loaded
+
+    return Problem(str(pipeline.path), step.line, 0, "", f"step {step.name!r}{message}")
+
+
 def beyond_gpus(
     pipeline: Pipeline, count: int, largest: int | None, gpus_are: str, memory_is: str
-) -> list[str]:
-    """One line per step that asks for more GPUs than `count`, or more GPU memory than
+) -> list[Problem]:
+    """One problem per step that asks for more GPUs than `count`, or more GPU memory than
     `largest` (None: not known), each ending in what the node has ("this node has 2",
     "the largest GPU here has 80.0GiB"): such a step would wait in the queue forever."""
     problems = []
     for step in pipeline.steps:
-        where = f"{pipeline.path}:{step.line}: step {step.name!r}"
         if step.executor == "slurm":
             continue  # Slurm gives its GPUs, on its nodes
         if step.uses_gpu and step.gpus > count:
-            problems.append(f"{where} needs {step.gpus} GPUs; {gpus_are} {count}")
-        elif step.uses_gpu and largest is not None and (step.gpu_memory or 0) > largest:
             problems.append(
-                f"{where} asks for gpu_memory {format_size(step.gpu_memory or 0)}; "
-                f"{memory_is} {format_size(largest)}"
+                step_problem(pipeline, step, f" needs {step.gpus} GPUs; {gpus_are} {count}")
+            )
+        elif step.uses_gpu and largest is not None and (step.gpu_memory or 0) > largest:
+            asks = format_size(step.gpu_memory or 0)
+            problems.append(
+                step_problem(
+                    pipeline,
+                    step,
+                    f" asks for gpu_memory {asks}; {memory_is} {format_size(largest)}",
+                )
             )
     return problems
 
 
-def slurm_problems(pipeline: Pipeline) -> list[str]:
+def slurm_problems(pipeline: Pipeline) -> list[Problem]:
     """One line per Slurm step whose options (with the site file's and its tier's) sbatch
     would refuse or m27 cannot read, found before the run instead of at its step."""
     slurm_steps = [s for s in pipeline.steps if s.executor == "slurm"]
@@ -66,7 +78,9 @@ def slurm_problems(pipeline: Pipeline) -> list[str]:
     try:
         site = load_site_options()
     except ConfigError as exc:
-        return [f"{pipeline.path}: {exc}"]
+        from m27.spec import Problem
+
+        return [Problem(str(pipeline.path), 0, 0, "", str(exc))]
     problems = []
     for step in slurm_steps:
         options = dict(step.slurm)
@@ -77,7 +91,7 @@ def slurm_problems(pipeline: Pipeline) -> list[str]:
                 )
                 break
             except SpecError as exc:
-                problems.append(f"{pipeline.path}:{step.line}: step {step.name!r}: {exc}")
+                problems.append(step_problem(pipeline, step, f": {exc}"))
                 if exc.context.get("key") not in options:
                     break
                 del options[exc.context["key"]]

@@ -23,7 +23,7 @@ from m27.events import CancelRequested, RunFailed
 from m27.gpu import detect
 from m27.locks import OutputLocks
 from m27.signals import SignalRelay
-from m27.spec import Pipeline, load_pipeline, parse_set_args
+from m27.spec import Pipeline, Problem, load_pipeline, parse_set_args
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -125,7 +125,7 @@ def _claim_outputs(pipeline: Pipeline, run_id: str) -> OutputLocks | None:
     return None
 
 
-def _check_resources(pipeline: Pipeline) -> list[str]:
+def _check_resources(pipeline: Pipeline) -> list[Problem]:
     backend = detect()
     try:
         devices = backend.devices()
@@ -138,7 +138,7 @@ def _check_resources(pipeline: Pipeline) -> list[str]:
     )
 
 
-def _container_problems(pipeline: Pipeline) -> list[str]:
+def _container_problems(pipeline: Pipeline) -> list[Problem]:
     """Container steps on a node without Apptainer would each fail at their start."""
     steps = [s for s in pipeline.steps if s.container]
     if not steps:
@@ -148,7 +148,7 @@ def _container_problems(pipeline: Pipeline) -> list[str]:
     try:
         find_runtime()
     except RunnerError as exc:
-        return [f"{pipeline.path}:{s.line}: step {s.name!r}: {exc}" for s in steps]
+        return [_common.step_problem(pipeline, s, f": {exc}") for s in steps]
     return []
 
 

@@ -7,12 +7,12 @@ import json
 import os
 import sys
 
-from m27._exceptions import ConfigError, SpecError
+from m27._exceptions import SpecError
 from m27.cli.commands import _common
 from m27.cli.commands._explain import explain_checkpoint
 from m27.cli.commands._options import add_command, add_set_option
 from m27.gpu import parse_gpus_env
-from m27.spec import Pipeline, load_pipeline, parse_set_args, problem_lines
+from m27.spec import Pipeline, Problem, load_pipeline, parse_set_args, problem_lines
 from m27.units import count
 
 
@@ -22,17 +22,14 @@ def _safe(text: str) -> str:
     return text.encode(encoding, errors="backslashreplace").decode(encoding)
 
 
-def _beyond_sim_gpus(pipeline: Pipeline) -> list[str]:
+def _beyond_sim_gpus(pipeline: Pipeline) -> list[Problem]:
     """With `M27_GPUS=sim:NxSIZE` the node's GPUs are known without opening NVML: a step
     asking for more GPUs or memory than they have is bad input now, not at run time.
-    (`m27 run` checks the real GPUs the same way.)"""
+    (`m27 run` checks the real GPUs the same way.) A bad M27_GPUS is a ConfigError."""
     value = os.environ.get("M27_GPUS", "")
     if not value.lower().startswith("sim:"):
         return []
-    try:
-        gpus, memory = parse_gpus_env(value)
-    except ConfigError as exc:
-        return [f"m27: {exc}"]
+    gpus, memory = parse_gpus_env(value)
     sim = f"M27_GPUS={value}"
     return _common.beyond_gpus(pipeline, gpus, memory, f"{sim} has", f"the GPUs of {sim} have")
 
@@ -76,8 +73,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{total} problem(s) found", file=sys.stderr)
         return 2
     if problems := _beyond_sim_gpus(pipeline) + _common.slurm_problems(pipeline):
-        print("\n".join(problems))
-        print(f"{len(problems)} problem(s) found", file=sys.stderr)
+        if args.json:
+            found = [p.to_dict() for p in problems]
+            print(_safe(json.dumps({"ok": False, "total": len(found), "problems": found})))
+        else:
+            print(_safe("\n".join(map(str, problems))))
+            print(f"{len(problems)} problem(s) found", file=sys.stderr)
         return 2
     order = pipeline.topo_order()
     if args.json:
