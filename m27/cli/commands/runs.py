@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -19,15 +20,48 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="list runs (newest last)",
         description="List the runs recorded in this node's event log.",
     )
-    p.add_argument("--limit", type=int, default=20, help="show the newest N runs (default 20)")
+    p.add_argument(
+        "--limit",
+        type=_limit,
+        default=20,
+        metavar="N",
+        help="show the newest N runs (default 20; 0: all)",
+    )
+    p.add_argument(
+        "--status",
+        choices=STATUSES,
+        action="append",
+        help="only runs that ended so, or still run (repeatable)",
+    )
+    p.add_argument("--pipeline", metavar="NAME", help="only runs of the pipeline called NAME")
     p.add_argument("--json", action="store_true", help="one JSON array, for scripts")
     p.set_defaults(func=run)
+
+
+#: What `m27 runs` shows in STATUS (`m27 status` shows the same words).
+STATUSES = ("running", "succeeded", "failed", "crashed", "cancelled")
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (all) or more, got {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     state = _common.load_state()
     crash_truth(state)
-    runs = list(state.runs.values())[-args.limit :] if args.limit > 0 else list(state.runs.values())
+    matching = [
+        r
+        for r in state.runs.values()
+        if (args.pipeline is None or r.pipeline == args.pipeline)
+        and (not args.status or _common.shown_status(r) in args.status)
+    ]
+    runs = matching[-args.limit :] if args.limit > 0 else matching
     rows: list[dict[str, Any]] = []
     for r in runs:
         ok = sum(1 for s in r.steps.values() if s.status == "succeeded" or s.done_before)
@@ -48,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
         _common.print_json(rows)
         return 0
     if not rows:
-        print("no runs yet: start one with `m27 run PIPELINE.yaml`")
+        if state.runs:
+            print(f"no run matches; this node has {len(state.runs)} (`m27 runs --limit 0`)")
+        else:
+            print("no runs yet: start one with `m27 run PIPELINE.yaml`")
         return 0
     cols = [
         Col("RUN", wrap=True),
@@ -72,4 +109,6 @@ def run(args: argparse.Namespace) -> int:
             for row in rows
         ),
     )
+    if len(rows) < len(matching):  # on stderr: stdout stays the table
+        print(f"(the newest {len(rows)} of {len(matching)}; --limit 0 shows all)", file=sys.stderr)
     return 0

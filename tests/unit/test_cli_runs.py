@@ -1,0 +1,78 @@
+"""`m27 runs`: the newest runs, filtered by status or pipeline, and said when cut short."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from m27 import events as ev
+from m27.cli.main import main
+from m27.store.sqlite import open_store
+
+
+@pytest.fixture
+def history(m27_home: Path) -> Path:
+    """25 runs of `md` (every 5th failed), one of `prep` that crashed (its process is
+    gone), one of `prep` cancelled."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    events: list[ev.Event] = []
+    for i in range(25):
+        run = f"20261203-1000{i:02d}-md{i:02d}"
+        events.append(ev.RunSubmitted(float(i), run, "md", "md.yaml", ("s",)))
+        if i % 5:
+            events.append(ev.RunSucceeded(i + 0.5, run, 0.5))
+        else:
+            events.append(ev.RunFailed(i + 0.5, run, 0.5, ("s",), "step s failed"))
+    events += [
+        ev.RunSubmitted(30.0, "20261203-110000-prep", "prep", "p.yaml", ("s",), pid=dead.pid),
+        ev.RunCrashed(31.0, "20261203-110000-prep", "flow run process died"),
+        ev.RunSubmitted(32.0, "20261203-110001-prep", "prep", "p.yaml", ("s",)),
+        ev.RunCancelled(33.0, "20261203-110001-prep"),
+    ]
+    store = open_store(m27_home)
+    store.append(events)
+    store.close()
+    return m27_home
+
+
+def _listed(capsys: pytest.CaptureFixture[str]) -> tuple[list[str], str]:
+    out, err = capsys.readouterr()
+    return [line.split()[0] for line in out.splitlines()[1:]], err
+
+
+def test_the_newest_are_shown_and_the_cut_is_said_on_stderr(
+    history: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["runs"]) == 0
+    shown, err = _listed(capsys)
+    assert len(shown) == 20 and shown[-1] == "20261203-110001-prep"
+    assert err.strip() == "(the newest 20 of 27; --limit 0 shows all)"
+    assert main(["runs", "--limit", "0"]) == 0
+    shown, err = _listed(capsys)
+    assert len(shown) == 27 and err == ""
+
+
+def test_runs_are_filtered_by_status_and_pipeline(
+    history: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["runs", "--status", "failed", "--status", "crashed", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["pipeline"], r["status"]) for r in rows] == [("md", "failed")] * 5 + [
+        ("prep", "crashed")
+    ]
+    assert main(["runs", "--pipeline", "prep"]) == 0
+    assert _listed(capsys)[0] == ["20261203-110000-prep", "20261203-110001-prep"]
+    assert main(["runs", "--pipeline", "nope"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == "no run matches; this node has 27 (`m27 runs --limit 0`)"
+
+
+def test_a_negative_limit_is_bad_input(history: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as bad:
+        main(["runs", "--limit", "-1"])
+    assert bad.value.code == 2
+    assert "argument --limit: must be 0 (all) or more, got -1" in capsys.readouterr().err
