@@ -63,6 +63,8 @@ class _Key:
     section: str
     parse: Callable[[str], Any]
     accepted: str
+    #: how `m27 config` shows the value: "duration" (50ms, 30m), "size" or "celsius"
+    shown_as: str = ""
 
 
 def _int_between(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -99,19 +101,27 @@ def _positive_size(text: str) -> int:
 KEYS: dict[str, _Key] = {
     "gpu_streams": _Key("performance", _int_between(1), "a whole number >= 1, e.g. 4"),
     "memory_overprovision": _Key("performance", _positive_float, "a number > 0, e.g. 1.2"),
-    "io_timeout": _Key("performance", _positive_duration, "a duration > 0, e.g. 50ms or 0.05"),
+    "io_timeout": _Key(
+        "performance", _positive_duration, "a duration > 0, e.g. 50ms or 0.05", "duration"
+    ),
     "cpu_slots": _Key("performance", _int_between(1), "a whole number >= 1, e.g. 8"),
     "compression_level": _Key("checkpoint", _int_between(1, 22), "a whole number from 1 to 22"),
-    "diff_threshold": _Key("checkpoint", _positive_size, "a size > 0, e.g. 128KB or 1MiB"),
+    "diff_threshold": _Key("checkpoint", _positive_size, "a size > 0, e.g. 128KB or 1MiB", "size"),
     "keep_last": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 3"),
     "max_in_flight": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 2"),
     "checkpoint_threads": _Key(
         "checkpoint", _int_between(0), "a whole number >= 0 (0: one per core, at most 4)"
     ),
-    "capture_poll": _Key("checkpoint", _positive_duration, "a duration > 0, e.g. 1s or 500ms"),
-    "checkpoint_grace": _Key("checkpoint", _positive_duration, "a duration > 0, e.g. 60s"),
-    "gpu_temperature": _Key("alerts", _positive_float, "degrees Celsius > 0, e.g. 80"),
-    "service_idle": _Key("service", _positive_duration, "a duration > 0, e.g. 30m or 1800"),
+    "capture_poll": _Key(
+        "checkpoint", _positive_duration, "a duration > 0, e.g. 1s or 500ms", "duration"
+    ),
+    "checkpoint_grace": _Key(
+        "checkpoint", _positive_duration, "a duration > 0, e.g. 60s", "duration"
+    ),
+    "gpu_temperature": _Key("alerts", _positive_float, "degrees Celsius > 0, e.g. 80", "celsius"),
+    "service_idle": _Key(
+        "service", _positive_duration, "a duration > 0, e.g. 30m or 1800", "duration"
+    ),
 }
 SECTIONS = ("performance", "checkpoint", "alerts", "service")
 

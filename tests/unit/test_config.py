@@ -244,6 +244,10 @@ def test_config_command_shows_values_and_sources_but_no_secrets(
     assert "io_timeout" in out and "50ms" in out and "~/.m2config:4" in out
     assert "262144 bytes" in out and "env M2_CHUNK_SIZE" in out
     assert "M27_GPUS" in out and "sim:4" in out
+    shown = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.strip()}
+    # as a person writes them (they were 1800.0, 60.0, 80.0)
+    assert (shown["service_idle"], shown["checkpoint_grace"]) == ("30m00s", "1m00s")
+    assert (shown["capture_poll"], shown["gpu_temperature"]) == ("1.0s", "80C")
     for secret in ("sekrit", "TELEGRAM_TOKEN", "hunter2", "M27_DB_PASSWORD", "pw123"):
         assert secret not in out
 

@@ -69,11 +69,15 @@ def report(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _shown(key: str, settings: Mapping[str, Any]) -> str:
+    """The value as a person writes it: 30m, not 1800.0 (--json keeps plain numbers)."""
     value = settings[key]["value"]
-    if key == "io_timeout":
+    shown_as = KEYS[key].shown_as
+    if shown_as == "duration":
         return format_duration(float(value))
-    if key == "diff_threshold":
+    if shown_as == "size":
         return f"{format_size(int(value))} ({value} bytes)"
+    if shown_as == "celsius":
+        return f"{float(value):g}C"
     return str(value)
 
 
