@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,16 +45,18 @@ def _listed(capsys: pytest.CaptureFixture[str]) -> tuple[list[str], str]:
     return [line.split()[0] for line in out.splitlines()[1:]], err
 
 
-def test_the_newest_are_shown_and_the_cut_is_said_on_stderr(
-    history: Path, capsys: pytest.CaptureFixture[str]
+def test_the_newest_are_shown_and_a_person_is_told_of_the_rest(
+    history: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert main(["runs"]) == 0
-    shown, err = _listed(capsys)
+    assert main(["runs"]) == 0  # piped (`m27 runs | tail -1`): the table only
+    shown, _ = _listed(capsys)
     assert len(shown) == 20 and shown[-1] == "20261203-110001-prep"
-    assert err.strip() == "(the newest 20 of 27; --limit 0 shows all)"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["runs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 22 and out[-1] == "(the newest 20 of 27; --limit 0 shows all)"
     assert main(["runs", "--limit", "0"]) == 0
-    shown, err = _listed(capsys)
-    assert len(shown) == 27 and err == ""
+    assert len(capsys.readouterr().out.splitlines()) == 28  # header and all 27
 
 
 def test_runs_are_filtered_by_status_and_pipeline(

@@ -109,6 +109,6 @@ def run(args: argparse.Namespace) -> int:
             for row in rows
         ),
     )
-    if len(rows) < len(matching):  # on stderr: stdout stays the table
-        print(f"(the newest {len(rows)} of {len(matching)}; --limit 0 shows all)", file=sys.stderr)
+    if len(rows) < len(matching) and sys.stdout.isatty():  # a person reads the table
+        print(f"(the newest {len(rows)} of {len(matching)}; --limit 0 shows all)")
     return 0
