@@ -19,6 +19,7 @@ from m27.paths import name_problem
 from m27.spec._checkpoint import CheckpointField, read_checkpoint
 from m27.spec._draft import Draft, cross_check
 from m27.spec._limits import (
+    ARG_BYTES_MAX,
     GPUS_MAX,
     PRIORITY_LIMIT,
     RETRIES_MAX,
@@ -299,10 +300,8 @@ class Checker(Reader):
             return
         if not words:
             self.add(node, where, "the command is empty")
-        elif not words[0]:
-            self.add(node, where, "the program name is empty after substitution")
         else:
-            v["argv"] = words
+            v["argv"] = self._checked_argv(node, where, list(words))
 
     def split_words(
         self, node: Node, where: str, text: str, tpl: Template, what: str
@@ -332,6 +331,18 @@ class Checker(Reader):
         if not argv[0]:
             self.add(node, where, "the program name is empty after substitution")
             return None
+        for i, arg in enumerate(argv):
+            size = len(arg) if len(arg) * 4 < ARG_BYTES_MAX else len(os.fsencode(arg))
+            if size >= ARG_BYTES_MAX:
+                what = "the script" if argv[:2] == [SHELL, "-c"] and i == 2 else f"argument {i}"
+                self.add(
+                    node,
+                    where,
+                    f"{what} is {size:,} bytes; Linux starts no program with one argument of "
+                    f"{ARG_BYTES_MAX // 1024} KiB or more (Argument list too long): pass large "
+                    "data in a file",
+                )
+                return None
         return tuple(argv)
 
     # -- shared field kinds ----------------------------------------------------------

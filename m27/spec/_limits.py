@@ -37,6 +37,9 @@ SLURM_KEYS = (
 RETRIES_MAX = 1000
 GPUS_MAX = 1024
 PRIORITY_LIMIT = 10**9
+#: Linux refuses to exec a command with one argument this long or longer (MAX_ARG_STRLEN,
+#: 32 pages; E2BIG, "Argument list too long"), whatever ARG_MAX says for the whole list.
+ARG_BYTES_MAX = 32 * 4096
 
 
 def written_absolute(text: str) -> bool:

@@ -124,6 +124,23 @@ def test_nul_byte_in_a_value_is_rejected_not_truncated() -> None:
         _step("echo {{V}}", "a\0b")
 
 
+@pytest.mark.parametrize("shell", [False, True])
+def test_a_value_too_long_for_one_argument_is_a_problem_not_a_failed_exec(
+    shell: bool, tmp_path: Path
+) -> None:
+    """Linux refuses one argument of 128 KiB or more (E2BIG): said when the file is read,
+    with its size, instead of `cannot execute: Argument list too long` at the step."""
+    fits = "é" * 50_000  # 100,000 bytes in UTF-8
+    assert _step("echo {{V}}", fits, shell=shell).argv[-1].endswith(fits + ("'" if shell else ""))
+    with pytest.raises(SpecError) as error:
+        _step("echo {{V}}", "é" * 70_000, shell=shell)  # 140,000 bytes
+    what = "the script" if shell else "argument 1"
+    assert f"{what} is 140,0" in str(error.value) and "128 KiB" in str(error.value)
+    if not shell:  # what Linux does with it
+        with pytest.raises(OSError, match="Argument list too long"):
+            subprocess.run(["echo", "é" * 70_000], check=False, cwd=tmp_path)
+
+
 @pytest.mark.parametrize("value", NASTY, ids=range(len(NASTY)))
 def test_child_process_receives_the_value_verbatim_and_nothing_runs(
     value: str, tmp_path: Path
