@@ -47,6 +47,8 @@ _STEP_KEYS_TEXT = (
 STEP_KEYS = tuple(_STEP_KEYS_TEXT.split())
 ENV_NAME = VAR_NAME
 SHELL = "/bin/sh"
+#: This machine's limit on a command line and its environment together (ARG_MAX).
+_ARG_MAX = os.sysconf("SC_ARG_MAX")
 
 
 class Checker(Reader):
@@ -343,6 +345,16 @@ class Checker(Reader):
                     "data in a file",
                 )
                 return None
+        total = sum(len(arg) + 1 for arg in argv)  # characters: a floor of the bytes
+        if total >= _ARG_MAX:
+            self.add(
+                node,
+                where,
+                f"the command's {len(argv):,} arguments take {total:,} bytes or more; Linux "
+                f"starts no program whose arguments and environment exceed {_ARG_MAX:,} bytes "
+                "here (Argument list too long): pass large data in a file",
+            )
+            return None
         return tuple(argv)
 
     # -- shared field kinds ----------------------------------------------------------
