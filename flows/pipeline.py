@@ -248,6 +248,7 @@ def pipeline_flow(
             pipeline=pipeline.name,
             spec_path=str(pipeline.path),
             steps=tuple(s.name for s in pipeline.steps),
+            step_types=tuple(s.type for s in pipeline.steps),
             vars=dict(pipeline.vars),
             owner=getpass.getuser(),
             priority=pipeline.priority,

@@ -89,8 +89,9 @@ def _run_submitted(state: NodeState, e: ev.RunSubmitted) -> None:
         host=e.host,
         pid_started=e.pid_started,
     )
-    for name in e.steps:
-        run.step(name)
+    types = e.step_types if len(e.step_types) == len(e.steps) else ("",) * len(e.steps)
+    for name, kind in zip(e.steps, types, strict=True):
+        run.step(name).type = kind
     state.runs[e.run_id] = run
 
 

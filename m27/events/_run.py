@@ -28,6 +28,9 @@ class RunSubmitted(RunEvent):
     #: the flow process's start time (:func:`m27.liveness.start_time`), so a reused pid is
     #: not taken for it; None in logs written before it was recorded
     pid_started: float | None = None
+    #: each step's type (cpu, gpu, gpu_light), in the order of `steps`, so a step that
+    #: never queued shows its type; empty in logs written before it was recorded
+    step_types: tuple[str, ...] = ()
 
 
 @event

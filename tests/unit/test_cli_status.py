@@ -55,3 +55,21 @@ def test_status_names_the_slurm_job_its_node_and_its_state_in_slurm(
     steps = json.loads(capsys.readouterr().out)["steps"]
     assert (steps["sim"]["slurm_job_id"], steps["sim"]["host"]) == ("42", "node7")
     assert steps["wait"]["slurm_state"] == "PENDING"
+
+
+def test_a_step_that_never_queued_still_shows_its_type(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = "20261203-110000-bbbb"
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, run, "p", "p.yaml", ("a", "b"), step_types=("cpu", "gpu")),
+            ev.StepFailed(1.5, run, "a", 1, 0.1, "exit code 1", exit_code=1),
+            ev.RunFailed(1.6, run, 0.6, ("a",), "step a failed"),
+        ]
+    )
+    store.close()
+    assert main(["status", run]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[3:]}
+    assert rows["b"][:2] == ["b", "gpu"]  # its TYPE, though it never reached the queue
