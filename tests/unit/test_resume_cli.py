@@ -3,6 +3,7 @@ twice at once (a run whose process died may be resumed: that is what resume is f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -71,3 +72,22 @@ def test_resuming_a_run_whose_file_is_gone_says_how_to_give_its_new_path(
     moved.write_text("name: p\npipeline:\n  - {name: a, type: gpu, gpus: 9, command: 'true'}\n")
     assert main(["run", "--resume", "gone", str(moved), "--plain"]) == 2
     assert f"{moved}:3: step 'a' needs 9 GPUs" in capsys.readouterr().err
+
+
+def test_a_new_value_on_resume_is_noted_with_the_old_one(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "p.yaml"
+    spec.write_text("name: p\npipeline:\n  - {name: a, type: gpu, gpus: 9, command: 'true'}\n")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    submitted = _submitted("old", dead.pid, spec)
+    store = open_store(m27_home)
+    store.append([dataclasses.replace(submitted, vars={"X": "custom", "Y": "same"})])
+    store.close()
+    assert main(["run", "--resume", "old", "--set", "X=other", "--set", "Y=same", "--plain"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "m27 run: note: run old had X='custom'; the steps that succeeded there are not run "
+        "again with the new value"
+    )

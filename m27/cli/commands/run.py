@@ -85,6 +85,14 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
             )
             raise SystemExit(2)
         resume_of = old.run_id
+        changed = sorted(k for k, v in overrides.items() if k in old.vars and old.vars[k] != v)
+        if changed:
+            were = ", ".join(f"{k}={old.vars[k]!r}" for k in changed)
+            print(
+                f"m27 run: note: run {old.run_id} had {were}; the steps that succeeded there "
+                "are not run again with the new value",
+                file=sys.stderr,
+            )
         overrides = {**old.vars, **overrides}
         if not file and old.spec_path and not os.path.exists(old.spec_path):
             print(
