@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -230,6 +231,10 @@ def _positive_int(env: Mapping[str, str], key: str, default: int) -> int:
     return value
 
 
+#: A bot token as @BotFather gives it: the bot's numeric id, a colon, a url-safe secret.
+_TOKEN_SHAPE = re.compile(r"\d+:[A-Za-z0-9_-]+")
+
+
 def load_config(env: Mapping[str, str] | None = None) -> NotifyConfig:
     """Read the Telegram settings from the environment (and the token file)."""
     env = os.environ if env is None else env
@@ -240,6 +245,13 @@ def load_config(env: Mapping[str, str] | None = None) -> NotifyConfig:
         token = read_token_file(Path(env["M27_TELEGRAM_TOKEN_FILE"]).expanduser())
     elif (_home(env) / "telegram.token").exists():
         token = read_token_file(_home(env) / "telegram.token")
+    if token is not None and not _TOKEN_SHAPE.fullmatch(token.reveal()):
+        # said now, not as "getMe failed: Unauthorized" (or a network error) later
+        raise ConfigError(
+            "the Telegram token does not look like a bot token (digits, a colon, then "
+            "letters, digits, - and _; @BotFather gives one like 123456789:AAH...)",
+            key="M27_TELEGRAM_TOKEN",
+        )
 
     tz: dt.tzinfo | None = None
     if env.get("M27_TELEGRAM_TZ", "").strip():

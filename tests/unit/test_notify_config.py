@@ -106,3 +106,11 @@ def test_quiet_hours_within_a_day() -> None:
     q = QuietHours.parse("12:00-13:30", dt.UTC)
     assert q.contains(at(12, 45)) and not q.contains(at(13, 30)) and not q.contains(at(11))
     assert q.ends_after(at(12, 10)) == at(13, 30)
+
+
+@pytest.mark.parametrize("bad", ["bad", "98765", ":XYZ", "98765:XY Z", "abc:XYZ"])
+def test_a_token_that_is_not_a_bot_token_is_refused_without_showing_it(bad: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config({"M27_TELEGRAM_TOKEN": bad, "M27_TELEGRAM_CHAT_IDS": "1"})
+    assert "does not look like a bot token" in str(error.value)
+    assert bad not in str(error.value)
