@@ -9,12 +9,17 @@ from collections.abc import Sequence
 from m27 import tables
 from m27.sim.engine import SimResult
 from m27.sim.metrics import Metrics
+from m27.units import format_duration
 
 _COLORS = {"immediate": "#2b6cb0", "guest": "#38a169", "background": "#d69e2e"}
 
 
 def _h(seconds: float) -> str:
-    return f"{seconds / 3600:.1f}h"
+    """Hours for a lab's week (`74.3h`); below an hour the unit that shows the value (a
+    replayed event log of short steps read `0.0h/0.0h`)."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f}h"
+    return format_duration(seconds)
 
 
 def table(metrics: Sequence[Metrics]) -> str:

@@ -14,7 +14,8 @@ from m27.sim.alibaba import load_alibaba, scale_to_node
 from m27.sim.engine import SimState
 from m27.sim.eventlog import trace_from_events
 from m27.sim.lab import lab_week
-from m27.sim.metrics import p95
+from m27.sim.metrics import Metrics, p95
+from m27.sim.report import table
 from m27.sim.schedulers import PolicyScheduler
 from m27.sim.trace import GIB, Job, Trace
 
@@ -287,3 +288,14 @@ def test_the_simulators_lease_views_and_inputs_equal_the_real_constructors() -> 
     d = decide(inp)
     assert set(vars(d)) == {f.name for f in fields(Decision)}
     assert d == Decision((), None) and d.reasons == {} and d.standby == {}
+
+
+def test_the_table_shows_short_times_in_their_own_unit() -> None:
+    """A lab week reads in hours; a replayed log of short steps read `0.0h/0.0h`."""
+    week = Metrics("m27", 4, 72 * 3600.0, 81.8, 4.0, 71.6 * 3600, 118, 118, 0)
+    week.jct["high"] = {"mean_s": 4.9 * 3600, "p95_s": 10.1 * 3600}
+    short = Metrics("fifo", 2, 3600.0, 0.5, 0.0, 5.5 * 3600, 391, 391, 0)
+    short.jct["high"] = {"mean_s": 0.661, "p95_s": 3.0}
+    rows = {line.split()[0]: line.split() for line in table([week, short]).splitlines()[1:]}
+    assert rows["m27"][3] == "71.6h" and rows["m27"][5] == "4.9h/10.1h"
+    assert rows["fifo"][5] == "661ms/3.0s"
