@@ -10,7 +10,8 @@ Threads, all stopped by one event (SIGTERM, SIGINT, idle):
 - the agent (:class:`m27.node.agent.Agent`) ticks as it always did;
 - the crash watcher follows the log and, when a run's flow process is gone, closes the
   run (:func:`m27.node.crash.sweep`: its steps get SIGTERM, SIGKILL after a grace, their
-  leases are released) and marks the flow run and its task runs Crashed in Prefect;
+  leases are released) and marks the flow run and its task runs Crashed in Prefect; a
+  run that ended while Prefect could not be told is settled there (:mod:`m27.node.settle`);
 - the main thread supervises the Prefect server (restarted on the same port when it
   dies) and the warm runner that forks a pre-imported `m27 run` per run
   (:mod:`m27.node.runner`), and decides the idle stop.
@@ -43,6 +44,7 @@ from m27.node.crash import (
 from m27.node.embed import build_agent
 from m27.node.prefect_server import PrefectServer
 from m27.node.runner import WarmRunner
+from m27.node.settle import ended_runs, settle
 from m27.store.sqlite import open_store
 
 if TYPE_CHECKING:
@@ -55,6 +57,9 @@ STOP_GRACE_S = 10.0
 #: A crashed run's task runs are closed again every few seconds for this long.
 RECHECK_FOR_S = 60.0
 RECHECK_EVERY_S = 3.0
+#: How often ended runs are checked against Prefect (a Prefect that was down when a run
+#: ended still shows it open: m27.node.settle).
+SETTLE_EVERY_S = 5.0
 #: How long the service waits for its Prefect server to answer (start or restart).
 HEALTH_TIMEOUT_S = 180.0
 
@@ -84,6 +89,9 @@ class _Watcher:
         #: flow run id -> why: closed in the log, not yet marked Crashed in Prefect
         self.unmarked: dict[str, str] = {}
         self.recheck_at = 0.0
+        #: flow runs of ended runs whose Prefect state was checked (settle.py)
+        self.settled: set[str] = set()
+        self.settle_at = 0.0
         self.thread = threading.Thread(target=self._main, name="m27-crash-watch", daemon=True)
 
     def _main(self) -> None:
@@ -105,6 +113,18 @@ class _Watcher:
         if self.unmarked or (self.recheck and now >= self.recheck_at):
             self.recheck_at = now + RECHECK_EVERY_S
             with_prefect(self._tell_prefect)
+        if now >= self.settle_at:
+            self.settle_at = now + SETTLE_EVERY_S
+            ended = ended_runs(self.state, self.settled, self.host)
+            if ended:
+                changed = with_prefect(lambda client: settle(client, ended))
+                self.settled.update(ended)  # after Prefect answered: else the next pass
+                for flow_run_id in changed:
+                    run = ended[flow_run_id]
+                    self.log(
+                        f"m27 agent: flow run of {run.run_id} was still open in Prefect; "
+                        f"set to how the run ended ({run.status})"
+                    )
 
     def close_dead(self) -> None:
         """Close this host's dead runs in the log first, without Prefect: the log is the

@@ -186,13 +186,50 @@ def test_one_service_from_first_run_to_stop(
     assert cancel.returncode == 0, cancel.stderr
     assert _flow_run_state(info.url, run.flow_run_id) == "CANCELLED"
 
-    # 6. `m27 agent stop`: the service and its Prefect server are gone
+    # 6. `m27 agent stop` during a run: the service and its Prefect server are gone; the
+    # run goes on and succeeds, but cannot tell Prefect
+    short = _pipeline(
+        tmp_path,
+        "short",
+        "name: short\npipeline:\n  - {name: sim, type: gpu, command: sleep 6}\n",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(short), "--plain"],
+        env=m27_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def short_running() -> Any:
+        runs = [r for r in node_state(m27_home).runs.values() if r.pipeline == "short"]
+        step = runs[0].steps.get("sim") if runs else None
+        return runs[0] if step is not None and step.status == "running" else None
+
+    short_run = wait_until(short_running, timeout=240, interval=0.2, what="the step running")
     stop = call_m27("agent", "stop", timeout=120)
     assert stop.returncode == 0, stop.stderr
     assert find_service(m27_home) is None and not (m27_home / "service.json").exists()
     current = after.prefect_pid
     assert current is not None
     wait_until(lambda: not liveness.alive(current), timeout=30, what="the Prefect server gone")
+    assert proc.wait(120) == 0
+    assert node_state(m27_home).runs[short_run.run_id].status == "succeeded"
+
+    # 7. the next service settles it: Prefect shows the run Completed, not Running forever
+    third = call_m27("run", str(quick), "--plain", timeout=400)
+    assert third.returncode == 0, third.stdout + third.stderr
+    again = find_service(m27_home)
+    assert again is not None and again.url == info.url
+    wait_until(
+        lambda: _flow_run_state(again.url, short_run.flow_run_id) == "COMPLETED",
+        timeout=60,
+        interval=0.5,
+        what="the flow run that ended while Prefect was down shown Completed",
+    )
+    assert _task_run_states(again.url, short_run.flow_run_id) == {"sim": "COMPLETED"}
+    # the crashed-then-cancelled run of step 5 keeps its end
+    assert _flow_run_state(again.url, run.flow_run_id) == "CANCELLED"
+    assert call_m27("agent", "stop", timeout=120).returncode == 0
 
 
 def _lab_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,127 @@
+"""Prefect shows how a run ended even when it could not be told at the time.
+
+A run's flow process reports its end to Prefect itself. When the Prefect server is down
+at that moment (`m27 agent stop` during a run, the server restarting after a crash, a
+lab server unreachable), the event log records the end but Prefect keeps showing the
+flow run Running, forever. The node service therefore settles such runs: a run that
+ended in the log, whose flow process is gone (so nothing else will report it), and that
+Prefect still shows open gets the end the log recorded, its unfinished task runs the end
+of their steps. The log is the truth; this only brings Prefect's copy in line.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
+
+from m27 import liveness
+from m27.events.state import NodeState, RunState
+
+if TYPE_CHECKING:
+    from prefect.client.orchestration import PrefectClient
+
+__all__ = ["ended_runs", "settle"]
+
+#: Flow runs asked about per request (their ids go into the filter).
+_BATCH = 200
+
+
+def ended_runs(
+    state: NodeState,
+    skip: Collection[str],
+    host: str | None = None,
+    is_alive: Callable[[int, float | None], bool] = liveness.alive,
+) -> dict[str, RunState]:
+    """This host's runs that ended in the log, whose flow process is gone, by flow run id
+    (those in `skip` left out: already settled)."""
+    host = host or socket.gethostname()
+    return {
+        run.flow_run_id: run
+        for run in state.runs.values()
+        if run.status != "running"
+        and run.flow_run_id
+        and run.flow_run_id not in skip
+        and run.host == host
+        and not (run.pid and is_alive(run.pid, run.pid_started))
+    }
+
+
+def _flow_state(run: RunState) -> Any:
+    from prefect.states import Cancelled, Completed, Crashed, Failed
+
+    why = "recorded by the m27 node service: Prefect could not be told when the run ended"
+    if run.crashed:
+        return Crashed(message=run.reason)
+    if run.status == "succeeded":
+        return Completed(message=why)
+    if run.status == "cancelled":
+        return Cancelled(message=run.reason or why)
+    return Failed(message=run.reason or why)
+
+
+def _task_state(run: RunState, step_name: str) -> Any:
+    """A step's end as a task-run state; a step the run ended without (it never got to
+    end itself) shares the run's."""
+    from prefect.states import Cancelled, Completed, Failed
+
+    step = run.steps.get(step_name)
+    status = step.status if step is not None else ""
+    if status == "succeeded":
+        return Completed()
+    if status == "failed":
+        return Failed(message=step.reason if step is not None else "")
+    if status in ("cancelled", "skipped"):
+        return Cancelled(message=step.reason if step is not None else "")
+    return _flow_state(run)
+
+
+async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[str]:
+    """Give each flow run in `runs` that Prefect still shows open the end the log
+    recorded, and its open task runs their steps' ends; the flow run ids it changed."""
+    from uuid import UUID
+
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    final = (StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED)
+    open_types = [t for t in StateType if t not in final]
+    ids: list[UUID] = []
+    for flow_run_id in runs:
+        try:
+            ids.append(UUID(flow_run_id))
+        except ValueError:
+            continue  # not a Prefect id (an old or hand-written log)
+    changed: list[str] = []
+    for first in range(0, len(ids), _BATCH):
+        batch = ids[first : first + _BATCH]
+        still_open = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=batch),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=open_types)),
+            ),
+            limit=_BATCH,
+        )
+        for flow_run in still_open:
+            run = runs[str(flow_run.id)]
+            tasks = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
+                task_run_filter=TaskRunFilter(
+                    state=TaskRunFilterState(type=TaskRunFilterStateType(any_=open_types))
+                ),
+            )
+            for task_run in tasks:
+                await client.set_task_run_state(
+                    task_run.id, _task_state(run, task_run.name), force=True
+                )
+            await client.set_flow_run_state(flow_run.id, _flow_state(run), force=True)
+            changed.append(str(flow_run.id))
+    return changed
