@@ -18,14 +18,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from m27._exceptions import ConfigError
+from m27.cli.commands import _common
 from m27.cli.warm import runner_pid
 from m27.config import load_settings, m27_home
 from m27.events import Event, RunSubmitted
+from m27.events.state import fold
 from m27.node.serve import serve
 from m27.node.service import ServiceInfo, find_service, stop_service
 from m27.policy import Decision, Reserve, key_text
 from m27.signals import stop_event
-from m27.units import format_duration, parse_duration
+from m27.store.sqlite import open_store
+from m27.units import count, format_duration, parse_duration
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -178,6 +181,18 @@ def _stop(home: Path) -> int:
         print(f"no node service runs for {home}")
         return 0
     print(f"node service (pid {info.pid}) stopped")
+    store = open_store(home)
+    try:
+        state = fold(store.read())
+    finally:
+        store.close()
+    live = [r.run_id for r in state.runs.values() if _common.shown_status(r) == "running"]
+    if live:
+        print(
+            f"{count(len(live), 'run')} still running ({', '.join(live[:3])}"
+            f"{', ...' if len(live) > 3 else ''}) go on without it; Prefect shows how "
+            "they end once the service runs again (the next `m27 run` starts it)"
+        )
     return 0
 
 
