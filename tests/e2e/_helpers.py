@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from m27.events.state import NodeState, fold
+from m27.events.state import NodeState, RunState, StepState, fold
 from m27.store.sqlite import SqliteEventStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,3 +52,29 @@ def node_state(home: Path) -> NodeState:
         return fold(store.read())
     finally:
         store.close()
+
+
+def start_run(spec: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """`m27 run SPEC --plain` in the background, its output discarded (a test kills it,
+    or waits for it, and reads the event log)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
+        env=m27_env(),
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def wait_running(
+    home: Path, pipeline: str, step: str, timeout: float = 240
+) -> tuple[RunState, StepState]:
+    """The run of `pipeline` and its `step`, once the event log shows the step running."""
+    from tests.waiting import wait_until
+
+    def check() -> tuple[RunState, StepState] | None:
+        runs = [r for r in node_state(home).runs.values() if r.pipeline == pipeline]
+        found = runs[0].steps.get(step) if runs else None
+        return (runs[0], found) if found is not None and found.status == "running" else None
+
+    return wait_until(check, timeout=timeout, interval=0.2, what=f"step {step} running")

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import textwrap
 import urllib.request
 from pathlib import Path
@@ -18,7 +16,7 @@ import psutil
 import pytest
 
 from m27.node.service import find_service
-from tests.e2e._helpers import M27, m27_env, node_state
+from tests.e2e._helpers import M27, node_state, start_run, wait_running
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -64,20 +62,9 @@ def test_kill_9_of_m27_run_crashes_it_in_prefect_and_leaves_nothing_running(
             command: trap 'echo ignoring TERM' TERM; while true; do sleep 0.2; done
         """)
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
-        env=m27_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def running() -> Any:
-        runs = list(node_state(m27_home).runs.values())
-        step = runs[0].steps.get("train") if runs else None
-        return (runs[0], step) if step is not None and step.status == "running" else None
-
+    proc = start_run(spec)
     try:
-        run, step = wait_until(running, timeout=240, interval=0.2, what="the step running")
+        run, step = wait_running(m27_home, "stubborn", "train")
         assert run.flow_run_id and step.pgid
         wait_until(
             lambda: _task_runs(prefect_env, run.flow_run_id).get("train") == "RUNNING",

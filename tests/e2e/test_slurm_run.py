@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.e2e._helpers import M27, m27_env, node_state
+from tests.e2e._helpers import M27, node_state, start_run, wait_running
 from tests.integration.slurm_fixture import job_state, slurm_cluster  # noqa: F401
 from tests.waiting import wait_until
 
@@ -69,21 +67,10 @@ def test_kill_9_of_a_run_cancels_its_slurm_job_through_the_cluster_it_was_submit
     spec.write_text(
         "name: long\npipeline:\n  - {name: sim, type: gpu, executor: slurm, command: sleep 300}\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
-        env=m27_env(),
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def running() -> str | None:
-        runs = [r for r in node_state(m27_home).runs.values() if r.pipeline == "long"]
-        step = runs[0].steps["sim"] if runs else None
-        return step.slurm_job_id if step is not None and step.status == "running" else None
-
+    proc = start_run(spec, cwd=tmp_path)
     try:
-        job = wait_until(running, timeout=120, interval=0.2, what="the Slurm job running")
+        _, step = wait_running(m27_home, "long", "sim", timeout=120)
+        job = step.slurm_job_id
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)

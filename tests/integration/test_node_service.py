@@ -26,7 +26,7 @@ from m27 import liveness
 from m27.events import AgentStarted, RunSubmitted
 from m27.node.service import find_service, healthy, read_info
 from m27.store.sqlite import SqliteEventStore
-from tests.e2e._helpers import call_m27, m27_env, node_state
+from tests.e2e._helpers import call_m27, m27_env, node_state, start_run, wait_running
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -141,19 +141,8 @@ def test_one_service_from_first_run_to_stop(
             command: sleep 600
         """,
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(slow), "--plain"],
-        env=m27_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def running_step() -> Any:
-        runs = [r for r in node_state(m27_home).runs.values() if r.pipeline == "slow"]
-        step = runs[0].steps.get("sim") if runs else None
-        return (runs[0], step) if step is not None and step.status == "running" else None
-
-    run, step = wait_until(running_step, timeout=240, interval=0.2, what="the step running")
+    proc = start_run(slow)
+    run, step = wait_running(m27_home, "slow", "sim")
     assert run.flow_run_id and step.pgid
     wait_until(
         lambda: _task_run_states(info.url, run.flow_run_id).get("sim") == "RUNNING",
@@ -193,19 +182,8 @@ def test_one_service_from_first_run_to_stop(
         "short",
         "name: short\npipeline:\n  - {name: sim, type: gpu, command: sleep 6}\n",
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(short), "--plain"],
-        env=m27_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def short_running() -> Any:
-        runs = [r for r in node_state(m27_home).runs.values() if r.pipeline == "short"]
-        step = runs[0].steps.get("sim") if runs else None
-        return runs[0] if step is not None and step.status == "running" else None
-
-    short_run = wait_until(short_running, timeout=240, interval=0.2, what="the step running")
+    proc = start_run(short)
+    short_run, _ = wait_running(m27_home, "short", "sim")
     stop = call_m27("agent", "stop", timeout=120)
     assert stop.returncode == 0, stop.stderr
     assert f"1 run still running ({short_run.run_id}) go on without it" in stop.stdout

@@ -30,16 +30,29 @@ def _submitted(run_id: str, pid: int, spec: Path) -> ev.RunSubmitted:
     )
 
 
+#: A one-step pipeline this node cannot run (9 GPUs): a resume that gets past its own
+#: checks stops there, before any service starts.
+NINE_GPUS = "name: p\npipeline:\n  - {name: a, type: gpu, gpus: 9, command: 'true'}\n"
+
+
+def _dead_run(home: Path, run_id: str, spec: Path, **vars: str) -> None:
+    """Record run `run_id` of `spec` whose flow process has exited."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    store = open_store(home)
+    store.append([dataclasses.replace(_submitted(run_id, dead.pid, spec), vars=vars)])
+    store.close()
+
+
 def test_resuming_a_live_run_is_refused_and_a_dead_ones_is_not(
     m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = tmp_path / "p.yaml"
-    spec.write_text("name: p\npipeline:\n  - {name: a, type: gpu, gpus: 9, command: 'true'}\n")
-    dead = subprocess.Popen(["true"])
-    dead.wait()
+    spec.write_text(NINE_GPUS)
     store = open_store(m27_home)
-    store.append([_submitted("live", os.getpid(), spec), _submitted("dead", dead.pid, spec)])
+    store.append([_submitted("live", os.getpid(), spec)])
     store.close()
+    _dead_run(m27_home, "dead", spec)
 
     with pytest.raises(SystemExit) as refused:
         main(["run", "--resume", "live", "--plain"])
@@ -56,11 +69,7 @@ def test_resuming_a_run_whose_file_is_gone_says_how_to_give_its_new_path(
     m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = tmp_path / "p.yaml"
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    store = open_store(m27_home)
-    store.append([_submitted("gone", dead.pid, spec)])
-    store.close()
+    _dead_run(m27_home, "gone", spec)
     with pytest.raises(SystemExit) as refused:
         main(["run", "--resume", "gone", "--plain"])
     assert refused.value.code == 2
@@ -69,7 +78,7 @@ def test_resuming_a_run_whose_file_is_gone_says_how_to_give_its_new_path(
         "if it moved, give its new path: m27 run --resume gone FILE"
     )
     moved = tmp_path / "moved.yaml"
-    moved.write_text("name: p\npipeline:\n  - {name: a, type: gpu, gpus: 9, command: 'true'}\n")
+    moved.write_text(NINE_GPUS)
     assert main(["run", "--resume", "gone", str(moved), "--plain"]) == 2
     assert f"{moved}:3: step 'a' needs 9 GPUs" in capsys.readouterr().err
 
@@ -78,13 +87,8 @@ def test_a_new_value_on_resume_is_noted_with_the_old_one(
     m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = tmp_path / "p.yaml"
-    spec.write_text("name: p\npipeline:\n  - {name: a, type: gpu, gpus: 9, command: 'true'}\n")
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    submitted = _submitted("old", dead.pid, spec)
-    store = open_store(m27_home)
-    store.append([dataclasses.replace(submitted, vars={"X": "custom", "Y": "same"})])
-    store.close()
+    spec.write_text(NINE_GPUS)
+    _dead_run(m27_home, "old", spec, X="custom", Y="same")
     assert main(["run", "--resume", "old", "--set", "X=other", "--set", "Y=same", "--plain"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0] == (
