@@ -16,7 +16,9 @@ fastest one, and the process CPU time of the median save: on a shared machine th
 time is mostly waiting for a core, the CPU time is what the code costs. The "xxh3 floor"
 line is one bare xxh3 pass over the state on the same threads in the same run (one call
 per slice, nothing else): no save that hashes every byte can stall less than that.
---one-thread-too adds the m27 rows with threads=1, to see what the threads buy.
+--one-thread-too adds the m27 rows with threads=1, to see what the threads buy;
+--python-hashing-too adds a 1% row hashed without the compiled m27.checkpoint._spans,
+as an install without a C compiler runs (the targets are checked on the default rows).
 Prints a Markdown table (or, with --json, the rows and the issue-16 targets as JSON);
 figures are recorded in benchmarks/README.md. Ratios are against np.save + fsync of the
 same state in the same run: until durable <= 1.1x for 100% changed, restore >= 1 GB/s for
@@ -40,7 +42,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from m27.checkpoint import Checkpointer
+from m27.checkpoint import Checkpointer, _chunks
 from m27.checkpoint._parallel import default_threads
 from m27.units import format_size, parse_size
 
@@ -85,6 +87,30 @@ def bench_m27(
     force_zstd: bool = False,
     repeats: int = 1,
     paired: Callable[[], float] | None = None,
+    python_hashing: bool = False,
+) -> Row:
+    native = _chunks._native
+    if python_hashing:
+        _chunks._native = None
+    try:
+        row = _bench_m27(x, fraction, root, rng, level, threads, force_zstd, repeats, paired)
+    finally:
+        _chunks._native = native
+    if python_hashing:
+        row["method"] += ", Python hashing"
+    return row
+
+
+def _bench_m27(
+    x: np.ndarray[Any, Any],
+    fraction: float,
+    root: Path,
+    rng: np.random.Generator,
+    level: int,
+    threads: int | None,
+    force_zstd: bool,
+    repeats: int,
+    paired: Callable[[], float] | None,
 ) -> Row:
     directory = root / f"m27-{fraction}"
     ck = Checkpointer(directory, keep_last=2, interval=0, compression_level=level, threads=threads)
@@ -282,7 +308,7 @@ def with_ratios(rows: list[Row], baseline: Row) -> list[Row]:
 
 def targets(rows: list[Row]) -> dict[str, Any]:
     """The issue-16 targets, checked on the default m27 rows of this run."""
-    m27 = [r for r in rows if r["method"].startswith("m27")]
+    m27 = [r for r in rows if r["method"].startswith("m27") and "Python" not in r["method"]]
     full = [r for r in m27 if r["changed"] == "100%"]
     one = [r for r in m27 if r["changed"] == "1%"]
     return {
@@ -306,6 +332,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--one-thread-too", action="store_true", help="also run m27 rows with threads=1"
+    )
+    parser.add_argument(
+        "--python-hashing-too",
+        action="store_true",
+        help="also a 1%% row without the compiled chunk hasher (as built without gcc)",
     )
     parser.add_argument("--json", action="store_true", help="print rows and targets as JSON")
     parser.add_argument(
@@ -332,6 +363,18 @@ def main() -> None:
         rows = [bench_m27(x, 0.01, root, rng, threads=args.threads, repeats=args.repeats)]
         full = {"repeats": args.full_repeats, "paired": lambda: npsave_durable(x, root)}
         rows.append(bench_m27(x, 1.0, root, rng, threads=args.threads, **full))
+        if args.python_hashing_too:
+            rows.append(
+                bench_m27(
+                    x,
+                    0.01,
+                    root,
+                    rng,
+                    threads=args.threads,
+                    repeats=args.repeats,
+                    python_hashing=True,
+                )
+            )
         if args.one_thread_too:
             rows.append(bench_m27(x, 0.01, root, rng, threads=1, repeats=args.repeats))
             rows.append(bench_m27(x, 1.0, root, rng, threads=1, **full))
@@ -354,6 +397,7 @@ def main() -> None:
         out = {
             "size": size,
             "threads": threads,
+            "native_hashing": _chunks.native_hashing(),
             "xxh3_floor_ms_per_gib": floor * 1000 * (1 << 30) / size,
             "rows": rows,
             "targets": targets(rows),
@@ -362,7 +406,9 @@ def main() -> None:
         return
     print(
         f"\nfloat32 state of {format_size(size)}, chunk 128 KiB, zstd level 3 unless said, "
-        f"{os.cpu_count()} CPUs, m27 threads {threads}, {time.strftime('%Y-%m-%d %H:%M')}\n"
+        f"{os.cpu_count()} CPUs, m27 threads {threads}, chunk hashing "
+        f"{'compiled' if _chunks.native_hashing() else 'Python (no compiled _spans)'}, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}\n"
     )
     print(
         "| method | changed | save stall | until durable | x np.save+fsync | bytes written "

@@ -2,10 +2,15 @@
 
 A chunk is ``chunk_size`` bytes of the array's C-order bytes (the last one may be shorter).
 The fingerprint is xxh3_64 of the chunk, computed over ``memoryview`` slices of one
-contiguous buffer: no per-chunk copies, ~23 GB/s, 8 bytes of memory per chunk kept between
-saves. Large arrays are hashed in slices on a few threads (xxh3 releases the GIL).
-While changes are sparse, a save hashes 1 MiB groups first and only the chunks of the
-groups that changed (`diff_chunks`): fewer calls, each of which costs ~1 us of reading.
+contiguous buffer: no per-chunk copies, 8 bytes of memory per chunk kept between saves.
+Large arrays are hashed in slices on a few threads (xxh3 releases the GIL).
+
+Two ways give the same values. The compiled ``m27.checkpoint._spans`` (csrc/spans.c,
+built at install when a C compiler is there) hashes a whole slice of chunks per call with
+the GIL released: two threads run at memory speed (1 GiB: ~34 ms) and every save simply
+hashes every chunk. Without it, one xxhash call per chunk from Python: the GIL hand-off
+between calls costs more than the hashing, so while changes are sparse a save hashes
+1 MiB groups first and only the chunks of the groups that changed (`diff_chunks`).
 The same value doubles as the stored verification hash, so after a restore the
 fingerprints come from the manifest for free.
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -26,6 +32,13 @@ import xxhash
 
 from m27._exceptions import CheckpointError
 from m27.checkpoint._parallel import Workers
+
+try:
+    from m27.checkpoint import _spans as _native_module
+
+    _native: ModuleType | None = _native_module
+except ImportError:  # installed without a C compiler: chunks are hashed from Python
+    _native = None
 
 _xxh3_64 = xxhash.xxh3_64_intdigest
 #: Less data than this is hashed and copied in the caller's thread (xxh3 takes ~2 ms for it).
@@ -55,6 +68,11 @@ def host_bytes(name: str, array: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
     return contiguous.reshape(-1).view(np.uint8)
 
 
+def native_hashing() -> bool:
+    """Whether chunk fingerprints come from the compiled ``m27.checkpoint._spans``."""
+    return _native is not None
+
+
 def fingerprints(
     data: npt.NDArray[np.uint8],
     chunk_size: int,
@@ -63,6 +81,9 @@ def fingerprints(
 ) -> npt.NDArray[np.uint64]:
     """xxh3_64 of every chunk of `data` (or of the chunks at `indices`), in slices on
     `workers` when that is much data."""
+    native = _native
+    if native is not None:
+        return _native_fingerprints(native, data, chunk_size, workers, indices)
     view = memoryview(data)  # type: ignore[arg-type]
     nbytes = data.shape[0]
     offsets: Sequence[int] = (
@@ -89,6 +110,34 @@ def fingerprints(
             hash_range(span)
     else:
         workers.run_all(hash_range, spans)
+    return out
+
+
+def _native_fingerprints(
+    native: ModuleType,
+    data: npt.NDArray[np.uint8],
+    chunk_size: int,
+    workers: Workers | None,
+    indices: npt.NDArray[np.int64] | None,
+) -> npt.NDArray[np.uint64]:
+    """`fingerprints` through the compiled module: one call per thread's slice."""
+    count = n_chunks(data.shape[0], chunk_size) if indices is None else len(indices)
+    wanted = None if indices is None else np.ascontiguousarray(indices, dtype=np.int64)
+    out = np.empty(count, dtype=np.uint64)
+
+    def hash_range(span: tuple[int, int]) -> None:
+        first, last = span
+        if wanted is None:
+            native.hash_range(data, chunk_size, first, out[first:last])
+        else:
+            native.hash_indices(data, chunk_size, wanted[first:last], out[first:last])
+
+    if workers is None or workers.count < 2 or count * chunk_size < _PARALLEL_BYTES:
+        hash_range((0, count))
+        return out
+    # a few slices per thread, so one thread that the OS delays does not hold up the rest
+    step = -(-count // (2 * workers.count))
+    workers.run_all(hash_range, [(f, min(f + step, count)) for f in range(0, count, step)])
     return out
 
 
@@ -133,6 +182,9 @@ def diff_chunks(
     if chunks_before is None:
         chunks = fingerprints(data, chunk_size, workers)
         return ChunkDiff(chunks, np.arange(count, dtype=np.int64), None)
+    if _native is not None:  # every chunk at memory speed: groups would only add a pass
+        chunks = fingerprints(data, chunk_size, workers)
+        return ChunkDiff(chunks, np.flatnonzero(chunks != chunks_before), None)
     group_size = per_group * chunk_size
     if groups_before is not None:
         groups: npt.NDArray[np.uint64] | None = fingerprints(data, group_size, workers)
