@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,15 +112,33 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return None
 
 
-def prune(directory: Path, keep_last: int, *, cache: ManifestCache | None = None) -> list[Path]:
-    """Delete manifests older than the newest `keep_last` valid ones, then unused packs."""
+def prune(
+    directory: Path,
+    keep_last: int,
+    *,
+    cache: ManifestCache | None = None,
+    intact: Callable[[Listed], bool] | None = None,
+) -> list[Path]:
+    """Delete manifests older than the newest `keep_last` valid ones, then unused packs.
+
+    Valid means a readable manifest, which is all a prune beside running saves can afford
+    to check. With `intact` (``m27 checkpoints gc``: a full read of each checkpoint it
+    would keep) a valid checkpoint counts only when ``intact(entry)`` is true, so a
+    damaged pack never costs the older, intact checkpoints a restore would fall back to.
+    """
     if keep_last < 1:
         raise CheckpointError(f"keep_last must be at least 1, not {keep_last}")
     listed = scan(directory, cache)
-    valid = [entry for entry in listed if entry.valid]
+    counted = 0
+    oldest_kept = None
+    for entry in reversed(listed):
+        if entry.valid and (intact is None or intact(entry)):
+            counted += 1
+            if counted == keep_last:
+                oldest_kept = entry.seq
+                break
     removed: list[Path] = []
-    if len(valid) > keep_last:
-        oldest_kept = valid[-keep_last].seq
+    if oldest_kept is not None:
         for entry in listed:
             if entry.seq < oldest_kept:
                 entry.path.unlink(missing_ok=True)

@@ -100,7 +100,8 @@ def test_cli_lists_checkpoints_with_step_bytes_and_change(
     assert all(r["valid"] and r["step"] == "md_simulation" for r in rows)
     assert main(["checkpoints", "last", "md_simulation"]) == 0
     text = capsys.readouterr().out
-    assert "md_simulation" in text and "6.2%" in text and "yes" in text
+    assert "md_simulation" in text and "6.2%" in text
+    assert text.splitlines()[0].split()[-1] == "MANIFEST" and text.splitlines()[1].endswith("ok")
 
 
 def test_cli_lists_verifies_and_prunes_the_files_a_program_checkpoints_itself(
@@ -147,12 +148,35 @@ def test_cli_verify_exits_1_naming_the_corrupt_file(
 
 def test_cli_gc_keeps_the_newest_n(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["checkpoints", "gc", "20260101", "--keep", "1", "--json"]) == 0
-    removed = {Path(r["path"]).name for r in json.loads(capsys.readouterr().out)}
+    out = json.loads(capsys.readouterr().out)
+    removed = {Path(r["path"]).name for r in out["removed"]}
     assert {"ckpt-0000000001.json", "ckpt-0000000003.json"} <= removed
+    assert out["corrupt"] == []
     assert names(run_dir, "json") == [4]
     with Checkpointer(run_dir, chunk_size=CHUNK) as ck:
         got = ck.restore()
     assert got is not None and got[1] == 400
+
+
+def test_cli_gc_does_not_count_a_corrupt_checkpoint_toward_keep(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged newest pack: gc --keep 1 used to keep only that checkpoint and delete the
+    intact one a restore falls back to, leaving nothing to resume from."""
+    pack = run_dir / "ckpt-0000000004.pack"
+    data = bytearray(pack.read_bytes())
+    data[-3] ^= 0xFF
+    pack.write_bytes(bytes(data))
+    assert main(["checkpoints", "gc", "20260101", "--keep", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"corrupt  {run_dir / 'ckpt-0000000004.json'}: " in out
+    assert "(not counted toward --keep 1)" in out
+    assert f"removed  {run_dir / 'ckpt-0000000002.json'}" in out
+    assert "1 corrupt checkpoint(s) left in place" in out
+    assert names(run_dir, "json") == [3, 4]
+    with Checkpointer(run_dir, chunk_size=CHUNK) as ck:
+        got = ck.restore()
+    assert got is not None and got[1] == 300  # the intact one, as before gc
 
 
 def test_cli_rejects_unknown_runs_and_steps(

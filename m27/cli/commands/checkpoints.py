@@ -2,7 +2,7 @@
 
     m27 checkpoints RUN [STEP] [--json]        time, step, sim step, bytes, % changed, valid
     m27 checkpoints verify RUN [STEP]          every chunk's hash; exit 1 naming bad files
-    m27 checkpoints gc RUN [STEP] [--keep N]   keep the last N valid, drop unreferenced packs
+    m27 checkpoints gc RUN [STEP] [--keep N]   keep the newest N intact, drop unreferenced packs
 
 RUN is a run id (a unique prefix, or `last`) under $M27_HOME/checkpoints, or a directory.
 """
@@ -34,8 +34,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         # argparse would write nargs="+" as "[verify|gc] RUN [STEP] [[verify|gc] ...]"
         usage="m27 checkpoints [-h] [--json] [--keep N] [verify|gc] RUN [STEP]",
         description="List the checkpoints of RUN (all steps, or STEP); `verify` checks every "
-        "chunk's hash (exit 1 on corruption, naming the files); `gc` keeps the newest N valid "
-        "checkpoints and deletes packs nothing references. RUN is a run id, a unique prefix, "
+        "chunk's hash (exit 1 on corruption, naming the files); `gc` keeps the newest N intact "
+        "checkpoints (every chunk read; a corrupt one is left but not counted) and deletes "
+        "packs nothing references. RUN is a run id, a unique prefix, "
         "`last`, or a checkpoint directory.",
     )
     p.add_argument("words", nargs="+", metavar="[verify|gc] RUN [STEP]")
@@ -138,12 +139,14 @@ def _list(targets: list[tuple[str, Path]], as_json: bool) -> int:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"])) if r["time"] else "?"
         written = format_size(r["bytes_written"]) if r["bytes_written"] is not None else "?"
         changed = f"{r['percent_changed']:.1f}%" if r["percent_changed"] is not None else "?"
-        valid = "yes" if r["valid"] else f"NO: {r['problem']}"
+        valid = "ok" if r["valid"] else f"NO: {r['problem']}"
         sim = r["sim_step"] if r["sim_step"] is not None else "?"
         table.append((r["step"], r["seq"], when, sim, written, changed, valid))
     cols = [Col("STEP", wrap=True), Col("#", right=True), Col("TIME"), Col("SIM STEP", right=True)]
-    cols += [Col("WRITTEN", right=True), Col("CHANGED", right=True), Col("VALID", wrap=True)]
+    cols += [Col("WRITTEN", right=True), Col("CHANGED", right=True), Col("MANIFEST", wrap=True)]
     tables.show(cols, table)
+    if sys.stdout.isatty():
+        print("MANIFEST: manifest and packs present; `m27 checkpoints verify` reads every chunk")
     return 0
 
 
@@ -178,16 +181,30 @@ def _verify(targets: list[tuple[str, Path]], as_json: bool) -> int:
 
 def _gc(targets: list[tuple[str, Path]], keep: int, as_json: bool) -> int:
     removed: list[dict[str, Any]] = []
+    corrupt: list[dict[str, Any]] = []
+
+    def intact(entry: Listed) -> bool:
+        """Counted toward --keep only when every chunk reads back: a checkpoint whose pack
+        was damaged must not push out the older one a restore falls back to."""
+        try:
+            verify(entry.path)
+        except CorruptCheckpointError as exc:
+            corrupt.append({"step": step, "path": str(entry.path), "problem": str(exc)})
+            return False
+        return True
+
     for step, directory in targets:
         sizes = {p: p.stat().st_size for p in directory.iterdir() if p.is_file()}
-        for path in prune(directory, keep):
+        for path in prune(directory, keep, intact=intact):
             removed.append({"step": step, "path": str(path), "bytes": sizes.get(path, 0)})
     if as_json:
-        print_json(removed)
-    else:
-        for r in removed:
-            print(f"removed  {r['path']}")
-        print(
-            f"{len(removed)} files removed, {format_size(sum(r['bytes'] for r in removed))} freed"
-        )
+        print_json({"removed": removed, "corrupt": corrupt})
+        return 0
+    for r in corrupt:
+        print(f"corrupt  {r['path']}: {r['problem']} (not counted toward --keep {keep})")
+    for r in removed:
+        print(f"removed  {r['path']}")
+    print(f"{len(removed)} files removed, {format_size(sum(r['bytes'] for r in removed))} freed")
+    if corrupt:
+        print(f"{len(corrupt)} corrupt checkpoint(s) left in place: see `m27 checkpoints verify`")
     return 0
