@@ -50,7 +50,7 @@ HELP = (
     "/resume RUN: how to resume a run"
 )
 RUNS_SHOWN = 10
-_ICONS = {"running": "▶", "succeeded": "✅", "failed": "❌", "cancelled": "⏹"}
+_ICONS = {"running": "▶", "succeeded": "✅", "failed": "❌", "cancelled": "⏹", "crashed": "💥"}
 
 
 class BotClient(Protocol):
@@ -218,7 +218,7 @@ class CommandBot:
         running = sum(1 for s in steps if s.status == "running")
         queued = sum(1 for s in steps if s.status == "queued")
         lines = ["<b>m27 status</b>"]
-        order = ("running", "succeeded", "failed", "cancelled")
+        order = ("running", "succeeded", "failed", "crashed", "cancelled")
         counts = [f"{by[k]} {k}" for k in order if by.get(k)]
         lines.append("runs: " + (" · ".join(counts) if counts else "none yet"))
         lines.append(f"steps: {running} running · {queued} queued")

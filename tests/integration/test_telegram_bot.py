@@ -71,6 +71,22 @@ def test_status(api: FakeBotApi, bot: CommandBot) -> None:
     assert "runs: 1 running · 1 succeeded" in reply and "steps: 1 running · 1 queued" in reply
 
 
+def test_status_and_runs_count_crashed_runs(
+    api: FakeBotApi, bot: CommandBot, store: MemoryEventStore
+) -> None:
+    """A run killed with kill -9 was missing from /status's counts (and had no icon)."""
+    store.append(
+        [
+            ev.RunSubmitted(T0, "dead-1", "md", "md.yaml", ("sim",)),
+            ev.RunCrashed(T0, "dead-1", "run process 4242 is gone"),
+        ]
+    )
+    [reply] = ask(api, bot, "/status")
+    assert "runs: 1 running · 1 succeeded · 1 crashed" in reply
+    [reply] = ask(api, bot, "/runs")
+    assert "💥 <code>dead-1</code> md · 0/1 steps · crashed" in reply
+
+
 def test_runs_lists_the_newest_first(api: FakeBotApi, bot: CommandBot) -> None:
     [reply] = ask(api, bot, "/runs@m27_test_bot")
     lines = reply.splitlines()
