@@ -322,13 +322,21 @@ class Checker(Reader):
             return None
         words = render_argv(text, tpl.placeholders, self.values)
         if "\0" in "\1".join(words):  # one scan, not one per argument
-            self.add(node, where, f"a variable's value puts a NUL byte into {what}")
+            self.add(
+                node,
+                where,
+                f"{what} holds a NUL byte (written or from a variable)",
+            )
             return None
         return words
 
     def _checked_argv(self, node: Node, where: str, argv: list[str]) -> tuple[str, ...] | None:
         if "\0" in "\1".join(argv):  # one scan, not one per argument
-            self.add(node, where, "a variable's value puts a NUL byte into the command")
+            self.add(
+                node,
+                where,
+                "the command holds a NUL byte (written or from a variable)",
+            )
             return None
         if not argv[0]:
             self.add(node, where, "the program name is empty after substitution")
@@ -384,7 +392,11 @@ class Checker(Reader):
         `folder` (the step's workdir), or under the absolute folder written before any
         {{VAR}}; anywhere with allow_outside: true (docs/pipelines.md)."""
         if "\0" in rendered:
-            self.add(tpl.node, tpl.field, "a variable's value puts a NUL byte into the path")
+            self.add(
+                tpl.node,
+                tpl.field,
+                "the path holds a NUL byte (written or from a variable)",
+            )
             return False
         if not representable(rendered):
             self.add(tpl.node, tpl.field, "a variable's value is not valid text (lone surrogate)")
@@ -434,7 +446,11 @@ class Checker(Reader):
                 continue
             rendered = self._render_plain(self.template(value, path, text))
             if rendered is not None and "\0" in rendered:
-                self.add(value, path, "a variable's value puts a NUL byte into the environment")
+                self.add(
+                    value,
+                    path,
+                    "the value holds a NUL byte (written or from a variable)",
+                )
             elif rendered is not None:
                 out[key] = rendered
         return out
