@@ -212,3 +212,70 @@ def test_the_live_table_is_readable_at_80_and_100_columns(tmp_path: Path, width:
     assert "succeeded" in prep and "300ms" in prep  # nothing but the output is cut
     sim = next(line for line in lines if "md_simulation" in line)
     assert "step 1400/2000" in sim and "…" in sim
+
+
+def test_a_guest_says_when_it_is_held_and_promoted_and_how_long_it_waited(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 2 s gpu_light step beside a computing primary reported only `succeeded in 6.0s`:
+    nothing said it had been held for 4 s, nor that it became the GPU's primary."""
+    store, progress = _progress(tmp_path)
+    progress.start()
+    store.append(
+        [
+            ev.RunSubmitted(1.0, "r1", "demo", "/x/demo.yaml", ("prep", "sim")),
+            ev.GuestStarted(1.0, "r1", "sim", 0),
+            ev.GuestPaused(1.0, "r1", "sim", 0),
+            ev.StepStarted(1.1, "r1", "sim", 1, 101, 101, ("echo", "sim"), (0,)),
+            ev.GuestPaused(1.2, "r1", "sim", 0, how="signal"),
+            ev.GuestResumed(2.0, "r1", "sim", 0),
+            ev.GuestPaused(3.0, "r1", "sim", 0, how="signal"),
+            ev.Promoted(5.0, "r1", "sim", 0),
+            ev.StepSucceeded(7.0, "r1", "sim", 1, 5.9),
+        ]
+    )
+    progress.stop()
+    out = capsys.readouterr().out
+    assert (
+        "sim: started (attempt 1, pid 101, GPU 0, as a guest beside the GPU's primary, "
+        "held while it computes)" in out
+    )
+    assert "held on GPU 0" not in out  # said once, on the started line, not per hold
+    assert "sim: promoted to primary on GPU 0 (its primary is done)" in out
+    assert "sim: succeeded in 5.9s (held 3.0s as a guest)" in out  # 1.0-2.0 and 3.0-5.0
+
+
+def test_a_guest_held_after_it_started_gets_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, progress = _progress(tmp_path)
+    progress.start()
+    store.append(
+        [
+            ev.GuestStarted(1.0, "r1", "sim", 0),
+            ev.StepStarted(1.1, "r1", "sim", 1, 101, 101, ("echo", "sim"), (0,)),
+            ev.GuestPaused(1.2, "r1", "sim", 0, how="signal"),
+            ev.GuestResumed(2.0, "r1", "sim", 0),
+            ev.GuestPaused(3.0, "r1", "sim", 0, how="signal"),
+            ev.StepFailed(4.0, "r1", "sim", 1, 2.9, "exit code 1", exit_code=1),
+        ]
+    )
+    progress.stop()
+    out = capsys.readouterr().out
+    assert "sim: started (attempt 1, pid 101, GPU 0, as a guest beside the GPU's primary)" in out
+    assert out.count("sim: held on GPU 0 while the GPU's primary computes") == 1
+
+
+def test_the_live_table_shows_a_held_guest_as_paused(tmp_path: Path) -> None:
+    _, progress = _progress(tmp_path, live=True)
+    progress._apply(ev.GuestStarted(1.0, "r1", "sim", 0))
+    progress._apply(ev.StepStarted(1.1, "r1", "sim", 1, 101, 101, ("echo", "sim"), (0,)))
+    progress._apply(ev.GuestPaused(1.2, "r1", "sim", 0, how="signal"))
+    console = Console(file=io.StringIO(), width=100)
+    console.print(progress._table())
+    assert "paused" in console.file.getvalue()
+    progress._apply(ev.GuestResumed(2.0, "r1", "sim", 0))
+    console = Console(file=io.StringIO(), width=100)
+    console.print(progress._table())
+    text = console.file.getvalue()
+    assert "paused" not in text and "running" in text

@@ -19,7 +19,11 @@ from rich.table import Table
 from m27.events import (
     CheckpointWritten,
     Event,
+    GuestPaused,
+    GuestResumed,
+    GuestStarted,
     LeaseGranted,
+    Promoted,
     Recorded,
     RunCancelled,
     RunFailed,
@@ -51,7 +55,43 @@ _STYLE = {
     "cancelled": "yellow",
     "queued": "white",
     "pending": "dim",
+    "paused": "magenta",
 }
+
+
+def _unpause(row: dict[str, Any], at: float) -> float:
+    """End a guest's hold at `at`; the seconds it has been held in all."""
+    if row["paused_since"] is not None:
+        row["paused"] += max(0.0, at - row["paused_since"])
+        row["paused_since"] = None
+    held: float = row["paused"]
+    return held
+
+
+def _guest(
+    step: str, row: dict[str, Any], ev: GuestStarted | GuestPaused | GuestResumed | Promoted
+) -> str | None:
+    """A guest's life on its GPU: its first hold and its promotion get a line (a guest is
+    held each time the primary computes, which may be every few seconds: those holds are
+    summed into the step's end line instead), and the live table shows `paused`."""
+    if isinstance(ev, GuestStarted):
+        row["guest"] = ev.gpu
+        return None
+    if isinstance(ev, GuestPaused):
+        if row["paused_since"] is None:
+            row["paused_since"] = ev.at
+        if row["status"] != "running" or row["held_told"]:
+            return None  # not started yet: its started line says it is held
+        row["held_told"] = True
+        return (
+            f"{step}: held on GPU {ev.gpu} while the GPU's primary computes "
+            "(a guest runs in the primary's I/O waits)"
+        )
+    _unpause(row, ev.at)
+    if isinstance(ev, Promoted):
+        row["guest"] = None
+        return f"{step}: promoted to primary on GPU {ev.gpu} (its primary is done)"
+    return None
 
 
 class Progress:
@@ -80,6 +120,10 @@ class Progress:
                 "since": None,
                 "took": None,
                 "last": "",
+                "guest": None,  # the GPU it shares as a guest, until promoted or done
+                "paused_since": None,  # a guest held while its GPU's primary computes
+                "paused": 0.0,  # seconds held so far
+                "held_told": False,  # the first hold has been shown (later ones are summed)
             }
             for s in pipeline.steps
         }
@@ -189,18 +233,29 @@ class Progress:
                 # Slurm's queue (Resources, Priority, a requeue) is worth a line.
                 if ev.state == "PENDING" and ev.reason:
                     text = f"{step}: Slurm job {ev.job_id} pending: {ev.reason}"
+            elif isinstance(ev, (GuestStarted, GuestPaused, GuestResumed, Promoted)):
+                text = _guest(str(step), row, ev)
             elif isinstance(ev, StepStarted):
                 row.update(status="running", since=ev.at)
                 where = f"GPU {','.join(map(str, ev.gpus))}" if ev.gpus else "CPU"
+                if row["guest"] is not None:
+                    where += ", as a guest beside the GPU's primary"
+                    if row["paused_since"] is not None and not row["held_told"]:
+                        row["held_told"] = True
+                        where += ", held while it computes"
                 resumed = f", resuming from {ev.resume_from}" if ev.resume_from else ""
                 # a Slurm step has no local pid (0): its job and node say where it runs
                 job = f"Slurm job {row.get('job', '?')} on {ev.host}"
                 proc = f"pid {ev.pid}" if ev.pid else job
                 text = f"{step}: started (attempt {ev.attempt}, {proc}, {where}{resumed})"
             elif isinstance(ev, StepSucceeded):
+                held = _unpause(row, ev.at)
                 row.update(status="succeeded", took=ev.duration_s)
                 text = f"{step}: succeeded in {format_duration(ev.duration_s)}"
+                if held >= 0.5:
+                    text += f" (held {format_duration(held)} as a guest)"
             elif isinstance(ev, StepFailed):
+                _unpause(row, ev.at)
                 row.update(status="queued" if ev.will_retry else "failed", took=ev.duration_s)
                 again = " - retrying" if ev.will_retry else ""
                 text = f"{step}: failed (attempt {ev.attempt}): {ev.reason}{again}"
@@ -262,10 +317,13 @@ class Progress:
                 took = row["took"]
                 if took is None and row["since"] is not None:
                     took = now - row["since"]
+                status = row["status"]
+                if status == "running" and row["paused_since"] is not None:
+                    status = "paused"  # a guest held while its GPU's primary computes
                 table.add_row(
                     name,
                     row["type"],
-                    f"[{_STYLE.get(row['status'], 'white')}]{row['status']}[/]",
+                    f"[{_STYLE.get(status, 'white')}]{status}[/]",
                     row["gpus"],
                     format_duration(took) if took is not None else "",
                     row["last"],
