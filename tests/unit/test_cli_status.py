@@ -73,3 +73,30 @@ def test_a_step_that_never_queued_still_shows_its_type(
     assert main(["status", run]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[3:]}
     assert rows["b"][:2] == ["b", "gpu"]  # its TYPE, though it never reached the queue
+
+
+def test_a_running_run_and_step_show_how_long_they_have_run(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both showed only `(-)` and `...` until they ended."""
+    import os
+    import re
+    import time
+
+    now = time.time()
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(now - 90, RUN, "p", "p.yaml", ("sim",), pid=os.getpid()),
+            ev.StepStarted(now - 80, RUN, "sim", 1, os.getpid(), os.getpid(), ("x",)),
+        ]
+    )
+    store.close()
+    assert main(["status", RUN]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0]
+    run_for = re.search(r"running  \(for (\d+)m(\d+)", header)
+    assert run_for and 90 <= int(run_for[1]) * 60 + int(run_for[2]) < 3600, header
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["sim"])
+    step_for = re.search(r"running +1 +(\d+)m(\d+)", row)
+    assert step_for and 80 <= int(step_for[1]) * 60 + int(step_for[2]) < 3600, row

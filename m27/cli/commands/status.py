@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 from m27 import tables
@@ -133,7 +134,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_run(r: RunState, energy: _Energy) -> None:
     d = _run_dict(r, energy)
+    now = time.time()
     took = format_duration(d["duration_s"]) if d["duration_s"] is not None else "-"
+    if d["status"] == "running" and r.submitted_at:
+        took = f"for {format_duration(max(0.0, now - r.submitted_at))}"
     print(f"run {r.run_id}  pipeline {r.pipeline}  {d['status']}  ({took})")
     print(f"  file: {r.spec_path}")
     if r.vars:
@@ -150,6 +154,8 @@ def _print_run(r: RunState, energy: _Energy) -> None:
         if s["started_at"] is not None:
             end = s["ended_at"] if s["ended_at"] is not None else None
             took = format_duration(end - s["started_at"]) if end is not None else "..."
+            if end is None and s["status"] == "running":  # so far
+                took = format_duration(max(0.0, now - s["started_at"]))
         where = _where(s)
         note = s["reason"] or ""
         if s["slurm_job_id"] and s["status"] in ("queued", "running"):
