@@ -1,4 +1,4 @@
-"""`m27 logs RUN STEP [-f]`: a step's output (both streams, every attempt)."""
+"""`m27 logs RUN [STEP] [-f]`: a step's output (both streams, every attempt)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "logs",
         help="print a step's log",
-        description="Print the log of STEP in RUN; with -f keep following it until the step ends.",
+        description="Print the log of STEP in RUN (STEP may be left out when the run has one "
+        "step); with -f keep following it until the step ends. RUN is a run id, a unique "
+        "prefix, or `last`.",
     )
     p.add_argument("run_id", metavar="RUN")
-    p.add_argument("step", metavar="STEP")
+    p.add_argument("step", metavar="STEP", nargs="?")
     p.add_argument("-f", "--follow", action="store_true", help="follow until the step ends")
     p.set_defaults(func=run)
 
@@ -29,6 +31,15 @@ def run(args: argparse.Namespace) -> int:
     st = _common.store()
     state = _common.load_state(st)
     r = _common.find_run(state, args.run_id)
+    if args.step is None:
+        if len(r.steps) != 1:
+            print(
+                f"m27 logs: name a step of run {r.run_id}: {', '.join(r.steps)}\n"
+                f"  e.g. m27 logs {r.run_id} {next(iter(r.steps), 'STEP')}",
+                file=sys.stderr,
+            )
+            return 2
+        args.step = next(iter(r.steps))
     if args.step not in r.steps:
         print(
             f"m27 logs: run {r.run_id} has no step {args.step!r} (steps: {', '.join(r.steps)})",
