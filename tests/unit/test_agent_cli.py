@@ -72,7 +72,9 @@ def test_bump_of_an_unknown_step_is_bad_input(
 ) -> None:
     _log(m27_home)
     assert bump.run(argparse.Namespace(run_id="run1", step="nope", delta=1)) == 2
+    assert "m27 bump: run run1 has no step 'nope'" in capsys.readouterr().err
     assert queue.run(argparse.Namespace(why="nope", json=False)) == 2
+    assert "no waiting or running step matches 'nope'" in capsys.readouterr().err
 
 
 def test_bump_of_a_step_that_ended_is_bad_input_and_writes_nothing(
@@ -84,9 +86,9 @@ def test_bump_of_a_step_that_ended_is_bad_input_and_writes_nothing(
     store.append([ev.StepSucceeded(now, "run1", "md", 1, 1.0), ev.RunCancelled(now, "run1", 1.0)])
     before = store.last_seq()
     assert bump.run(argparse.Namespace(run_id="run1", step="md", delta=1)) == 2
-    assert "run1/md is succeeded" in capsys.readouterr().out
+    assert "run1/md already ended (succeeded)" in capsys.readouterr().err
     assert bump.run(argparse.Namespace(run_id="run1", step="b", delta=1)) == 2
-    assert "run1/b is cancelled" in capsys.readouterr().out
+    assert "run1/b already ended (cancelled)" in capsys.readouterr().err
     assert store.last_seq() == before
     store.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from m27.cli.commands import _common
@@ -33,13 +34,14 @@ def run(args: argparse.Namespace) -> int:
     steps = set(state.runs[run_id].steps) if run_id in state.runs else set()
     steps |= {s for r, s in keys if r == run_id}
     if args.step not in steps:
-        print(f"m27 bump: run {run_id} has no step {args.step!r}")
+        print(f"m27 bump: run {run_id} has no step {args.step!r}", file=sys.stderr)
         return 2
     ended = state.runs[run_id].ended(args.step) if run_id in state.runs else None
     if ended is not None:
         print(
-            f"m27 bump: {run_id}/{args.step} is {ended}: a priority only matters while a "
-            "step waits or runs"
+            f"m27 bump: {run_id}/{args.step} already ended ({ended}): a priority only "
+            "matters while a step waits or runs",
+            file=sys.stderr,
         )
         return 2
     st.append([PriorityBumped(at=time.time(), run_id=run_id, step=args.step, delta=args.delta)])

@@ -8,6 +8,7 @@ utilization is not sampled here: a waiting step's reason never depends on it).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if args.why:
         key = _find(book, args.why)
         if key is None:
-            print(f"m27 queue: no waiting or running step matches {args.why!r}")
+            print(f"m27 queue: no waiting or running step matches {args.why!r}", file=sys.stderr)
             return 2
         print(f"{key_text(key)}: {_decide(book, views, now, cfg).why(key)}")
         return 0
