@@ -5,13 +5,25 @@ step does: the failure is the step's exit, not a Python exception) makes Prefect
 ``Task run failed with state: ...`` with ``exc_info=True`` outside any exception, which
 prints a bogus ``NoneType: None`` line under it, in the terminal and in the UI. The filter
 drops that empty exception info; the message stays.
+
+A deployed run whose steps failed ends in a Failed flow state; Prefect's engine then reads
+the result, which raises ``FailedRun``, and logs ``Engine execution exited with unexpected
+exception`` with a 40-line traceback through Prefect's own code, in the worker's output
+and in the UI, for an outcome that is neither unexpected nor an exception: the line
+before it already says ``Finished in state Failed('run pf-...: step(s) make failed')``.
+That one record is dropped; any other exception keeps its traceback.
 """
 
 from __future__ import annotations
 
 import logging
 
+from prefect.exceptions import FailedRun
+
 __all__ = ["install"]
+
+#: Prefect 3.9's message (prefect/flow_engine.py, run_flow) for the record dropped below.
+ENGINE_ERROR = "Engine execution exited with unexpected exception"
 
 
 class _NoEmptyTraceback(logging.Filter):
@@ -22,11 +34,20 @@ class _NoEmptyTraceback(logging.Filter):
         return True
 
 
+class _NoFailedRunTraceback(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        info = record.exc_info
+        failed = isinstance(info, tuple) and isinstance(info[1], FailedRun)
+        return not (failed and record.msg == ENGINE_ERROR)
+
+
 _FILTER = _NoEmptyTraceback()
+_FLOW_FILTER = _NoFailedRunTraceback()
 
 
 def install() -> None:
-    """Attach the filter to Prefect's task-run logger (once; idempotent)."""
-    logger = logging.getLogger("prefect.task_runs")
-    if _FILTER not in logger.filters:
-        logger.addFilter(_FILTER)
+    """Attach the filters to Prefect's task-run and flow-run loggers (once; idempotent)."""
+    for name, one in (("prefect.task_runs", _FILTER), ("prefect.flow_runs", _FLOW_FILTER)):
+        logger = logging.getLogger(name)
+        if one not in logger.filters:
+            logger.addFilter(one)

@@ -374,6 +374,34 @@ def test_kill_9_of_a_flow_run_process_ends_crashed_in_prefect_and_the_log(
     assert node.state().runs[run_id].status == "failed"
 
 
+def test_a_failed_deployed_run_logs_no_engine_traceback(lab: dict[str, Any]) -> None:
+    """A run whose step fails ends Failed; Prefect's engine then logged `Engine execution
+    exited with unexpected exception` and a 40-line FailedRun traceback, in the worker's
+    output and in the UI's log of the run, after the line that already said why."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    _deploy(lab, "fails", "immediate", "--set", "SECONDS=nope")  # `sleep nope` exits 1
+    with sync_client(lab["lab"]) as client:
+        fr = _run(client, "fails")
+        wait_until(
+            lambda: _state(client, fr) == "FAILED",
+            timeout=90,
+            interval=0.3,
+            what=f"the run to fail\n{_debug(lab)}",
+        )
+
+        def logs() -> list[str] | None:
+            found = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fr])))
+            texts = [log.message for log in found]
+            return texts if any("Finished in state Failed" in t for t in texts) else None
+
+        texts = wait_until(logs, timeout=30, interval=0.5, what="the run's end in its logs")
+    assert not any("Engine execution exited" in t or "Traceback" in t for t in texts), texts
+    node = _where(lab, fr)
+    assert node is not None
+    assert "Engine execution exited" not in (node.home / "worker.log").read_text(errors="replace")
+
+
 def test_cancelling_from_prefect_stops_the_step_processes(lab: dict[str, Any]) -> None:
     from prefect.states import Cancelling
 

@@ -114,3 +114,28 @@ def test_a_failed_steps_prefect_error_line_has_no_empty_traceback() -> None:
     assert logger.filter(record)  # the logger's filters run before any handler formats it
     assert record.exc_info is None
     assert "NoneType" not in logging.Formatter().format(record)
+
+
+def test_a_failed_runs_engine_traceback_is_dropped_and_other_errors_kept() -> None:
+    from prefect.exceptions import FailedRun
+
+    _logging.install()
+    logger = logging.getLogger("prefect.flow_runs")
+
+    def record(msg: str, exc: BaseException) -> logging.LogRecord:
+        return logger.makeRecord(
+            "prefect.flow_runs", logging.ERROR, __file__, 1, msg, (), (type(exc), exc, None)
+        )
+
+    assert not logger.filter(record(_logging.ENGINE_ERROR, FailedRun("run r: step(s) a failed")))
+    assert logger.filter(record(_logging.ENGINE_ERROR, RuntimeError("a real bug")))
+    assert logger.filter(record("something else", FailedRun("x")))
+
+
+def test_the_dropped_message_is_the_one_prefects_engine_logs() -> None:
+    """After a Prefect upgrade that rewords it, the filter would silently stop matching."""
+    import inspect
+
+    from prefect import flow_engine
+
+    assert f'"{_logging.ENGINE_ERROR}"' in inspect.getsource(flow_engine.run_flow)
