@@ -15,7 +15,14 @@ from prefect import get_run_logger
 from m27 import StoreError
 from m27.checkpoint import artifact_for, latest_checkpoint
 from m27.config import load_settings
-from m27.events import CancelRequested, CheckpointWritten, Event
+from m27.events import (
+    CancelRequested,
+    CheckpointWritten,
+    Event,
+    SlurmJobStateChanged,
+    SlurmJobSubmitted,
+    StepStarted,
+)
 from m27.executors.container import wrap_argv
 from m27.executors.engines import plan_for_step
 from m27.executors.local import SelfCheckpoint, StepLaunch
@@ -71,19 +78,39 @@ def _watch_cancel(run: _Run, stop: threading.Event) -> None:
 
 
 def _register_checkpoints(run: _Run, step: str, after: int) -> int:
-    """Create a Prefect artifact for each checkpoint this step committed since `after`."""
+    """Create a Prefect artifact for each checkpoint this step committed since `after`,
+    and put where it runs in the task run's log (the UI showed only the step's output:
+    not the node, the GPUs, the attempt, nor the Slurm job and why it waits)."""
     from prefect.artifacts import create_markdown_artifact
 
     for rec in run.store.read(after):
         after = rec.seq
         ev = rec.event
-        if isinstance(ev, CheckpointWritten) and ev.run_id == run.run_id and ev.step == step:
+        if getattr(ev, "run_id", None) != run.run_id or getattr(ev, "step", None) != step:
+            continue
+        if (said := _milestone(ev)) is not None:
+            get_run_logger().info("%s", said)
+        if isinstance(ev, CheckpointWritten):
             key, markdown = artifact_for(ev)
             try:
                 create_markdown_artifact(markdown, key=key, description=f"checkpoint of {step}")
             except Exception as exc:  # the checkpoint is durable; the UI entry is a bonus
                 get_run_logger().warning("could not register checkpoint artifact: %s", exc)
     return after
+
+
+def _milestone(ev: Event) -> str | None:
+    """The line a step's event puts in its Prefect task log, if any."""
+    if isinstance(ev, StepStarted):
+        where = f"GPU {','.join(map(str, ev.gpus))}" if ev.gpus else "CPU"
+        proc = f"pid {ev.pid}" if ev.pid else "in Slurm"
+        on = f" on {ev.host}" if ev.host else ""
+        return f"started (attempt {ev.attempt}, {proc}{on}, {where})"
+    if isinstance(ev, SlurmJobSubmitted):
+        return f"submitted as Slurm job {ev.job_id} (attempt {ev.attempt})"
+    if isinstance(ev, SlurmJobStateChanged) and ev.state == "PENDING" and ev.reason:
+        return f"Slurm job {ev.job_id} pending: {ev.reason}"
+    return None
 
 
 def _launch(run: _Run, step: Step, gpus: tuple[int, ...]) -> StepLaunch:

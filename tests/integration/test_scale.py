@@ -400,6 +400,8 @@ def test_a_failed_deployed_run_logs_no_engine_traceback(lab: dict[str, Any]) -> 
 
         texts = wait_until(logs, timeout=30, interval=0.5, what="the run's end in its logs")
     assert not any("Engine execution exited" in t or "Traceback" in t for t in texts), texts
+    # where the step ran is in its task run's log, not only in m27's own log
+    assert any(t.startswith("started (attempt 1, pid ") and ", CPU)" in t for t in texts), texts
     node = _where(lab, fr)
     assert node is not None
     assert "Engine execution exited" not in (node.home / "worker.log").read_text(errors="replace")

@@ -139,3 +139,24 @@ def test_the_dropped_message_is_the_one_prefects_engine_logs() -> None:
     from prefect import flow_engine
 
     assert f'"{_logging.ENGINE_ERROR}"' in inspect.getsource(flow_engine.run_flow)
+
+
+def test_a_steps_prefect_log_says_where_it_runs_and_why_slurm_holds_it() -> None:
+    from flows._run import _milestone
+    from m27 import events as ev
+
+    assert (
+        _milestone(ev.StepStarted(1.0, "r", "sim", 2, 41, 41, ("x",), (0, 1), host="gpu3"))
+        == "started (attempt 2, pid 41 on gpu3, GPU 0,1)"
+    )
+    assert (
+        _milestone(ev.StepStarted(1.0, "r", "sim", 1, 0, 0, ("x",), (), host="node7"))
+        == "started (attempt 1, in Slurm on node7, CPU)"
+    )
+    assert _milestone(ev.SlurmJobSubmitted(1.0, "r", "sim", "192", 1)) == (
+        "submitted as Slurm job 192 (attempt 1)"
+    )
+    pending = ev.SlurmJobStateChanged(1.0, "r", "sim", "192", "PENDING", "Resources")
+    assert _milestone(pending) == "Slurm job 192 pending: Resources"
+    assert _milestone(ev.SlurmJobStateChanged(1.0, "r", "sim", "192", "RUNNING")) is None
+    assert _milestone(ev.StepSucceeded(1.0, "r", "sim", 1, 2.0)) is None
