@@ -9,8 +9,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from prefect import get_run_logger
+from typing import Any
 
 from m27 import StoreError
 from m27.checkpoint import artifact_for, latest_checkpoint
@@ -77,26 +76,65 @@ def _watch_cancel(run: _Run, stop: threading.Event) -> None:
         return
 
 
-def _register_checkpoints(run: _Run, step: str, after: int) -> int:
-    """Create a Prefect artifact for each checkpoint this step committed since `after`,
-    and put where it runs in the task run's log (the UI showed only the step's output:
-    not the node, the GPUs, the attempt, nor the Slurm job and why it waits)."""
-    from prefect.artifacts import create_markdown_artifact
+class _StepLog:
+    """What a step's task run shows in Prefect besides its output: a checkpoint artifact
+    per committed checkpoint, and where the step runs (node, GPUs, attempt, Slurm job and
+    why Slurm holds it) as log lines; the UI showed only the output.
 
-    for rec in run.store.read(after):
-        after = rec.seq
-        ev = rec.event
-        if getattr(ev, "run_id", None) != run.run_id or getattr(ev, "step", None) != step:
-            continue
-        if (said := _milestone(ev)) is not None:
-            get_run_logger().info("%s", said)
-        if isinstance(ev, CheckpointWritten):
-            key, markdown = artifact_for(ev)
-            try:
-                create_markdown_artifact(markdown, key=key, description=f"checkpoint of {step}")
-            except Exception as exc:  # the checkpoint is durable; the UI entry is a bonus
-                get_run_logger().warning("could not register checkpoint artifact: %s", exc)
-    return after
+    `catch_up` runs in the task's thread (artifacts need its context). Until the step's
+    start has been told, each output line first calls `before_output` from the output
+    reader's thread, so `started (...)` comes before the step's first line, not up to a
+    poll later; after that, lines cost nothing.
+    """
+
+    def __init__(self, run: _Run, step: str, logger: Any) -> None:
+        self.run = run
+        self.step = step
+        self.logger = logger
+        self.after = self.early = run.store.last_seq()
+        self.started = False
+        self._told: set[int] = set()
+        self._lock = threading.Lock()
+
+    def _mine(self, ev: Event) -> bool:
+        return getattr(ev, "run_id", None) == self.run.run_id and (
+            getattr(ev, "step", None) == self.step
+        )
+
+    def _tell(self, seq: int, ev: Event) -> None:
+        with self._lock:
+            if seq in self._told:
+                return
+            self._told.add(seq)
+            self.started = self.started or isinstance(ev, StepStarted)
+            if (said := _milestone(ev)) is not None:
+                self.logger.info("%s", said)
+
+    def before_output(self) -> None:
+        if self.started:
+            return
+        for rec in self.run.store.read(self.early):
+            self.early = rec.seq
+            if self._mine(rec.event):
+                self._tell(rec.seq, rec.event)
+
+    def catch_up(self) -> None:
+        from prefect.artifacts import create_markdown_artifact
+
+        for rec in self.run.store.read(self.after):
+            self.after = rec.seq
+            ev = rec.event
+            if not self._mine(ev):
+                continue
+            self._tell(rec.seq, ev)
+            if isinstance(ev, CheckpointWritten):
+                key, markdown = artifact_for(ev)
+                try:
+                    create_markdown_artifact(
+                        markdown, key=key, description=f"checkpoint of {self.step}"
+                    )
+                except Exception as exc:  # the checkpoint is durable; the UI entry is a bonus
+                    self.logger.warning("could not register checkpoint artifact: %s", exc)
 
 
 def _milestone(ev: Event) -> str | None:

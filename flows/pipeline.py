@@ -31,7 +31,7 @@ from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
 
 from flows import _logging, summary
-from flows._run import _launch, _register_checkpoints, _Run, _watch_cancel
+from flows._run import _launch, _Run, _StepLog, _watch_cancel
 from m27 import RunnerError, StoreError, liveness, runids
 from m27.config import load_settings, m27_home
 from m27.events import (
@@ -71,22 +71,23 @@ def _now() -> float:
 def _step_body(run: _Run, step: Step) -> State:
     logger = get_run_logger()
     sink = LINE_SINKS.get(run.run_id)
+    told = _StepLog(run, step.name, logger)
 
     def on_line(stream: str, line: str) -> None:
+        told.before_output()
         (logger.warning if stream == "stderr" else logger.info)("%s", line)
         if sink is not None:
             sink(step.name, stream, line)
 
     def supervise(start: Callable[[], StepResult]) -> StepResult:
-        seen = run.store.last_seq()
         with ThreadPoolExecutor(1, thread_name_prefix=f"m27-{step.name}") as pool:
             fut: Future[StepResult] = pool.submit(start)
             # Wake on the step's end at once (following the log instead could sleep up to
             # the timeout after the step's last event); checkpoints are registered meanwhile.
             while not wait([fut], timeout=0.5).done:
-                seen = _register_checkpoints(run, step.name, seen)
+                told.catch_up()
             result = fut.result()
-            _register_checkpoints(run, step.name, seen)
+            told.catch_up()
         return result
 
     def requeued(lease: Granted) -> None:
