@@ -221,10 +221,25 @@ def _umask() -> int:
 
 
 def _die_like(signum: int) -> int:
-    """The run died of `signum`: so does the client, as the shell and callers expect."""
+    """The run died of `signum`: so does the client, as the shell and callers expect.
+
+    Said first unless it was the user's own Ctrl-C (the run says `interrupted` then): a
+    run killed from elsewhere (kill -9, the OOM killer) left the client silent, and for
+    SIGKILL, whose handler cannot be set, with a traceback."""
+    if signum != signal.SIGINT:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        print(
+            f"m27: the run's process was killed ({name}); "
+            "`m27 status` shows how it ended, `m27 run --resume RUN` goes on from it",
+            file=sys.stderr,
+        )
     sys.stdout.flush()
     sys.stderr.flush()
-    signal.signal(signum, signal.SIG_DFL)
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     return 128 + signum
 

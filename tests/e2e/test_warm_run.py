@@ -10,6 +10,7 @@ where the runner cannot run exactly what the client would (other PREFECT_* setti
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -234,6 +235,24 @@ def test_ctrl_c_reaches_the_forked_run_and_cancels_it(
     assert proc.returncode == 1, out
     assert "cancelling" in out and "Traceback" not in out
     assert node_state(m27_home).runs[run.run_id].status == "cancelled"
+    wait_until(lambda: not psutil.pid_exists(step.pid), timeout=60, what="the step stopped")
+
+
+def test_kill_9_of_the_forked_run_ends_the_client_the_same_way_and_says_so(
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    """The client re-raised the run's SIGKILL on itself through signal.signal(SIGKILL),
+    which Python refuses: a traceback (OSError: Invalid argument) and exit 1."""
+    proc, run, step = _long_run(m27, tmp_path, m27_home)
+    try:
+        os.kill(run.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)  # stderr is merged into it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, out
+    assert "Traceback" not in out, out
+    assert "m27: the run's process was killed (SIGKILL)" in out
     wait_until(lambda: not psutil.pid_exists(step.pid), timeout=60, what="the step stopped")
 
 
