@@ -12,7 +12,7 @@ setup(
         Extension(
             "m27.checkpoint._spans",
             sources=["csrc/spans.c"],
-            depends=["csrc/xxhash/xxhash.h"],
+            depends=["csrc/third_party/xxhash/xxhash.h"],
             include_dirs=["csrc"],
             extra_compile_args=["-O3"],
             optional=True,

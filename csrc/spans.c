@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define XXH_INLINE_ALL
-#include "xxhash/xxhash.h"
+#include "third_party/xxhash/xxhash.h"
 
 /* Chunk `index` of `data` ([start, start + chunk) cut at the buffer's end). */
 static XXH64_hash_t hash_one(const char *data, Py_ssize_t nbytes, Py_ssize_t chunk,
