@@ -111,3 +111,40 @@ def test_start_postgres_script_is_valid_bash() -> None:
     script = INFRA / "scripts" / "start-postgres.sh"
     assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
     assert "apt-get install" in script.read_text()
+
+
+def test_the_images_build_stage_copies_what_a_wheel_with_the_hasher_needs(tmp_path: Path) -> None:
+    """The Dockerfile copied neither LICENSE (setuptools: `Pattern 'LICENSE' did not match
+    any files`, an error from 2027) nor setup.py and csrc/, and built on the slim image
+    with no compiler: the image's checkpoints hashed from Python. The build stage's COPY
+    lines, staged as Docker would, must build a wheel with the compiled hasher and both
+    licenses."""
+    import zipfile
+
+    stage = (INFRA / "Dockerfile").read_text().split("\nFROM ")[1]  # the build stage
+    copies = re.findall(r"^COPY (?!--)(.+)$", stage, flags=re.M)
+    assert copies, stage
+    for line in copies:
+        *sources, dest = line.split()
+        for source in sources:
+            target = tmp_path / dest / (Path(source).name if dest.endswith("/") else "")
+            if (ROOT / source).is_dir():
+                shutil.copytree(ROOT / source, target, ignore=shutil.ignore_patterns("*.so"))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(ROOT / source, target)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "w"), "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "did not match any files" not in built.stderr, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "w").glob("m27-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("m27/checkpoint/_spans.") and n.endswith(".so") for n in names)
+    licenses = [n for n in names if "/licenses/" in n]
+    assert any(n.endswith("licenses/LICENSE") for n in licenses), licenses
+    assert any(n.endswith("xxhash/LICENSE") for n in licenses), licenses
