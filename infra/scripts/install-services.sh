@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install the real services the integration tests start on localhost (Debian/Ubuntu, root):
-# Prometheus, Slurm (slurm-wlm, munge), PostgreSQL and GROMACS (the `gmx` binary).
+# Prometheus, Slurm (slurm-wlm, munge), PostgreSQL and GROMACS (the `gmx` binary), and the
+# C compiler that builds m27's checkpoint hasher at install (its test fails under CI=true
+# without it).
 # Idempotent: installs only what is missing. CI runs it before `make test`.
 #   sudo infra/scripts/install-services.sh
 set -euo pipefail
@@ -29,6 +31,11 @@ fi
 # with CI=true those tests fail, not skip, without it).
 if ! command -v gmx >/dev/null 2>&1; then
     missing+=(gromacs)
+fi
+
+# A C compiler: `pip install` builds csrc/spans.c (m27.checkpoint._spans) with it.
+if ! command -v cc >/dev/null 2>&1; then
+    missing+=(gcc libc6-dev)
 fi
 
 if [ "${#missing[@]}" -eq 0 ]; then
