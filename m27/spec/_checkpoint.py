@@ -84,22 +84,41 @@ def _bare_placeholder(node: Node) -> bool:
     )
 
 
+#: Checkpoints further apart than this, at least: each one is a pass over the state (or a
+#: copy of the program's files), and `checkpoint: 5ms` is more often a typo for `5m`.
+MIN_EVERY_S = 1.0
+
+
 def _duration(checker: Checker, node: Node, where: str) -> float | None:
     """A duration, where `"{{CHECKPOINT}}"` takes its value from the variables."""
-    if isinstance(node, ScalarNode) and "{{" in str(node.value):
-        text = _rendered(checker, node, where)
-        if text is None:
+    text = str(node.value) if isinstance(node, ScalarNode) else ""
+    value: float | None
+    if isinstance(node, ScalarNode) and "{{" in text:
+        rendered = _rendered(checker, node, where)
+        if rendered is None:
             return None
         try:
-            value = parse_duration(text)
+            parsed = parse_duration(rendered)
         except ValueError as exc:
-            checker.add(node, where, f"{text!r} (from {node.value!r}): {exc}")
+            checker.add(node, where, f"{rendered!r} (from {node.value!r}): {exc}")
             return None
-        if not value > 0 or value == float("inf"):
-            checker.add(node, where, f"must be longer than zero, got {text!r}")
+        if not parsed > 0 or parsed == float("inf"):
+            checker.add(node, where, f"must be longer than zero, got {rendered!r}")
             return None
-        return value
-    return checker.duration(node, where)
+        text, value = rendered, parsed
+    else:
+        value = checker.duration(node, where)
+    if value is not None and value < MIN_EVERY_S:
+        ms = text.strip().removesuffix("ms")
+        typo = f" (did you mean {ms + 'm'!r}?)" if ms.isdigit() and int(ms) <= 60 else ""
+        checker.add(
+            node,
+            where,
+            f"a checkpoint every {text.strip()!r} is more often than once a second: each one "
+            f"is a pass over the state or a copy of the program's files{typo}",
+        )
+        return None
+    return value
 
 
 def _rendered(checker: Checker, node: Node, where: str) -> str | None:

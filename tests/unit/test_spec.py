@@ -82,7 +82,7 @@ steps:
     depends_on: prep
     gpus: 2
     gpu_memory: 8GiB
-    checkpoint: 50ms
+    checkpoint: 1500ms
     workdir: /scratch/{{INPUT}}
     slurm: {partition: gpu, time: "02:00:00", cpus: 1}
     container: docker://gromacs:2024
@@ -111,7 +111,7 @@ def test_mapping_form_with_every_key(tmp_path: Path) -> None:
     assert (prep.retries, prep.timeout, prep.priority, prep.executor) == (3, 3600.0, 3, "local")
     assert prep.workdir == str((tmp_path / "runs").resolve())
     assert dict(sim.env) == {"OMP_NUM_THREADS": "4", "DATA": "/data/given.pdb"}
-    assert (sim.gpus, sim.gpu_memory, sim.checkpoint) == (2, 8 * 1024**3, 0.05)
+    assert (sim.gpus, sim.gpu_memory, sim.checkpoint) == (2, 8 * 1024**3, 1.5)
     assert sim.workdir == "/scratch/given.pdb"
     assert (sim.priority, sim.executor) == (5, "slurm")
     assert dict(sim.slurm) == {"partition": "gpu", "time": "02:00:00", "cpus": 1}
@@ -135,6 +135,27 @@ def test_null_var_is_declared_but_must_be_set(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        ("5ms", "a checkpoint every '5ms' is more often than once a second"),
+        ("0.5s", "a checkpoint every '0.5s' is more often than once a second"),
+        ("'{{C}}'", "a checkpoint every '200ms' is more often than once a second"),
+        ("{every: 10ms}", "a checkpoint every '10ms' is more often than once a second"),
+    ],
+)
+def test_a_checkpoint_more_often_than_once_a_second_is_refused(
+    tmp_path: Path, written: str, said: str
+) -> None:
+    """`checkpoint: 5ms` (a typo for 5m) was taken: a GROMACS step then ran `-cpt
+    8.33333e-05`, a checkpoint file every step, each one captured."""
+    head = "vars:\n  C: 200ms\n"
+    with pytest.raises(SpecError) as caught:
+        _one_step(tmp_path, f"type: cpu\ncommand: 'true'\ncheckpoint: {written}", head)
+    assert said in str(caught.value)
+    assert ("(did you mean '5m'?)" in str(caught.value)) == (written == "5ms")
+
+
 def test_vars_default_is_not_itself_a_template(tmp_path: Path) -> None:
     head = "vars:\n  A: '{{B}}'\n  B: b\n"
     assert _one_step(tmp_path, "type: cpu\ncommand: echo {{A}}", head).argv == ("echo", "{{B}}")
@@ -143,7 +164,7 @@ def test_vars_default_is_not_itself_a_template(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("field", "written", "expected"),
     [
-        ("checkpoint", "50ms", 0.05),
+        ("checkpoint", "2500ms", 2.5),
         ("checkpoint", "300s", 300.0),
         ("checkpoint", "5m", 300.0),
         ("checkpoint", "1h", 3600.0),
