@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--resume",
         metavar="RUN_ID",
-        help="rerun the steps of RUN_ID that did not succeed, from their checkpoints, "
+        help="rerun the steps of RUN_ID (an id, a unique prefix, or `last`) that did not "
+        "succeed, from their checkpoints, "
         "with the pipeline file as it is now (a fixed command is used) and RUN_ID's "
         "--set values (a new --set overrides one)",
     )
