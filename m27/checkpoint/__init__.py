@@ -9,6 +9,7 @@ See docs/checkpoints.md for the format and the guarantees.
 from __future__ import annotations
 
 from m27.checkpoint._checkpointer import Checkpointer
+from m27.checkpoint._chunks import native_hashing
 from m27.checkpoint._format import ManifestInfo
 from m27.checkpoint._reader import verify
 from m27.checkpoint._report import artifact_for, artifact_key
@@ -26,6 +27,7 @@ __all__ = [
     "collect_garbage",
     "latest_checkpoint",
     "load_settings",
+    "native_hashing",
     "prune",
     "scan",
     "verify",

@@ -276,3 +276,21 @@ def test_the_gpu_temperature_alert_threshold_is_a_setting(home: Path) -> None:
     assert settings.sources["gpu_temperature"].endswith(":2")
     env = {"HOME": str(home), "M27_GPU_TEMPERATURE": "85"}
     assert load_settings(env=env).gpu_temperature == 85.0
+
+
+def test_config_says_whether_checkpoint_hashing_was_compiled(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An install without a C compiler goes on silently with the slower Python hashing."""
+    from m27.checkpoint import _chunks
+
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("M27_HOME", str(home / "node"))
+    monkeypatch.setattr(_chunks, "_native", None)
+    assert _run_config(monkeypatch) == 0
+    assert "hashing: Python (m27 was installed without a C compiler" in capsys.readouterr().out
+    assert _run_config(monkeypatch, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint_hashing"] == "python"
+    monkeypatch.setattr(_chunks, "_native", object())
+    assert _run_config(monkeypatch) == 0
+    assert "hashing: compiled" in capsys.readouterr().out

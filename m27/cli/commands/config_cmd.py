@@ -18,6 +18,7 @@ from typing import Any
 
 from m27 import tables
 from m27._exceptions import ConfigError
+from m27.checkpoint import native_hashing
 from m27.config import CHUNK_SIZE_ENV, KEYS, config_path, load_settings, m27_home
 from m27.tables import Col
 from m27.units import format_duration, format_size
@@ -65,6 +66,8 @@ def report(env: Mapping[str, str]) -> dict[str, Any]:
             key: {"value": getattr(settings, key), "source": settings.sources[key]} for key in KEYS
         },
         "environment": environment,
+        # built at install when a C compiler was there (csrc/spans.c, docs/checkpoints.md)
+        "checkpoint_hashing": "compiled" if native_hashing() else "python",
     }
 
 
@@ -97,6 +100,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"home:   {data['home']}")
     missing = "" if os.path.exists(data["config_file"]) else "  (missing: defaults apply)"
     print(f"config: {data['config_file']}{missing}")
+    if data["checkpoint_hashing"] == "compiled":
+        print("hashing: compiled (checkpoint chunks are hashed by m27.checkpoint._spans)")
+    else:
+        print(
+            "hashing: Python (m27 was installed without a C compiler: a mostly-unchanged "
+            "checkpoint save is ~10 % slower; reinstall with gcc to build it)"
+        )
     print()
     tables.show([Col("setting"), Col("value", wrap=True), Col("source", wrap=True)], rows)
     if CHUNK_SIZE_ENV in env and settings["diff_threshold"]["source"] != f"env {CHUNK_SIZE_ENV}":
