@@ -204,7 +204,7 @@ def _client(conn: socket.socket, args: list[str], env: dict[str, str]) -> int | 
             elif "exit" in message:
                 return int(message["exit"])
             elif "signal" in message:
-                return _die_like(int(message["signal"]))
+                return _die_like(int(message["signal"]), child[0] if child else 0)
     except (OSError, ValueError):
         if child:
             raise
@@ -220,8 +220,9 @@ def _umask() -> int:
     return mask
 
 
-def _die_like(signum: int) -> int:
-    """The run died of `signum`: so does the client, as the shell and callers expect.
+def _die_like(signum: int, pid: int) -> int:
+    """The run (flow process `pid`) died of `signum`: so does the client, as the shell and
+    callers expect.
 
     Said first unless it was the user's own Ctrl-C (the run says `interrupted` then): a
     run killed from elsewhere (kill -9, the OOM killer) left the client silent, and for
@@ -231,9 +232,10 @@ def _die_like(signum: int) -> int:
             name = signal.Signals(signum).name
         except ValueError:
             name = f"signal {signum}"
+        run = _run_of(pid) or "RUN"
         print(
-            f"m27: the run's process was killed ({name}); "
-            "`m27 status` shows how it ended, `m27 run --resume RUN` goes on from it",
+            f"m27: the run's process was killed ({name}); `m27 status {run}` shows how it "
+            f"ended, `m27 run --resume {run}` goes on from it",
             file=sys.stderr,
         )
     sys.stdout.flush()
@@ -242,6 +244,25 @@ def _die_like(signum: int) -> int:
         signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     return 128 + signum
+
+
+def _run_of(pid: int) -> str | None:
+    """The newest run whose flow process was `pid`, from the node's log (a fold of it: on
+    this rare path its cost does not matter); None when it cannot be told."""
+    from m27 import M27Error
+    from m27.events.state import fold
+    from m27.paths import m27_home
+    from m27.store.sqlite import open_store
+
+    try:
+        store = open_store(m27_home())
+        try:
+            runs = [r.run_id for r in fold(store.read()).runs.values() if pid and r.pid == pid]
+        finally:
+            store.close()
+    except M27Error:  # no readable log: the message names no run
+        return None
+    return runs[-1] if runs else None
 
 
 # -- the runner ------------------------------------------------------------------------

@@ -253,6 +253,7 @@ def test_kill_9_of_the_forked_run_ends_the_client_the_same_way_and_says_so(
     assert proc.returncode == -signal.SIGKILL, out
     assert "Traceback" not in out, out
     assert "m27: the run's process was killed (SIGKILL)" in out
+    assert f"`m27 run --resume {run.run_id}` goes on from it" in out
     wait_until(lambda: not psutil.pid_exists(step.pid), timeout=60, what="the step stopped")
 
 
