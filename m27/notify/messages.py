@@ -45,9 +45,13 @@ def _signal_name(num: int) -> str:
         return f"signal {num}"
 
 
-def _how_it_ended(exit_code: int | None, sig: int | None) -> str:
+def _how_it_ended(exit_code: int | None, sig: int | None, reason: str = "") -> str:
+    """How a failed attempt ended; an exit 0 that still failed (a declared output missing)
+    reads `exited 0, but ...`, not `exit code 0` with the reason on another line."""
     if sig is not None:
         return f"killed by {_signal_name(sig)}"
+    if exit_code == 0 and reason:
+        return f"exited 0, but {reason}"
     if exit_code is not None:
         return f"exit code {exit_code}"
     return "no exit status (process lost)"
@@ -123,11 +127,9 @@ def _run_failed(e: ev.RunFailed, run: RunFacts, node: str) -> Message:
     ]
     steps = list(e.failed_steps) or ([failure.step] if failure else [])
     if failure is not None:
-        lines.append(
-            f"step <b>{esc(failure.step)}</b> (attempt {failure.attempt}): "
-            f"{esc(_how_it_ended(failure.exit_code, failure.signal))}"
-        )
-        if failure.reason:
+        how = _how_it_ended(failure.exit_code, failure.signal, failure.reason)
+        lines.append(f"step <b>{esc(failure.step)}</b> (attempt {failure.attempt}): {esc(how)}")
+        if failure.reason and failure.reason not in how:
             lines.append(f"reason: {esc(failure.reason)}")
     elif steps:
         lines.append("failed: " + ", ".join(f"<b>{esc(s)}</b>" for s in steps))
@@ -175,8 +177,8 @@ def _step_retried(e: ev.StepFailed, node: str) -> Message:
         _header("🔁", "Step retried", node),
         _step_line(e.run_id, e.step),
         f"attempt {e.attempt} failed after {format_duration(e.duration_s)}: "
-        f"{esc(_how_it_ended(e.exit_code, e.signal))}",
-        f"reason: {esc(e.reason)}" if e.reason else "",
+        f"{esc(_how_it_ended(e.exit_code, e.signal, e.reason))}",
+        f"reason: {esc(e.reason)}" if e.reason and e.exit_code != 0 else "",
         f"attempt {e.attempt + 1} follows",
     ]
     return Message("step_retried", _join(lines))

@@ -152,6 +152,23 @@ def test_run_failed_names_step_exit_code_log_lines_and_resume_command() -> None:
     check_golden("run_failed", text)
 
 
+def test_a_step_that_exited_0_but_failed_says_why_on_one_line() -> None:
+    """It read `exit code 0`, then `reason: declared output missing: ...` under it."""
+    _, msgs = fold(
+        [
+            submitted(),
+            started("prep"),
+            ev.StepFailed(
+                T0, "md-0412", "prep", 1, 2.0, "declared output missing: a.pdb", exit_code=0
+            ),
+            ev.RunFailed(T0, "md-0412", 3.0, failed_steps=("prep",)),
+        ]
+    )
+    text = only(msgs, "run_failed")
+    assert "step <b>prep</b> (attempt 1): exited 0, but declared output missing: a.pdb" in text
+    assert "exit code 0" not in text and "reason:" not in text
+
+
 def test_run_killed_by_a_signal_reads_as_a_crash() -> None:
     text = failing_run("Segmentation fault\n", signal=9, exit_code=None)
     assert "Run crashed" in text and "SIGKILL" in text
