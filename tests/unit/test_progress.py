@@ -279,3 +279,23 @@ def test_the_live_table_shows_a_held_guest_as_paused(tmp_path: Path) -> None:
     console.print(progress._table())
     text = console.file.getvalue()
     assert "paused" not in text and "running" in text
+
+
+def test_summary_of_a_step_that_exited_0_but_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It read `failed  prep  exit 0 declared output missing: a.pdb`."""
+    store = MemoryEventStore()
+    store.append(
+        [
+            ev.RunSubmitted(1.0, "r1", "demo", "/x/demo.yaml", ("prep", "sim")),
+            ev.StepStarted(1.2, "r1", "prep", 1, 100, 100, ("echo", "prep")),
+            ev.StepFailed(1.5, "r1", "prep", 1, 0.3, "declared output missing: a.pdb", exit_code=0),
+            ev.RunFailed(1.6, "r1", 0.6, ("prep",), "step prep failed"),
+        ]
+    )
+    run = fold(store.read()).runs["r1"]
+    Progress(store, "r1", parse_pipeline(SPEC, tmp_path / "demo.yaml"), live=False).summary(run)
+    assert (
+        "failed     prep  exited 0, but declared output missing: a.pdb" in capsys.readouterr().out
+    )

@@ -346,6 +346,8 @@ class Progress:
                     else (f"signal {st.signal}" if st.signal else "")
                 )
                 extra = f"  {code} {st.reason}".rstrip()
+                if st.exit_code == 0 and st.reason:  # e.g. a declared output missing
+                    extra = f"  exited 0, but {st.reason}"
             if st.energy_j:  # measured by the exporter from NVML energy counters
                 extra += f"  {format_energy(st.energy_j)}"
             shown = st.status
