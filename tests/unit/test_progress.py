@@ -245,6 +245,25 @@ def test_a_guest_says_when_it_is_held_and_promoted_and_how_long_it_waited(
     assert "sim: succeeded in 5.9s (held 3.0s as a guest)" in out  # 1.0-2.0 and 3.0-5.0
 
 
+def test_a_promotion_after_the_guests_own_end_is_not_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The agent may promote a guest whose end it has not read yet (same tick)."""
+    store, progress = _progress(tmp_path)
+    progress.start()
+    store.append(
+        [
+            ev.GuestStarted(1.0, "r1", "sim", 0),
+            ev.StepStarted(1.1, "r1", "sim", 1, 101, 101, ("echo", "sim"), (0,)),
+            ev.StepSucceeded(2.0, "r1", "sim", 1, 0.9),
+            ev.Promoted(2.0, "r1", "sim", 0),
+        ]
+    )
+    progress.stop()
+    out = capsys.readouterr().out
+    assert "sim: succeeded in 900ms" in out and "promoted" not in out
+
+
 def test_a_guest_held_after_it_started_gets_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

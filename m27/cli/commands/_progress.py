@@ -74,6 +74,8 @@ def _guest(
     """A guest's life on its GPU: its first hold and its promotion get a line (a guest is
     held each time the primary computes, which may be every few seconds: those holds are
     summed into the step's end line instead), and the live table shows `paused`."""
+    if row["status"] in ("succeeded", "failed", "cancelled", "skipped"):
+        return None  # the agent acted on the log before it read the step's end
     if isinstance(ev, GuestStarted):
         row["guest"] = ev.gpu
         return None
