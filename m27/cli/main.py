@@ -93,10 +93,10 @@ def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParse
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["run"]:
-        from m27.cli import warm  # the node's warm runner, when one serves
+        from m27.cli import warm, warm_client  # the node's warm runner, when one serves
 
         if not warm.in_child():  # (in its forked child the run runs here)
-            served = warm.run_warm(argv[1:])
+            served = warm_client.run_warm(argv[1:])
             if served is not None:
                 return served
     parser = build_parser(_only(argv))

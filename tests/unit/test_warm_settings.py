@@ -73,7 +73,7 @@ def test_the_client_imports_neither_settings_nor_the_service_nor_psutil(tmp_path
     imported on the way is what every warm `m27 run` pays for."""
     code = (
         "import sys\n"
-        "from m27.cli import warm\n"
+        "from m27.cli import warm_client as warm\n"
         "served = warm.run_warm(['one.yaml'])\n"
         "heavy = ('m27.config', 'm27.node.service', 'psutil', 'prefect', 'yaml')\n"
         "print(json.dumps([served, [m for m in heavy if m in sys.modules]]))\n"
