@@ -47,6 +47,25 @@ def _progress(tmp_path: Path, *, live: bool = False) -> tuple[MemoryEventStore, 
     return store, Progress(store, "r1", parse_pipeline(SPEC, tmp_path / "demo.yaml"), live=live)
 
 
+def _shown(tmp_path: Path, capsys: pytest.CaptureFixture[str], events: list[ev.Event]) -> str:
+    """What plain mode prints for `events` of run r1."""
+    store, progress = _progress(tmp_path)
+    progress.start()
+    store.append(events)
+    progress.stop()
+    return capsys.readouterr().out
+
+
+def _guest_started(held_first: bool = False) -> list[ev.Event]:
+    """Step sim becomes a guest on GPU 0 and starts (held before it starts, or not)."""
+    held = [ev.GuestPaused(1.0, "r1", "sim", 0)] if held_first else []
+    return [
+        ev.GuestStarted(1.0, "r1", "sim", 0),
+        *held,
+        ev.StepStarted(1.1, "r1", "sim", 1, 101, 101, ("echo", "sim"), (0,)),
+    ]
+
+
 def test_plain_mode_prints_one_line_per_event_of_this_run_only(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -219,23 +238,19 @@ def test_a_guest_says_when_it_is_held_and_promoted_and_how_long_it_waited(
 ) -> None:
     """A 2 s gpu_light step beside a computing primary reported only `succeeded in 6.0s`:
     nothing said it had been held for 4 s, nor that it became the GPU's primary."""
-    store, progress = _progress(tmp_path)
-    progress.start()
-    store.append(
+    out = _shown(
+        tmp_path,
+        capsys,
         [
             ev.RunSubmitted(1.0, "r1", "demo", "/x/demo.yaml", ("prep", "sim")),
-            ev.GuestStarted(1.0, "r1", "sim", 0),
-            ev.GuestPaused(1.0, "r1", "sim", 0),
-            ev.StepStarted(1.1, "r1", "sim", 1, 101, 101, ("echo", "sim"), (0,)),
+            *_guest_started(held_first=True),
             ev.GuestPaused(1.2, "r1", "sim", 0, how="signal"),
             ev.GuestResumed(2.0, "r1", "sim", 0),
             ev.GuestPaused(3.0, "r1", "sim", 0, how="signal"),
             ev.Promoted(5.0, "r1", "sim", 0),
             ev.StepSucceeded(7.0, "r1", "sim", 1, 5.9),
-        ]
+        ],
     )
-    progress.stop()
-    out = capsys.readouterr().out
     assert (
         "sim: started (attempt 1, pid 101, GPU 0, as a guest beside the GPU's primary, "
         "held while it computes)" in out
@@ -249,38 +264,32 @@ def test_a_promotion_after_the_guests_own_end_is_not_shown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The agent may promote a guest whose end it has not read yet (same tick)."""
-    store, progress = _progress(tmp_path)
-    progress.start()
-    store.append(
+    out = _shown(
+        tmp_path,
+        capsys,
         [
-            ev.GuestStarted(1.0, "r1", "sim", 0),
-            ev.StepStarted(1.1, "r1", "sim", 1, 101, 101, ("echo", "sim"), (0,)),
+            *_guest_started(),
             ev.StepSucceeded(2.0, "r1", "sim", 1, 0.9),
             ev.Promoted(2.0, "r1", "sim", 0),
-        ]
+        ],
     )
-    progress.stop()
-    out = capsys.readouterr().out
     assert "sim: succeeded in 900ms" in out and "promoted" not in out
 
 
 def test_a_guest_held_after_it_started_gets_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store, progress = _progress(tmp_path)
-    progress.start()
-    store.append(
+    out = _shown(
+        tmp_path,
+        capsys,
         [
-            ev.GuestStarted(1.0, "r1", "sim", 0),
-            ev.StepStarted(1.1, "r1", "sim", 1, 101, 101, ("echo", "sim"), (0,)),
+            *_guest_started(),
             ev.GuestPaused(1.2, "r1", "sim", 0, how="signal"),
             ev.GuestResumed(2.0, "r1", "sim", 0),
             ev.GuestPaused(3.0, "r1", "sim", 0, how="signal"),
             ev.StepFailed(4.0, "r1", "sim", 1, 2.9, "exit code 1", exit_code=1),
-        ]
+        ],
     )
-    progress.stop()
-    out = capsys.readouterr().out
     assert "sim: started (attempt 1, pid 101, GPU 0, as a guest beside the GPU's primary)" in out
     assert out.count("sim: held on GPU 0 while the GPU's primary computes") == 1
 
