@@ -1,14 +1,14 @@
 """The warm runner: `m27 run` without importing Prefect in every run.
 
-Importing Prefect, the flow and m27's executors costs a run 1-3 s of CPU, 10-30x
-`m27 --version`. The node service therefore keeps one process that has imported all of it
-(``python -m m27.cli --warm-runner HOME``, started and supervised by :mod:`m27.node.serve`) and
-forks it per run. A later `m27 run` on the node is a thin client (:func:`m27.cli.warm_client.run_warm`): it
-sends its arguments, environment, working directory and its stdin/stdout/stderr (the file
-descriptors themselves, ``SCM_RIGHTS``) over a unix socket; the forked child runs the very
-same `m27 run` code (:func:`m27.cli.main.main`, handed to :func:`serve_runner`) writing
-straight to the user's terminal, and the runner reports the child's exit status back, so
-the client exits with it.
+Importing Prefect, the flow and m27's executors costs a run 1-3 s of CPU, 10-30x `m27
+--version`. The node service therefore keeps one process that has imported all of it
+(``python -m m27.cli --warm-runner HOME``, started and supervised by :mod:`m27.node.serve`)
+and forks it per run. A later `m27 run` on the node is a thin client
+(:func:`m27.cli.warm_client.run_warm`): it sends its arguments, environment, working
+directory and its stdin/stdout/stderr (the file descriptors themselves, ``SCM_RIGHTS``) over
+a unix socket; the forked child runs the very same `m27 run` code
+(:func:`m27.cli.main.main`, handed to :func:`serve_runner`) writing straight to the user's
+terminal, and the runner reports the child's exit status back, so the client exits with it.
 
 What a user sees stays the same as an in-process run:
 
