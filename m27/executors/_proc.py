@@ -46,6 +46,9 @@ class Outcome:
     returncode: int
     timed_out: bool
     cancelled: bool
+    #: the stop signal the group outlived for the whole grace, so it got SIGKILL (None:
+    #: it stopped in time, or was never asked to): a timeout's reason says so.
+    ignored: signal.Signals | None = None
 
 
 class LineSplitter:
@@ -225,7 +228,8 @@ def supervise(
             if lines := splitter.finish():
                 emit(name, lines)
         clean = True
-        return Outcome(returncode=proc.wait(), timed_out=timed_out, cancelled=cancelled)
+        ignored = None if killed_at is None else stop_signal
+        return Outcome(proc.wait(), timed_out, cancelled, ignored)
     finally:
         sel.close()
         if clean:

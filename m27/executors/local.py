@@ -35,6 +35,7 @@ from m27.executors._launch import (
     resolve_argv,
 )
 from m27.store import EventStore
+from m27.units import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +238,13 @@ def _judge(launch: StepLaunch, outcome: _proc.Outcome) -> AttemptEnd:
     if outcome.cancelled:
         return AttemptEnd(False, "cancelled", code, sig, cancelled=True)
     if outcome.timed_out:
-        return AttemptEnd(False, f"timed out after {float(launch.timeout or 0)}s", code, sig)
+        why = f"timed out after {format_duration(launch.timeout or 0)}"
+        if outcome.ignored is not None:  # say why it took `grace` longer than the timeout
+            why += (
+                f"; it did not stop on {outcome.ignored.name} within"
+                f" {format_duration(launch.grace)}, so it was killed (SIGKILL)"
+            )
+        return AttemptEnd(False, why, code, sig)
     if sig is not None:
         return AttemptEnd(False, f"killed by {_signame(sig)}", code, sig)
     if code != 0:

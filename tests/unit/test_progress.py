@@ -153,7 +153,7 @@ def test_summary_names_failed_steps_their_exit_and_how_to_resume(
     run = fold(store.read()).runs["r1"]
     Progress(store, "r1", pipeline, live=False).summary(run)
     out = capsys.readouterr().out
-    assert "failed     sim  exit 3" in out
+    assert "failed     sim  exit code 3" in out
     assert "succeeded  prep" in out
     assert "resume: m27 run --resume r1" in out
     assert "outputs:" not in out  # the step that declares traj.xyz did not succeed
@@ -309,21 +309,36 @@ def test_the_live_table_shows_a_held_guest_as_paused(tmp_path: Path) -> None:
     assert "paused" not in text and "running" in text
 
 
-def test_summary_of_a_step_that_exited_0_but_failed(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("reason", "exit_code", "sig", "shown"),
+    [
+        # It read `exit 0 declared output missing: a.pdb`.
+        ("declared output missing: a.pdb", 0, None, "exited 0, but declared output missing: a.pdb"),
+        # It read `exit 3 exited with code 3` and `signal 9 timed out after 2.0s`.
+        ("exited with code 3", 3, None, "exited with code 3"),
+        ("timed out after 2.0s", None, 9, "timed out after 2.0s"),
+        ("command not found: gmx", 127, None, "command not found: gmx (exit 127)"),
+        ("", 4, None, "exit 4"),
+    ],
+)
+def test_summary_says_once_how_a_step_failed(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    reason: str,
+    exit_code: int | None,
+    sig: int | None,
+    shown: str,
 ) -> None:
-    """It read `failed  prep  exit 0 declared output missing: a.pdb`."""
     store = MemoryEventStore()
     store.append(
         [
             ev.RunSubmitted(1.0, "r1", "demo", "/x/demo.yaml", ("prep", "sim")),
             ev.StepStarted(1.2, "r1", "prep", 1, 100, 100, ("echo", "prep")),
-            ev.StepFailed(1.5, "r1", "prep", 1, 0.3, "declared output missing: a.pdb", exit_code=0),
+            ev.StepFailed(1.5, "r1", "prep", 1, 0.3, reason, exit_code=exit_code, signal=sig),
             ev.RunFailed(1.6, "r1", 0.6, ("prep",), "step prep failed"),
         ]
     )
     run = fold(store.read()).runs["r1"]
     Progress(store, "r1", parse_pipeline(SPEC, tmp_path / "demo.yaml"), live=False).summary(run)
-    assert (
-        "failed     prep  exited 0, but declared output missing: a.pdb" in capsys.readouterr().out
-    )
+    lines = capsys.readouterr().out.splitlines()
+    assert f"  failed     prep  {shown}" in lines

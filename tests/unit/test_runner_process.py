@@ -54,7 +54,11 @@ def test_group_ignoring_sigterm_is_killed_after_grace(store: MemoryEventStore) -
     lines: list[tuple[str, str]] = []
     result = run_step(launch(code, timeout=READY_S, grace=0.2), store, on_line=collect(lines))
 
-    assert result.signal == signal.SIGKILL and result.reason == f"timed out after {READY_S}s"
+    # The reason says why it ended `grace` after the timeout, and with SIGKILL.
+    assert result.signal == signal.SIGKILL and result.reason == (
+        f"timed out after {READY_S}s; it did not stop on SIGTERM within 200ms,"
+        " so it was killed (SIGKILL)"
+    )
     assert not any(running(int(p)) for p in lines[0][1].split())
 
 
