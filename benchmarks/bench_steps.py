@@ -14,6 +14,11 @@ Per step is the slope: (end of the last step - end of the first) / (steps - 1), 
 tasks' own end times (baseline) and the StepSucceeded events (m27), so process start,
 imports and the flow's exit are not counted; the whole command's wall time is shown too.
 Target (issue 16): m27 per step <= baseline per step + 20 ms.
+
+With ``--output-lines N`` (default 100,000; 0 skips it) it also times a chatty step:
+``seq 1 N`` as one `m27 run` step (printed with --plain, its output in Prefect's logs up
+to ``prefect_log_limit``), from its StepStarted to its StepSucceeded, against the same
+command read to its end through a pipe by this process (the program's own speed).
 """
 
 from __future__ import annotations
@@ -167,6 +172,38 @@ def run_m27(env: dict[str, str], work: Path, steps: int) -> dict[str, Any]:
     return {"wall_s": wall, "per_step_s": slope(ends), "phases_ms": phases(events)}
 
 
+def run_chatty(env: dict[str, str], work: Path, lines: int) -> dict[str, float]:
+    """`seq 1 N` as an m27 step (started -> succeeded) and through a bare pipe, in seconds."""
+    from m27.events import StepStarted, StepSucceeded
+    from m27.store.sqlite import SqliteEventStore
+
+    started = time.perf_counter()
+    subprocess.run(["seq", "1", str(lines)], stdout=subprocess.PIPE, check=True)
+    bare = time.perf_counter() - started
+    path = work / "chatty.yaml"
+    path.write_text(
+        f"name: chatty\npipeline:\n  - {{name: spam, type: cpu, command: seq 1 {lines}}}\n"
+    )
+    done = subprocess.run(
+        [*m27_argv(), "run", str(path), "--plain"],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    shown = sum(1 for line in done.stdout.splitlines() if " [spam] " in line)
+    if done.returncode or shown != lines:
+        raise SystemExit(f"chatty m27 run failed ({shown} lines shown):\n{done.stderr[-3000:]}")
+    with SqliteEventStore(Path(env["M27_HOME"]) / "events.db") as store:
+        ats = {
+            type(r.event).__name__: r.event.at
+            for r in store.read()
+            if isinstance(r.event, StepStarted | StepSucceeded) and r.event.step == "spam"
+        }
+    return {"m27_s": ats["StepSucceeded"] - ats["StepStarted"], "bare_s": bare}
+
+
 #: A step's events in the order they happen; the gaps between them are its phases.
 PHASES = ("StepQueued", "StepRequested", "LeaseGranted", "StepStarted", "StepSucceeded")
 
@@ -200,6 +237,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="a chain of 10")
+    parser.add_argument(
+        "--output-lines", type=int, default=100_000, help="lines of the chatty step (0: skip it)"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     steps = 10 if args.quick else args.steps
@@ -223,6 +263,7 @@ def main(argv: list[str]) -> int:
         run_bare(env, root, 2)
         bare = run_bare(env, root, steps)
         m27 = run_m27(env, root, steps)
+        chatty = run_chatty(env, root, args.output_lines) if args.output_lines > 0 else None
     finally:
         stop_service(env)
         server.terminate()
@@ -246,6 +287,15 @@ def main(argv: list[str]) -> int:
             "m27_phases_ms": m27["phases_ms"],
         }
     )
+    if chatty is not None:
+        res["chatty_step"] = {
+            "lines": args.output_lines,
+            "baseline": "the same `seq` read through a pipe by the benchmark",
+            "m27_s": chatty["m27_s"],
+            "baseline_s": chatty["bare_s"],
+            "ratio": chatty["m27_s"] / chatty["bare_s"],
+            "lines_per_s": args.output_lines / chatty["m27_s"],
+        }
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
@@ -262,6 +312,13 @@ def main(argv: list[str]) -> int:
         f"| whole command | {res['wall_s']:.1f} s | {res['wall_s_baseline']:.1f} s "
         f"| {res['wall_s'] / res['wall_s_baseline']:.2f}x | |"
     )
+    if chatty is not None:
+        c = res["chatty_step"]
+        print(
+            f"| chatty step, seq 1 {c['lines']} (started -> succeeded) | {c['m27_s'] * 1000:.0f} ms"
+            f" ({c['lines_per_s']:,.0f} lines/s) | {c['baseline_s'] * 1000:.0f} ms (bare pipe)"
+            f" | {c['ratio']:.1f}x | |"
+        )
     print("\nm27 per-step phases, median ms: " + json.dumps(res["m27_phases_ms"]))
     return 0
 

@@ -31,7 +31,7 @@ from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
 
 from flows import _logging, summary
-from flows._run import _launch, _Run, _StepLog, _watch_cancel
+from flows._run import _launch, _PrefectOutput, _Run, _StepLog, _watch_cancel
 from m27 import RunnerError, StoreError, liveness, runids
 from m27.config import load_settings, m27_home
 from m27.events import (
@@ -57,8 +57,8 @@ from m27.store.sqlite import open_store
 
 _logging.install()  # no bogus "NoneType: None" under a failed step's Prefect error line
 
-#: run id -> callable(step, stream, line); lets `m27 run` print step output live.
-LINE_SINKS: dict[str, Callable[[str, str, str], None]] = {}
+#: run id -> callable(step, stream, lines); lets `m27 run` print step output live.
+LINE_SINKS: dict[str, Callable[[str, str, list[str]], None]] = {}
 #: run id -> callable(); called once the run's end is in the event log, before Prefect's
 #: part of the end (summary artifact, final state): a forked `m27 run` lets its client go.
 RUN_ENDED: dict[str, Callable[[], None]] = {}
@@ -72,12 +72,13 @@ def _step_body(run: _Run, step: Step) -> State:
     logger = get_run_logger()
     sink = LINE_SINKS.get(run.run_id)
     told = _StepLog(run, step.name, logger)
+    to_prefect = _PrefectOutput(logger, run.prefect_log_limit, run.run_id, step.name)
 
-    def on_line(stream: str, line: str) -> None:
+    def on_lines(stream: str, lines: list[str]) -> None:
         told.before_output()
-        (logger.warning if stream == "stderr" else logger.info)("%s", line)
+        to_prefect.add(stream, lines)
         if sink is not None:
-            sink(step.name, stream, line)
+            sink(step.name, stream, lines)
 
     def supervise(start: Callable[[], StepResult]) -> StepResult:
         with ThreadPoolExecutor(1, thread_name_prefix=f"m27-{step.name}") as pool:
@@ -116,7 +117,7 @@ def _step_body(run: _Run, step: Step) -> State:
                 run.store,
                 options=step.slurm,
                 gpus=step.gpus,
-                on_line=on_line,
+                on_lines=on_lines,
                 cancel=run.cancel,
                 resume_from=lambda: run.resume_from(step.name),
             )
@@ -133,7 +134,7 @@ def _step_body(run: _Run, step: Step) -> State:
         gpu_memory=step.gpu_memory or 0,
         priority=step.priority,
         owner=getpass.getuser(),
-        on_line=on_line,
+        on_lines=on_lines,
         resume_from=lambda: run.resume_from(step.name),
         supervise=supervise,
         on_requeue=requeued,
@@ -235,12 +236,13 @@ def pipeline_flow(
     pipeline = load_pipeline(spec_path, overrides or {})
     run_id = run_id or runids.from_flow_run(str(flow_run.id))
     home = m27_home()
-    load_settings()  # a bad ~/.m2config fails the run before anything starts
+    settings = load_settings()  # a bad ~/.m2config fails the run before anything starts
     store = open_store(home)
     done, resume_dirs = _previous_successes(store, resume_of)
     # The node's agent: this process embeds one unless another process runs it.
     agent = ensure_agent(home)
     run = _Run(run_id, pipeline, store, home, AgentLease(store, home), resume_dirs)
+    run.prefect_log_limit = settings.prefect_log_limit
     started = _now()
     submitted: list[Event] = [
         RunSubmitted(

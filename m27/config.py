@@ -55,6 +55,8 @@ class Settings:
     gpu_temperature: float = 80.0
     #: seconds an on-demand node service waits with no runs and no steps before it stops
     service_idle: float = 1800.0
+    #: bytes of a step's output sent to Prefect's logs; the rest is only in the step log
+    prefect_log_limit: int = 10 * 1024 * 1024
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
@@ -98,6 +100,13 @@ def _positive_size(text: str) -> int:
     return value
 
 
+def _size(text: str) -> int:
+    value = parse_size(text)
+    if value < 0:
+        raise ValueError("out of range")
+    return value
+
+
 KEYS: dict[str, _Key] = {
     "gpu_streams": _Key("performance", _int_between(1), "a whole number >= 1, e.g. 4"),
     "memory_overprovision": _Key("performance", _positive_float, "a number > 0, e.g. 1.2"),
@@ -122,6 +131,7 @@ KEYS: dict[str, _Key] = {
     "service_idle": _Key(
         "service", _positive_duration, "a duration > 0, e.g. 30m or 1800", "duration"
     ),
+    "prefect_log_limit": _Key("service", _size, "a size >= 0, e.g. 10MiB (0: none)", "size"),
 }
 SECTIONS = ("performance", "checkpoint", "alerts", "service")
 

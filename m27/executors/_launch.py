@@ -167,9 +167,11 @@ class Sink:
     better than abandoning a process that may have days of work in it.
     """
 
-    def __init__(self, file: IO[str] | None, on_line: Callable[[str, str], None] | None) -> None:
+    def __init__(
+        self, file: IO[str] | None, on_lines: Callable[[str, list[str]], None] | None
+    ) -> None:
         self.file = file
-        self.on_line = on_line
+        self.on_lines = on_lines
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._warned: set[str] = set()
 
@@ -182,16 +184,19 @@ class Sink:
             self._warn("log", f"cannot write the step log: {exc}")
 
     def emit(self, stream: str, lines: list[str]) -> None:
-        """Lines reach the file (flushed, for `m27 logs -f`) before the slower callback."""
+        """Lines reach the file (flushed, for `m27 logs -f`) before the slower callback.
+
+        The callback gets the lines of one read as one list: the child's pipe is read on
+        this thread, so a per-line callback (a Prefect log record, a console write each)
+        held a chatty program at ~10,000 lines/s, blocked on its full pipe."""
         self.tail.extend(lines)
         self.write("".join(line + "\n" for line in lines))
         self.flush()
-        if self.on_line is not None:
-            for line in lines:
-                try:
-                    self.on_line(stream, line)
-                except Exception as exc:
-                    self._warn("on_line", f"on_line callback failed: {exc!r}")
+        if self.on_lines is not None:
+            try:
+                self.on_lines(stream, lines)
+            except Exception as exc:
+                self._warn("on_lines", f"on_lines callback failed: {exc!r}")
 
     def note(self, line: str) -> None:
         """A line from m27 itself (spawn errors), shown like the step's stderr."""

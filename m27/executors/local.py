@@ -51,27 +51,27 @@ def run_step(
     store: EventStore,
     *,
     clock: Clock | None = None,
-    on_line: Callable[[str, str], None] | None = None,
+    on_lines: Callable[[str, list[str]], None] | None = None,
     cancel: threading.Event | None = None,
     resume_from: Callable[[], str | None] | None = None,
 ) -> StepResult:
     """Run the step with its retries; record every attempt; never leave a process behind.
 
-    Thread-safe: the flow calls this from one thread per running step. `on_line` is called
-    on the calling thread, once per line, in the order the lines were read.
+    Thread-safe: the flow calls this from one thread per running step. `on_lines(stream,
+    lines)` is called on the calling thread with the complete lines of each read, in order.
     """
 
     def attempts(clock: Clock, sink: Sink, log_path: Path) -> Callable[[int], AttemptEnd]:
         return lambda n: _attempt(launch, store, clock, sink, n, log_path, cancel, resume_from)
 
-    return run_in_step_log(launch, store, clock, on_line, cancel, attempts)
+    return run_in_step_log(launch, store, clock, on_lines, cancel, attempts)
 
 
 def run_in_step_log(
     launch: StepLaunch,
     store: EventStore,
     clock: Clock | None,
-    on_line: Callable[[str, str], None] | None,
+    on_lines: Callable[[str, list[str]], None] | None,
     cancel: threading.Event | None,
     attempts: Callable[[Clock, Sink, Path], Callable[[int], AttemptEnd]],
 ) -> StepResult:
@@ -86,7 +86,7 @@ def run_in_step_log(
     clock = clock or SystemClock()
     started = clock.monotonic()
     log_path = launch.log_path or default_log_path(launch.run_id, launch.step)
-    sink = Sink(None, on_line)
+    sink = Sink(None, on_lines)
     try:
         one_attempt = attempts(clock, sink, log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)

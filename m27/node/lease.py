@@ -231,7 +231,7 @@ def run_leased(
     priority: int = 0,
     owner: str = "",
     gpus: int = 0,
-    on_line: Callable[[str, str], None] | None = None,
+    on_lines: Callable[[str, list[str]], None] | None = None,
     resume_from: Callable[[], str | None] | None = None,
     supervise: Callable[[Callable[[], StepResult]], StepResult] = lambda f: f(),
     on_requeue: Callable[[Granted], None] | None = None,
@@ -267,7 +267,7 @@ def run_leased(
                     run_step,
                     leased,
                     lease.store,
-                    on_line=on_line,
+                    on_lines=on_lines,
                     cancel=stop,
                     resume_from=resume_from,
                 )

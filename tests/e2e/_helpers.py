@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -78,3 +79,28 @@ def wait_running(
         return (runs[0], found) if found is not None and found.status == "running" else None
 
     return wait_until(check, timeout=timeout, interval=0.2, what=f"step {step} running")
+
+
+def prefect_log_messages(prefect_api: str, flow_run_id: str) -> list[str]:
+    """The messages of a flow run's logs in Prefect (what its UI shows), oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    async def fetch() -> list[str]:
+        messages: list[str] = []
+        async with get_client() as client:
+            while True:  # the API answers at most 200 per call
+                logs = await client.read_logs(
+                    log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                    limit=200,
+                    offset=len(messages),
+                    sort=LogSort.TIMESTAMP_ASC,
+                )
+                messages += [log.message for log in logs]
+                if len(logs) < 200:
+                    return messages
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
+        return asyncio.run(fetch())

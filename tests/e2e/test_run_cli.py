@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._helpers import M27, node_state, spawn_m27
+from tests.e2e._helpers import M27, node_state, prefect_log_messages, spawn_m27
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.service
@@ -122,23 +122,6 @@ def test_diamond_with_a_failing_branch_finishes_the_others_and_fails_the_run(
     assert detail["steps"]["c"]["gpus"] in ([0], [1])
 
 
-def _log_messages(prefect_api: str, flow_run_id: str) -> list[str]:
-    """The messages of a flow run's logs in Prefect (what its UI shows), oldest first."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    async def fetch() -> list[str]:
-        async with get_client() as client:
-            logs = await client.read_logs(
-                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
-            )
-            return [log.message for log in logs]
-
-    with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
-        return asyncio.run(fetch())
-
-
 def test_a_steps_stderr_shows_once_in_the_terminal_and_in_prefects_logs(
     m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
 ) -> None:
@@ -164,7 +147,7 @@ def test_a_steps_stderr_shows_once_in_the_terminal_and_in_prefects_logs(
     seen: list[list[str]] = []
     wait_until(
         lambda: (
-            seen.append(_log_messages(prefect_env, run.flow_run_id))
+            seen.append(prefect_log_messages(prefect_env, run.flow_run_id))
             or any("progress 1 of 2" in m for m in seen[-1])
         ),
         timeout=30,

@@ -89,7 +89,7 @@ def test_pipeline_of_cpu_and_gpu_steps_gets_gpus_from_slurm(tmp_path: Path) -> N
         store,
         options={"gpus": 2, "mem": "100M", **FAST},
         site={},
-        on_line=lambda s, line: lines.append((s, line)),
+        on_lines=lambda s, batch: lines.extend((s, line) for line in batch),
     )
     assert r1.ok and r2.ok, (r1.reason, r2.reason)
     assert r1.log_tail == "gpus=''"  # a CPU step sees no GPU
@@ -116,7 +116,9 @@ def test_failing_job_reports_exit_code_slurm_state_and_output(tmp_path: Path) ->
         store,
         options=FAST,
         site={},
-        on_line=lambda s, line: starts_before_line.append(len(of(store, StepStarted))),
+        on_lines=lambda s, batch: starts_before_line.extend(
+            len(of(store, StepStarted)) for _ in batch
+        ),
     )
     assert starts_before_line == [1, 2]
     assert not result.ok and result.attempts == 2

@@ -30,5 +30,6 @@ def running(pid: int) -> bool:
     return liveness.alive(pid)
 
 
-def collect(lines: list[tuple[str, str]]) -> Callable[[str, str], None]:
-    return lambda stream, line: lines.append((stream, line))
+def collect(lines: list[tuple[str, str]]) -> Callable[[str, list[str]], None]:
+    """An ``on_lines`` callback that keeps each line with its stream."""
+    return lambda stream, batch: lines.extend((stream, line) for line in batch)

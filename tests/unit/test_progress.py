@@ -72,7 +72,7 @@ def test_plain_mode_prints_one_line_per_event_of_this_run_only(
     store, progress = _progress(tmp_path)
     progress.start()
     store.append(_events())
-    progress.on_line("sim", "stdout", "step 400/2000")
+    progress.on_lines("sim", "stdout", ["step 400/2000"])
     progress.stop()
     out = capsys.readouterr().out
     assert "prep: succeeded in 300ms" in out
@@ -90,8 +90,8 @@ def test_a_steps_first_output_line_comes_after_its_started_line(
     # The follower is not started: only the output line can bring "started" out first.
     store, progress = _progress(tmp_path)
     store.append([*_events()[:2], ev.StepStarted(1.2, "r1", "prep", 1, 100, 100, ("x",))])
-    progress.on_line("prep", "stderr", "cannot create out/x: Directory nonexistent")
-    progress.on_line("prep", "stderr", "second line")
+    progress.on_lines("prep", "stderr", ["cannot create out/x: Directory nonexistent"])
+    progress.on_lines("prep", "stderr", ["second line"])
     store.append([ev.StepSucceeded(1.5, "r1", "prep", 1, 0.3)])
     progress._drain()
     lines = [line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines()]
@@ -132,7 +132,7 @@ def test_live_mode_renders_a_table_of_steps_with_their_state(tmp_path: Path) -> 
     progress.console = Console(file=io.StringIO(), width=120, force_terminal=True)
     progress.start()
     store.append(_events()[:5])
-    progress.on_line("sim", "stdout", "step 400/2000")
+    progress.on_lines("sim", "stdout", ["step 400/2000"])
     progress.stop()
     screen = Console(file=io.StringIO(), width=120)
     screen.print(progress._table())
@@ -218,7 +218,7 @@ def test_the_live_table_is_readable_at_80_and_100_columns(tmp_path: Path, width:
             ev.StepSucceeded(1.5, run, "preprocessing", 1, 0.3),
         ]
     )
-    progress.on_line("md_simulation", "stdout", "step 1400/2000 E=-2043.7371 T=0.7294 ok ok")
+    progress.on_lines("md_simulation", "stdout", ["step 1400/2000 E=-2043.7371 T=0.7294 ok ok"])
     progress.stop()
     screen = Console(file=io.StringIO(), width=width)
     screen.print(progress._table())

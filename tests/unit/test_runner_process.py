@@ -39,7 +39,7 @@ time.sleep(1000)
 def test_timeout_kills_the_whole_group_including_grandchildren(store: MemoryEventStore) -> None:
     lines: list[tuple[str, str]] = []
     step = launch(SPAWN_SLEEPERS, timeout=READY_S, grace=0.2, retries=0)
-    result = run_step(step, store, on_line=collect(lines))
+    result = run_step(step, store, on_lines=collect(lines))
 
     assert not result.ok and result.reason == f"timed out after {READY_S}s"
     assert result.signal == signal.SIGTERM and result.exit_code is None
@@ -52,7 +52,7 @@ def test_timeout_kills_the_whole_group_including_grandchildren(store: MemoryEven
 def test_group_ignoring_sigterm_is_killed_after_grace(store: MemoryEventStore) -> None:
     code = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + SPAWN_SLEEPERS
     lines: list[tuple[str, str]] = []
-    result = run_step(launch(code, timeout=READY_S, grace=0.2), store, on_line=collect(lines))
+    result = run_step(launch(code, timeout=READY_S, grace=0.2), store, on_lines=collect(lines))
 
     # The reason says why it ended `grace` after the timeout, and with SIGKILL.
     assert result.signal == signal.SIGKILL and result.reason == (
@@ -68,7 +68,7 @@ def test_paused_group_is_resumed_so_it_can_act_on_sigterm(store: MemoryEventStor
         "time.sleep(1000)", "import os, signal; os.killpg(0, signal.SIGSTOP)"
     )
     lines: list[tuple[str, str]] = []
-    result = run_step(launch(code, timeout=READY_S, grace=30), store, on_line=collect(lines))
+    result = run_step(launch(code, timeout=READY_S, grace=30), store, on_lines=collect(lines))
 
     assert result.signal == signal.SIGTERM and result.reason == f"timed out after {READY_S}s"
     assert not any(running(int(p)) for p in lines[0][1].split())
@@ -82,7 +82,7 @@ def test_background_leftovers_are_stopped_when_the_main_process_exits(
         " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)"
     )
     lines: list[tuple[str, str]] = []
-    result = run_step(launch(code, grace=0.2), store, on_line=collect(lines))
+    result = run_step(launch(code, grace=0.2), store, on_lines=collect(lines))
 
     assert result.ok
     assert not running(int(lines[0][1]))
@@ -94,12 +94,12 @@ def test_cancel_stops_the_group_and_records_cancelled_without_retry(
     cancel = threading.Event()
     lines: list[tuple[str, str]] = []
 
-    def on_line(stream: str, line: str) -> None:
-        lines.append((stream, line))
+    def on_lines(stream: str, batch: list[str]) -> None:
+        lines.extend((stream, line) for line in batch)
         cancel.set()
 
     step = launch(SPAWN_SLEEPERS, retries=3, grace=0.2)
-    result = run_step(step, store, on_line=on_line, cancel=cancel)
+    result = run_step(step, store, on_lines=on_lines, cancel=cancel)
 
     assert result.cancelled and not result.ok and result.attempts == 1
     assert result.reason == "cancelled"

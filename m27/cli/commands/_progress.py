@@ -135,7 +135,7 @@ class Progress:
         self._thread = threading.Thread(target=self._follow, name="m27-progress", daemon=True)
         self._lock = threading.Lock()
         # Held while events are taken from the log and applied: the follower and a step's
-        # first output line (`on_line`) both take them, each event exactly once.
+        # first output line (`on_lines`) both take them, each event exactly once.
         self._feed = threading.Lock()
         self._live: Live | None = None
         self._after = store.last_seq()
@@ -166,18 +166,23 @@ class Progress:
             self._live.stop()
 
     # --- inputs ----------------------------------------------------------------------
-    def on_line(self, step: str, stream: str, line: str) -> None:
+    def on_lines(self, step: str, stream: str, lines: list[str]) -> None:
+        """A step's lines of one read: printed with one write, however many there are."""
+        if not lines:
+            return
         with self._lock:
             row = self.rows.get(step)
             if row is not None:
-                row["last"] = line[-80:]
+                row["last"] = lines[-1][-80:]
             starting = row is not None and row["status"] != "running"
         if self.show_output and not self.live:
             if starting:
                 # The step's StepStarted is in the log before its first line is read: show
                 # "started" first, not whenever the follower wakes next.
                 self._take(self.store.read(self._after))
-            self._print(f"[{step}] {line}")
+            stamp = time.strftime("%H:%M:%S")
+            sys.stdout.write("".join(f"{stamp} [{step}] {line}\n" for line in lines))
+            sys.stdout.flush()
 
     def note(self, text: str) -> None:
         if self._live is not None:

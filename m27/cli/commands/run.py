@@ -220,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         if warm.release_client(code):
             released.append(code)
 
-    LINE_SINKS[run_id] = progress.on_line
+    LINE_SINKS[run_id] = progress.on_lines
     if warm.in_child():
         RUN_ENDED[run_id] = on_end
     progress.start()

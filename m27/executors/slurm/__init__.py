@@ -6,7 +6,7 @@ events (``StepStarted``, ``StepSucceeded``/``StepFailed``, ``StepCancelled``) pl
 notifier need not know where a step ran. Per attempt it writes an sbatch script
 (:mod:`m27.executors.slurm._script`), submits it, follows the job with ``scontrol``
 (:mod:`m27.executors.slurm._jobs`), tails the job's output files into the step log and the
-caller's ``on_line``, and turns cancellation into ``scancel``.
+caller's ``on_lines``, and turns cancellation into ``scancel``.
 
 Why plain ``sbatch``/``scontrol``/``scancel`` and not submitit (which works with this
 Slurm): submitit pickles a Python callable and runs it in a fresh interpreter, while an
@@ -128,7 +128,7 @@ def run_slurm_step(
     *,
     options: Mapping[str, Any],
     clock: Clock | None = None,
-    on_line: Callable[[str, str], None] | None = None,
+    on_lines: Callable[[str, list[str]], None] | None = None,
     cancel: threading.Event | None = None,
     resume_from: Callable[[], str | None] | None = None,
     cli: SlurmCli | None = None,
@@ -154,7 +154,7 @@ def run_slurm_step(
         )
         return lambda n: job.attempt(n, cancel, resume_from)
 
-    return run_in_step_log(launch, store, clock, on_line, cancel, attempts)
+    return run_in_step_log(launch, store, clock, on_lines, cancel, attempts)
 
 
 @dataclass(frozen=True)
