@@ -62,3 +62,75 @@ def test_step_may_be_left_out_for_a_run_of_one_step(
     err = capsys.readouterr().err
     assert "m27 logs: name a step of run two: prep, sim" in err
     assert "e.g. m27 logs two prep" in err
+
+
+def _one_step_run(m27_home: Path, log: Path) -> None:
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(1.0, "one", "p", "p.yaml", ("only",)),
+            ev.StepStarted(2.0, "one", "only", 1, 9, 9, ("true",), log_path=str(log)),
+            ev.StepSucceeded(3.0, "one", "only", 1, 1.0),
+            ev.RunSucceeded(3.0, "one", 2.0),
+        ]
+    )
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "n", "shown"),
+    [
+        ("a\nb\nc\n", "2", "b\nc\n"),
+        ("a\nb\nc", "2", "b\nc"),  # a last line without its newline is a line
+        ("a\nb\nc\n", "5", "a\nb\nc\n"),
+        ("a\nb\nc\n", "0", ""),
+        ("", "3", ""),
+        ("\n\n\n", "2", "\n\n"),
+        ("é\nü\n", "1", "ü\n"),
+    ],
+)
+def test_tail_prints_the_last_n_lines(
+    m27_home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    text: str,
+    n: str,
+    shown: str,
+) -> None:
+    log = tmp_path / "only.log"
+    log.write_text(text, encoding="utf-8")
+    _one_step_run(m27_home, log)
+    assert main(["logs", "one", "-n", n]) == 0
+    assert capsys.readouterr().out == shown
+
+
+def test_tail_reads_a_long_log_in_blocks_and_keeps_characters_whole(
+    m27_home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Blocks of 7 bytes split the 2-byte characters; lines span several blocks."""
+    from m27.cli.commands import logs
+
+    monkeypatch.setattr(logs, "_BLOCK", 7)
+    lines = [f"line {i} ñandú" for i in range(40)]
+    log = tmp_path / "only.log"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _one_step_run(m27_home, log)
+    assert main(["logs", "one"]) == 0
+    assert capsys.readouterr().out.splitlines() == lines
+    assert main(["logs", "one", "--tail", "13"]) == 0
+    assert capsys.readouterr().out.splitlines() == lines[-13:]
+
+
+@pytest.mark.parametrize("bad", ["-1", "x", "1.5"])
+def test_tail_refuses_what_is_not_a_count(
+    m27_home: Path, capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["logs", "one", "-n", bad])
+    assert exited.value.code == 2
+    assert f"argument -n/--tail: {bad!r} is not a number of lines (0 or more)" in (
+        capsys.readouterr().err
+    )

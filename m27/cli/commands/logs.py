@@ -1,8 +1,9 @@
-"""`m27 logs RUN [STEP] [-f]`: a step's output (both streams, every attempt)."""
+"""`m27 logs RUN [STEP] [-n N] [-f]`: a step's output (both streams, every attempt)."""
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import sys
 import time
 from pathlib import Path
@@ -23,8 +24,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("step", metavar="STEP", nargs="?")
+    p.add_argument(
+        "-n",
+        "--tail",
+        metavar="N",
+        type=_lines,
+        help="only the last N lines (with -f: then follow, like tail -n N -f)",
+    )
     p.add_argument("-f", "--follow", action="store_true", help="follow until the step ends")
     p.set_defaults(func=run)
+
+
+def _lines(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines (0 or more)")
+    return n
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,15 +66,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     default = join_under(m27_home(), "runs", r.run_id, f"{args.step}.log")
     path = Path(r.steps[args.step].log_path or default)
-    offset = 0
+    offset = _tail_offset(path, args.tail) if args.tail is not None and path.exists() else 0
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     while True:
         if path.exists():
-            with path.open("rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
-                offset += len(chunk)
-            sys.stdout.write(chunk.decode("utf-8", errors="replace"))
-            sys.stdout.flush()
+            offset = _copy(path, offset, decoder)
         if not args.follow:
             if not path.exists():
                 print(f"({_no_log(r.steps[args.step], r.status, path)})", file=sys.stderr)
@@ -81,3 +95,42 @@ def _no_log(step: StepState, run_status: str, path: Path) -> str:
     if run_status != "running":
         return f"no log for {step.name}: it did not run (the run {run_status} first)"
     return f"no log yet for {step.name}: it has not started"
+
+
+#: Logs are copied in blocks of this size (a chatty step's log is gigabytes, not one read).
+_BLOCK = 1 << 20
+
+
+def _copy(path: Path, offset: int, decoder: codecs.IncrementalDecoder) -> int:
+    """Write the log from `offset` to its current end; the new offset."""
+    with path.open("rb") as fh:
+        fh.seek(offset)
+        while block := fh.read(_BLOCK):
+            offset += len(block)
+            sys.stdout.write(decoder.decode(block))
+    sys.stdout.flush()
+    return offset
+
+
+def _tail_offset(path: Path, lines: int) -> int:
+    """Where the last `lines` lines of the file start, read backwards block by block; a
+    newline that ends the file ends its last line and starts no other."""
+    with path.open("rb") as fh:
+        end = fh.seek(0, 2)
+        if lines == 0:
+            return end
+        pos = end
+        if end:
+            fh.seek(end - 1)
+            pos -= fh.read(1) == b"\n"
+        while pos > 0:
+            start = max(0, pos - _BLOCK)
+            fh.seek(start)
+            block = fh.read(pos - start)
+            while (i := block.rfind(b"\n")) >= 0:
+                lines -= 1
+                if lines == 0:
+                    return start + i + 1
+                block = block[:i]
+            pos = start
+        return 0
