@@ -11,6 +11,7 @@ import pytest
 
 from m27.clock import FakeClock
 from m27.events import StepFailed, StepStarted, StepSucceeded
+from m27.executors._launch import Sink
 from m27.executors._proc import LineSplitter
 from m27.executors.local import StepLaunch, resolve_argv, run_step
 from m27.store.memory import MemoryEventStore
@@ -211,20 +212,26 @@ def test_huge_burst_on_both_streams_does_not_deadlock(store: MemoryEventStore) -
         "    sys.stderr.write(f'e{i:05d}' + 'y' * 60 + '\\n')\n"
     )
     counts = {"stdout": 0, "stderr": 0}
-    calls = {"stdout": 0, "stderr": 0}
 
     def on_lines(stream: str, lines: list[str]) -> None:
-        calls[stream] += 1
         counts[stream] += len(lines)
 
     result = run_step(launch(code), store, on_lines=on_lines)
 
     assert result.ok and counts == {"stdout": 20000, "stderr": 20000}
-    # Lines come in the batches they were read in, not one call each: the pipe is read on
-    # this thread, and a call per line held chatty steps. The child's stdout is written
-    # 8 KiB (~120 lines) at a time; its stderr is line-buffered, so it may come one by one.
-    assert calls["stdout"] < 2000
     assert len(result.log_tail.splitlines()) == 50
+
+
+def test_the_lines_of_one_read_reach_the_callback_in_one_call(tmp_path: Path) -> None:
+    """The pipe is read on the caller's thread: a call per line (a Prefect log record each)
+    held a program printing two million lines for minutes, blocked on its full pipe."""
+    calls: list[tuple[str, list[str]]] = []
+    with (tmp_path / "s.log").open("w") as file:
+        sink = Sink(file, lambda stream, lines: calls.append((stream, list(lines))))
+        sink.emit("stdout", [str(i) for i in range(5000)])
+        sink.emit("stderr", ["warning"])
+    assert calls == [("stdout", [str(i) for i in range(5000)]), ("stderr", ["warning"])]
+    assert (tmp_path / "s.log").read_text().splitlines() == [*map(str, range(5000)), "warning"]
 
 
 def test_a_failing_callback_does_not_stop_the_step(store: MemoryEventStore, m27_home: Path) -> None:
