@@ -100,3 +100,63 @@ def test_a_running_run_and_step_show_how_long_they_have_run(
     row = next(line for line in out.splitlines() if line.split()[:1] == ["sim"])
     step_for = re.search(r"running +1 +(\d+)m(\d+)", row)
     assert step_for and 80 <= int(step_for[1]) * 60 + int(step_for[2]) < 3600, row
+
+
+def test_a_guest_says_beside_which_step_and_whether_it_is_held(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A guest showed `running` and nothing else, held or not; the queue knew, status not."""
+    import os
+
+    pid = os.getpid()
+    other = "20261203-100000-cccc"
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, RUN, "p", "p.yaml", ("sim", "ana", "fit"), pid=pid),
+            ev.RunSubmitted(1.0, other, "q", "q.yaml", ("big",), pid=pid),
+            ev.LeaseGranted(2.0, RUN, "sim", (0,)),
+            ev.StepStarted(2.1, RUN, "sim", 1, pid, pid, ("x",), (0,)),
+            ev.LeaseGranted(2.0, other, "big", (1,)),
+            ev.StepStarted(2.1, other, "big", 1, pid, pid, ("x",), (1,)),
+            ev.LeaseGranted(3.0, RUN, "ana", (0,), tier="ready"),
+            ev.GuestStarted(3.0, RUN, "ana", 0),
+            ev.StepStarted(3.1, RUN, "ana", 1, pid, pid, ("x",), (0,)),
+            ev.GuestPaused(3.2, RUN, "ana", 0),
+            ev.LeaseGranted(3.0, RUN, "fit", (1,), tier="ready"),
+            ev.GuestStarted(3.0, RUN, "fit", 1),
+            ev.StepStarted(3.1, RUN, "fit", 1, pid, pid, ("x",), (1,)),
+        ]
+    )
+    store.close()
+    assert main(["status", RUN]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[3:]}
+    assert rows["ana"].endswith("guest beside sim, paused while it computes")
+    assert rows["fit"].endswith(f"guest beside {other}/big, running in its I/O wait")
+    assert "guest" not in rows["sim"]
+    assert main(["status", RUN, "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert steps["ana"]["guest"] == {"gpu": 0, "paused": True, "primary": f"{RUN}/sim"}
+    assert steps["fit"]["guest"] == {"gpu": 1, "paused": False, "primary": f"{other}/big"}
+    assert steps["sim"]["guest"] is None
+
+
+def test_a_failed_step_says_once_how_it_failed(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NOTE read `exit 3: exited with code 3`."""
+    run = "20261203-110000-dddd"
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, run, "p", "p.yaml", ("a", "b")),
+            ev.StepFailed(1.5, run, "a", 1, 0.1, "exited with code 3", exit_code=3),
+            ev.StepFailed(1.5, run, "b", 1, 0.1, "command not found: gmx", exit_code=127),
+            ev.RunFailed(1.6, run, 0.6, ("a", "b"), "step a failed"),
+        ]
+    )
+    store.close()
+    assert main(["status", run]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[3:]}
+    assert rows["a"].endswith("  exited with code 3")
+    assert rows["b"].endswith("  command not found: gmx (exit 127)")

@@ -121,3 +121,20 @@ def shown_status(run: RunState) -> str:
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def how_it_failed(exit_code: int | None, signal: int | None, reason: str) -> str:
+    """Why a step failed, in one phrase: the reason, with the exit code where it adds one.
+
+    The reason already says how it ended ("exited with code 3", "killed by SIGKILL",
+    "timed out after 2.0s"); the summary and `m27 status` used to put the code before it
+    as well (`exit 3 exited with code 3`, `signal 9 timed out after 2.0s`)."""
+    if not reason:
+        if exit_code is not None:
+            return f"exit {exit_code}"
+        return f"signal {signal}" if signal else ""
+    if exit_code == 0:  # e.g. a declared output missing
+        return f"exited 0, but {reason}"
+    if exit_code is not None and str(exit_code) not in reason:
+        return f"{reason} (exit {exit_code})"
+    return reason

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from m27.cli.commands._common import how_it_failed
 from m27.events import (
     CheckpointWritten,
     Event,
@@ -38,7 +39,7 @@ from m27.events import (
     StepStarted,
     StepSucceeded,
 )
-from m27.events.state import RunState, StepState
+from m27.events.state import RunState
 from m27.monitoring.energy import format_energy
 from m27.spec import Pipeline
 from m27.store import EventStore
@@ -347,7 +348,7 @@ class Progress:
         for name, st in run.steps.items():
             extra = ""
             if st.status == "failed":
-                extra = f"  {_failure(st)}".rstrip()
+                extra = f"  {how_it_failed(st.exit_code, st.signal, st.reason)}".rstrip()
             if st.energy_j:  # measured by the exporter from NVML energy counters
                 extra += f"  {format_energy(st.energy_j)}"
             shown = st.status
@@ -375,19 +376,3 @@ class Progress:
 
 def _line(text: str = "") -> None:
     sys.stdout.write(text + "\n")
-
-
-def _failure(st: StepState) -> str:
-    """Why a step failed, in one phrase: the reason, with the exit code where it adds one.
-
-    The reason already says how it ended ("exited with code 3", "killed by SIGKILL",
-    "timed out after 2.0s"); the summary used to put the code before it as well
-    (`exit 3 exited with code 3`, `signal 9 timed out after 2.0s`)."""
-    code = st.exit_code
-    if not st.reason:
-        return f"exit {code}" if code is not None else (f"signal {st.signal}" if st.signal else "")
-    if code == 0:  # e.g. a declared output missing
-        return f"exited 0, but {st.reason}"
-    if code is not None and str(code) not in st.reason:
-        return f"{st.reason} (exit {code})"
-    return st.reason

@@ -59,7 +59,31 @@ def crash_truth(state: NodeState) -> None:
         print(f"m27: {exc}", file=sys.stderr)
 
 
-def _run_dict(r: RunState, energy: _Energy) -> dict[str, Any]:
+def primaries(state: NodeState) -> dict[int, tuple[str, str]]:
+    """Each GPU's primary step now, as (run id, step), from the leases its guests do not hold."""
+    found: dict[int, tuple[str, str]] = {}
+    for key, gpus in state.leases.items():
+        if key not in state.guests:
+            for gpu in gpus:
+                found[gpu] = key
+    return found
+
+
+def _guest(s: StepState, primary: dict[int, tuple[str, str]]) -> dict[str, Any] | None:
+    """A running guest's GPU, whether it is held, and beside which step; None otherwise."""
+    if s.done or s.tier != "guest" or s.guest_gpu is None:
+        return None
+    beside = primary.get(s.guest_gpu)
+    return {
+        "gpu": s.guest_gpu,
+        "paused": s.paused,
+        "primary": f"{beside[0]}/{beside[1]}" if beside else None,
+    }
+
+
+def _run_dict(
+    r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]] | None = None
+) -> dict[str, Any]:
     return {
         "run_id": r.run_id,
         "pipeline": r.pipeline,
@@ -93,6 +117,7 @@ def _run_dict(r: RunState, energy: _Energy) -> dict[str, Any]:
                 "checkpoint_step": s.checkpoint_step,
                 "energy_j": energy.by_step.get((r.run_id, name)),
                 "outputs": list(s.outputs),
+                "guest": _guest(s, primary or {}),
             }
             for name, s in r.steps.items()
         },
@@ -114,26 +139,27 @@ def run(args: argparse.Namespace) -> int:
     state = _common.load_state()
     crash_truth(state)
     energy = _Energy(state)
+    primary = primaries(state)
     if args.run_id is None:
         live = [r for r in state.runs.values() if _common.shown_status(r) == "running"]
         if args.json:
-            _common.print_json([_run_dict(r, energy) for r in live])
+            _common.print_json([_run_dict(r, energy, primary) for r in live])
             return 0
         if not live:
             print("no runs in progress (history: `m27 runs`)")
         for r in live:
-            _print_run(r, energy)
+            _print_run(r, energy, primary)
         return 0
     r = _common.find_run(state, args.run_id)
     if args.json:
-        _common.print_json(_run_dict(r, energy))
+        _common.print_json(_run_dict(r, energy, primary))
         return 0
-    _print_run(r, energy)
+    _print_run(r, energy, primary)
     return 0
 
 
-def _print_run(r: RunState, energy: _Energy) -> None:
-    d = _run_dict(r, energy)
+def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]) -> None:
+    d = _run_dict(r, energy, primary)
     now = time.time()
     took = format_duration(d["duration_s"]) if d["duration_s"] is not None else "-"
     if d["status"] == "running" and r.submitted_at:
@@ -161,8 +187,10 @@ def _print_run(r: RunState, energy: _Energy) -> None:
         if s["slurm_job_id"] and s["status"] in ("queued", "running"):
             why = f" ({s['slurm_reason']})" if s["slurm_reason"] else ""
             note = f"Slurm {s['slurm_state']}{why} {note}".strip()
-        if s["status"] == "failed" and s["exit_code"] is not None:
-            note = f"exit {s['exit_code']}: {note}"
+        if s["status"] == "failed":
+            note = _common.how_it_failed(s["exit_code"], s["signal"], s["reason"])
+        if (guest := s["guest"]) is not None:
+            note = f"{_guest_note(r.run_id, guest)} {note}".strip()
         if s["energy_j"]:
             note = f"{note} {format_energy(s['energy_j'])}".strip()
         if s["last_checkpoint"]:
@@ -181,3 +209,15 @@ def _print_run(r: RunState, energy: _Energy) -> None:
     outputs = [o for s in d["steps"].values() for o in s["outputs"]]
     if outputs:
         print("  outputs: " + ", ".join(outputs))
+
+
+def _guest_note(run_id: str, guest: dict[str, Any]) -> str:
+    """`guest beside sim, paused while it computes`: a guest's STATUS alone said running."""
+    beside = guest["primary"]
+    if beside is None:
+        return f"guest on GPU {guest['gpu']}" + (", paused" if guest["paused"] else "")
+    if beside.startswith(f"{run_id}/"):
+        beside = beside.split("/", 1)[1]  # a step of this run: its name is enough
+    if guest["paused"]:
+        return f"guest beside {beside}, paused while it computes"
+    return f"guest beside {beside}, running in its I/O wait"
