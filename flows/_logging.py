@@ -12,6 +12,14 @@ exception`` with a 40-line traceback through Prefect's own code, in the worker's
 and in the UI, for an outcome that is neither unexpected nor an exception: the line
 before it already says ``Finished in state Failed('run pf-...: step(s) make failed')``.
 That one record is dropped; any other exception keeps its traceback.
+
+When Prefect's server cannot store a batch of log records (its disk is full: a 500),
+Prefect's log worker writes ``--- Error logging to API ---`` and the error to stderr with
+no line break after it, once per batch, into the middle of `m27 run`'s output. It writes
+only while :data:`logging.raiseExceptions` is true (the stdlib's switch for reporting
+errors inside logging, meant to be off in production); m27 turns it off in the flow
+process. The step's output is in its step log all the same, and a full disk is said once,
+by m27, when the event log fails.
 """
 
 from __future__ import annotations
@@ -46,7 +54,9 @@ _FLOW_FILTER = _NoFailedRunTraceback()
 
 
 def install() -> None:
-    """Attach the filters to Prefect's task-run and flow-run loggers (once; idempotent)."""
+    """Attach the filters to Prefect's task-run and flow-run loggers (once; idempotent);
+    errors inside logging are not printed."""
+    logging.raiseExceptions = False
     for name, one in (("prefect.task_runs", _FILTER), ("prefect.flow_runs", _FLOW_FILTER)):
         logger = logging.getLogger(name)
         if one not in logger.filters:

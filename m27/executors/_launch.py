@@ -172,6 +172,8 @@ class Sink:
     ) -> None:
         self.file = file
         self.on_lines = on_lines
+        #: the step log's path, named when it cannot be written
+        self.path = ""
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._warned: set[str] = set()
 
@@ -181,7 +183,7 @@ class Sink:
         try:
             self.file.write(text)
         except OSError as exc:
-            self._warn("log", f"cannot write the step log: {exc}")
+            self._log_failed(exc)
 
     def emit(self, stream: str, lines: list[str]) -> None:
         """Lines reach the file (flushed, for `m27 logs -f`) before the slower callback.
@@ -208,7 +210,15 @@ class Sink:
         try:
             self.file.flush()
         except OSError as exc:
-            self._warn("log", f"cannot write the step log: {exc}")
+            self._log_failed(exc)
+
+    def _log_failed(self, exc: OSError) -> None:
+        where = f" {self.path}" if self.path else ""
+        self._warn(
+            "log",
+            f"cannot write the step log{where}: {exc.strerror or exc}; the step goes on, but"
+            " its output from here on is not kept there",
+        )
 
     def _warn(self, what: str, message: str) -> None:
         if what not in self._warned:

@@ -97,7 +97,7 @@ def run_in_step_log(
         end = AttemptEnd(False, f"cannot prepare the step: {exc}", retryable=False)
         return finish_attempt(launch, store, clock, sink, end, 1, started, 0.0, will_retry=False)
     with log_file:
-        sink.file = log_file
+        sink.file, sink.path = log_file, str(log_path)
         return run_attempts(launch, store, clock, sink, started, cancel, one_attempt)
 
 

@@ -52,6 +52,11 @@ def test_a_disk_filling_up_during_a_run_ends_it_truthfully(
     assert done.returncode == 1, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     assert "m27: run " in done.stderr and "disk is full" in done.stderr, done.stderr[-2000:]
+    # The step log's failure names the file; Prefect's own log worker, whose server could
+    # not store the logs either, printed `--- Error logging to API ---` per batch.
+    assert f"cannot write the step log {full_home}/runs/" in out, out[-3000:]
+    assert "No space left on device; the step goes on" in out, out[-3000:]
+    assert "Error logging to API" not in out, out[-3000:]
     (full_home / "filler").unlink()
     runs = m27("runs", timeout=120)  # the next command (the node service closes the run)
     assert runs.returncode == 0, runs.stderr

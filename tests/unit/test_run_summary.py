@@ -5,7 +5,12 @@ outputs as absolute paths; a link only to plots that exist)."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from flows import _logging
 from flows.summary import plot_key, plots, summary_key, summary_markdown
@@ -19,6 +24,8 @@ from m27.events import (
     StepSucceeded,
 )
 from m27.events.state import NodeState, fold
+
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _state(tmp_path: Path) -> NodeState:
@@ -160,3 +167,33 @@ def test_a_steps_prefect_log_says_where_it_runs_and_why_slurm_holds_it() -> None
     assert _milestone(pending) == "Slurm job 192 pending: Resources"
     assert _milestone(ev.SlurmJobStateChanged(1.0, "r", "sim", "192", "RUNNING")) is None
     assert _milestone(ev.StepSucceeded(1.0, "r", "sim", 1, 2.0)) is None
+
+
+LOG_TO_A_DEAD_SERVER = """
+import sys
+if sys.argv[1] == "m27":
+    from flows import _logging
+    _logging.install()
+from prefect.logging.handlers import APILogWorker
+worker = APILogWorker.instance()
+worker.send({"name": "m27", "level": 20, "message": "step output", "flow_run_id": None,
+             "task_run_id": None, "timestamp": "2026-12-03T10:00:00Z"})
+worker.drain()
+print("drained")
+"""
+
+
+@pytest.mark.parametrize("process", ["plain", "m27"])
+def test_logs_prefect_cannot_store_are_not_printed_into_the_runs_output(process: str) -> None:
+    """A full disk under Prefect's server made its log worker print `--- Error logging to
+    API ---` and the error, without a line break, into `m27 run`'s output once per batch.
+    A plain Prefect process shows what that was; m27's flow process does not print it."""
+    done = subprocess.run(
+        [sys.executable, "-c", LOG_TO_A_DEAD_SERVER, process],
+        env={**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api", "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "drained", done.stderr[-2000:]
+    assert ("Error logging to API" in done.stderr) == (process == "plain"), done.stderr

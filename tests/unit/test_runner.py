@@ -234,6 +234,30 @@ def test_the_lines_of_one_read_reach_the_callback_in_one_call(tmp_path: Path) ->
     assert (tmp_path / "s.log").read_text().splitlines() == [*map(str, range(5000)), "warning"]
 
 
+def test_a_step_log_that_cannot_be_written_is_named_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It said `cannot write the step log: [Errno 28] ...`: which log, and what then?"""
+    import errno
+    import io
+
+    class FullDisk(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    seen: list[str] = []
+    sink = Sink(FullDisk(), lambda stream, lines: seen.extend(lines))
+    sink.path = str(tmp_path / "runs" / "r1" / "sim.log")
+    sink.emit("stdout", ["a"])
+    sink.emit("stdout", ["b"])
+    assert seen == ["a", "b"]  # the lines still reach the terminal and Prefect
+    warned = [r.getMessage() for r in caplog.records if "step log" in r.getMessage()]
+    assert warned == [
+        f"cannot write the step log {sink.path}: No space left on device; the step goes on,"
+        " but its output from here on is not kept there"
+    ]
+
+
 def test_a_failing_callback_does_not_stop_the_step(store: MemoryEventStore, m27_home: Path) -> None:
     def on_lines(stream: str, lines: list[str]) -> None:
         raise ValueError("logger broke")
