@@ -4,8 +4,10 @@ environment and the sink its output lines go to (used by the local and Slurm exe
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
+import re
 import sys
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -77,8 +79,19 @@ class StepLaunch:
         return {out: base / out for out in self.outputs}
 
     def missing_outputs(self) -> list[str]:
-        """The declared outputs an attempt that exited 0 did not leave behind."""
-        return [out for out, path in self.output_paths().items() if not path.exists()]
+        """The declared outputs an attempt that exited 0 did not leave behind; a pattern
+        (`frames/*.png`) is missing when nothing matches it."""
+        return [out for out, path in self.output_paths().items() if not _found(path)]
+
+    def produced_outputs(self) -> tuple[str, ...]:
+        """Absolute paths of the outputs as they are now: each pattern's matches, in order,
+        or the pattern itself when it matches more than :data:`MATCHES_KEPT` (the paths go
+        into an event, and a folder of 100,000 frames is not worth a row of them)."""
+        found: list[str] = []
+        for path in self.output_paths().values():
+            matches = _found(path)
+            found += matches if len(matches) <= MATCHES_KEPT else [str(path)]
+        return tuple(found)
 
     def __post_init__(self) -> None:
         ctx = {"run_id": self.run_id, "step": self.step}
@@ -224,3 +237,24 @@ class Sink:
         if what not in self._warned:
             self._warned.add(what)
             log.warning("%s", message)
+
+
+#: A pattern's matches recorded in ``StepSucceeded.outputs`` (more: the pattern itself).
+MATCHES_KEPT = 100
+
+_PATTERN = re.compile(r"[*?[]")
+
+
+def is_pattern(path: str) -> bool:
+    """Whether `path` holds glob syntax (`*`, `?`, `[...]`), as :mod:`glob` reads it."""
+    return _PATTERN.search(path) is not None
+
+
+def _found(path: Path) -> list[str]:
+    """`path` if it exists; for a path with `*`, `?` or `[...]` that does not exist as
+    written, what matches it (`**` spans folders), sorted."""
+    if path.exists():
+        return [str(path)]
+    if not is_pattern(str(path)):
+        return []
+    return sorted(glob.glob(str(path), recursive=True))

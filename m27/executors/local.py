@@ -32,6 +32,7 @@ from m27.executors._launch import (
     StepResult,
     child_env,
     default_log_path,
+    is_pattern,
     resolve_argv,
 )
 from m27.store import EventStore
@@ -162,6 +163,8 @@ def begin_attempt(
     for out, path in launch.output_paths().items():
         # Like Snakemake: `output: out/x.txt` needs no `mkdir out` first (a shell
         # redirection or an engine's -o would fail on a missing folder).
+        if is_pattern(str(path.parent)):
+            continue  # `frames/*/x.png`: which folders is the program's to say
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -281,7 +284,7 @@ def finish_attempt(
         sink.write(f"=== attempt {attempt} succeeded ===\n")
         # absolute: a step's outputs are relative to its own workdir, which the readers of
         # the log (`m27 status`, the run summary, its plots) do not know
-        outputs = tuple(str(path) for path in launch.output_paths().values())
+        outputs = launch.produced_outputs()
         ev = StepSucceeded(
             **launch.head(clock.now()), attempt=attempt, duration_s=took, outputs=outputs
         )

@@ -335,3 +335,41 @@ def test_declared_outputs_are_recorded_on_success(store: MemoryEventStore, tmp_p
     succeeded = of(store, StepSucceeded)[0]
     assert isinstance(succeeded, StepSucceeded)
     assert succeeded.outputs == (str(tmp_path / "a.txt"),)  # from the step's own workdir
+
+
+def test_an_output_pattern_needs_a_match_and_records_what_matched(
+    store: MemoryEventStore, tmp_path: Path
+) -> None:
+    """`output: frames/*.png` was taken as a file name, so the step failed after it ran."""
+    code = (
+        "import os\n"
+        "for i in (2, 1): open(f'frames/f{i}.png', 'w').close()\n"
+        "os.makedirs('deep/a/b'); open('deep/a/b/x.dat', 'w').close()\n"
+    )
+    outs = ("frames/*.png", "deep/**/*.dat", "f?.txt")
+    for sub in ("w1", "w2"):
+        (tmp_path / sub).mkdir()
+    failed = run_step(launch(code, workdir=tmp_path / "w1", outputs=outs), store)
+    assert not failed.ok and failed.reason == "declared output missing: f?.txt"
+
+    code += "open('f1.txt', 'w').close()\n"
+    work = tmp_path / "w2"
+    assert run_step(launch(code, workdir=work, outputs=outs), store).ok
+    succeeded = of(store, StepSucceeded)[-1]
+    assert isinstance(succeeded, StepSucceeded)
+    assert succeeded.outputs == tuple(
+        str(work / p) for p in ("frames/f1.png", "frames/f2.png", "deep/a/b/x.dat", "f1.txt")
+    )
+    assert not (work / "deep" / "**").exists()  # a pattern's folder is not made as written
+
+
+def test_a_pattern_matching_many_files_is_recorded_as_the_pattern(
+    store: MemoryEventStore, tmp_path: Path
+) -> None:
+    from m27.executors._launch import MATCHES_KEPT
+
+    code = f"for i in range({MATCHES_KEPT + 1}): open(f'out/{{i}}.npy', 'w').close()"
+    assert run_step(launch(code, workdir=tmp_path, outputs=("out/*.npy",)), store).ok
+    succeeded = of(store, StepSucceeded)[-1]
+    assert isinstance(succeeded, StepSucceeded)
+    assert succeeded.outputs == (str(tmp_path / "out/*.npy"),)
