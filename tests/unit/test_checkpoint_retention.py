@@ -114,11 +114,19 @@ def test_cli_lists_verifies_and_prunes_the_files_a_program_checkpoints_itself(
             ck.save(s, step=s["step"])
     assert main(["checkpoints", "20260101", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["step"], r["sim_step"]) for r in rows[-3:]] == [
-        ("md_simulation/files", 1),
-        ("md_simulation/files", 2),
-        ("md_simulation/files", 3),
+    # captures count themselves (`#`); the program's MD step is its own, not known here
+    assert [(r["step"], r["seq"], r["sim_step"]) for r in rows[-3:]] == [
+        ("md_simulation/files", 1, None),
+        ("md_simulation/files", 2, None),
+        ("md_simulation/files", 3, None),
     ]
+    assert main(["checkpoints", "20260101", "md_simulation/files", "--json"]) == 0
+    assert [r["step"] for r in json.loads(capsys.readouterr().out)] == ["md_simulation/files"] * 3
+    assert main(["checkpoints", "20260101", "md_simulation/other"]) == 2
+    assert "has no checkpoints for step 'md_simulation/other'" in capsys.readouterr().err
+    assert main(["checkpoints", str(captures)]) == 0
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[:2] == ["files", "1"] and row[4] == "-"  # STEP # DATE TIME SIM-STEP
     assert main(["checkpoints", "20260101", "md_simulation", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 4 + 3
     pack = sorted(captures.glob("ckpt-*.pack"))[-1]

@@ -95,10 +95,12 @@ def _directories(run: str, step: str | None) -> list[tuple[str, Path]]:
     run_id = runids.resolve(run, [p.name for p in known])
     run_dir = join_under(root, run_id)
     if step is not None:
-        step_dir = join_under(run_dir, step)
-        if not step_dir.is_dir():
+        # `STEP/files`, as the listing names a step's captures, picks those alone
+        name, slash, part = step.partition("/")
+        step_dir = join_under(run_dir, name) if not slash or part == CAPTURES else None
+        if step_dir is None or not step_dir.is_dir():
             raise RunError(f"run {run_id} has no checkpoints for step {step!r}", run_id=run_id)
-        return _with_captures(step, step_dir)
+        return [t for t in _with_captures(name, step_dir) if not slash or t[0] == step]
     return [t for p in sorted(run_dir.iterdir()) if p.is_dir() for t in _with_captures(p.name, p)]
 
 
@@ -112,12 +114,15 @@ def _with_captures(step: str, step_dir: Path) -> list[tuple[str, Path]]:
 
 def _row(step: str, entry: Listed) -> dict[str, Any]:
     info = entry.info
+    # A capture of a program's own files counts captures, not simulation steps: GROMACS's
+    # first .cpt at MD step 3000 read `SIM STEP 1`. Only the program knows its step.
+    captured = step == CAPTURES or step.endswith(f"/{CAPTURES}")
     return {
         "step": step,
         "seq": entry.seq,
         "path": str(entry.path),
         "time": info.time if info else None,
-        "sim_step": info.sim_step if info else None,
+        "sim_step": info.sim_step if info and not captured else None,
         "bytes_written": info.bytes_written if info else None,
         "bytes_total": info.bytes_total if info else None,
         "percent_changed": round(info.percent_changed, 2) if info else None,
@@ -140,7 +145,7 @@ def _list(targets: list[tuple[str, Path]], as_json: bool) -> int:
         written = format_size(r["bytes_written"]) if r["bytes_written"] is not None else "?"
         changed = f"{r['percent_changed']:.1f}%" if r["percent_changed"] is not None else "?"
         valid = "ok" if r["valid"] else f"NO: {r['problem']}"
-        sim = r["sim_step"] if r["sim_step"] is not None else "?"
+        sim = r["sim_step"] if r["sim_step"] is not None else ("?" if r["time"] is None else "-")
         table.append((r["step"], r["seq"], when, sim, written, changed, valid))
     cols = [Col("STEP", wrap=True), Col("#", right=True), Col("TIME"), Col("SIM STEP", right=True)]
     cols += [Col("WRITTEN", right=True), Col("CHANGED", right=True), Col("MANIFEST", wrap=True)]
