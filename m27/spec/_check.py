@@ -25,6 +25,7 @@ from m27.spec._limits import (
     RETRIES_MAX,
     SLURM_KEYS,
     fixed_prefix,
+    outside,
     under,
     written_absolute,
 )
@@ -415,29 +416,10 @@ class Checker(Reader):
             if under(path, roots):
                 return True
             why = "outside the pipeline's folder" + (" and the step's workdir" if folder else "")
-        self.add(tpl.node, tpl.field, self._outside(tpl, rendered, path, why))
-        return False
-
-    def _outside(self, tpl: Template, rendered: str, path: str, why: str) -> str:
-        """The problem of a path out of bounds: what it became, from which values, and the
-        fix that fits (a path from `--set OUT=/scratch/x` was told to write the absolute
-        path in the file, and shown as `'/scratch/x/a' resolves to '/scratch/x/a'`)."""
-        said = repr(rendered[:200])
         names = list(dict.fromkeys(p.name for p in tpl.placeholders))
-        if names:
-            given = ", ".join(f"{n}={self.values.get(n, '')[:200]!r}" for n in names)
-            said = f"{tpl.text[:200]!r} is {said} ({given})"
-        if path != rendered:
-            said += f", which resolves to {path[:200]!r}"
-        if not names:
-            return (
-                f"{said}, {why}; write the absolute path in the file or set allow_outside:"
-                " true on the step"
-            )
-        return (
-            f"{said}, {why}; give {' and '.join(names)} a value that keeps it there, or set"
-            " allow_outside: true on the step to let it point anywhere"
-        )
+        given = [(n, self.values.get(n, "")) for n in names]
+        self.add(tpl.node, tpl.field, outside(tpl.text, rendered, path, why, given))
+        return False
 
     def _priority(self, node: Node, where: str) -> int:
         return self.integer(node, where, -PRIORITY_LIMIT, PRIORITY_LIMIT) or 0

@@ -64,3 +64,26 @@ def under(path: str, roots: Sequence[str]) -> bool:
         if path == root or path.startswith(root.rstrip("/") + "/"):
             return True
     return False
+
+
+def outside(text: str, rendered: str, path: str, why: str, given: Sequence[tuple[str, str]]) -> str:
+    """The problem of a path out of bounds: what `text` became, from which variables'
+    values (`given`), and the fix that fits. A path from `--set OUT=/scratch/x` was told
+    to write the absolute path in the file, and shown as `'/scratch/x/a' resolves to
+    '/scratch/x/a'`."""
+    said = repr(rendered[:200])
+    if given:
+        values = ", ".join(f"{name}={value[:200]!r}" for name, value in given)
+        said = f"{text[:200]!r} is {said} ({values})"
+    if path != rendered:
+        said += f", which resolves to {path[:200]!r}"
+    if not given:
+        return (
+            f"{said}, {why}; write the absolute path in the file or set allow_outside: true"
+            " on the step"
+        )
+    names = " and ".join(name for name, _ in given)
+    return (
+        f"{said}, {why}; give {names} a value that keeps it there, or set allow_outside:"
+        " true on the step to let it point anywhere"
+    )
