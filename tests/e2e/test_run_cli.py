@@ -116,7 +116,7 @@ def test_diamond_with_a_failing_branch_finishes_the_others_and_fails_the_run(
     assert "b runs" in shown.stdout
     status = m27("status", run.run_id)
     assert status.returncode == 0, status.stderr
-    assert "exit 3" in status.stdout and "upstream step b" in status.stdout
+    assert "exited with code 3" in status.stdout and "upstream step b" in status.stdout
     detail = json.loads(m27("status", "last", "--json").stdout)
     assert detail["status"] == "failed" and detail["steps"]["b"]["exit_code"] == 3
     assert detail["steps"]["c"]["gpus"] in ([0], [1])
