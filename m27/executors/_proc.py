@@ -28,6 +28,9 @@ from pathlib import Path
 #: A line longer than this many characters is emitted in pieces, so a child that never
 #: writes a newline cannot grow the supervisor's memory without bound.
 MAX_LINE = 65536
+#: A progress line redrawn with carriage returns (`gmx mdrun -v`: `\rstep 1400, will
+#: finish ...` for hours, one newline at the end) is shown at most this often meanwhile.
+PROGRESS_EVERY_S = 5.0
 
 #: How often the supervisor wakes to look at the deadline, the cancel flag and the group.
 POLL_S = 0.05
@@ -55,27 +58,54 @@ class LineSplitter:
     """Bytes of one stream in, text lines out: tolerant of bad UTF-8 and split characters.
 
     A carriage return inside a line keeps only what follows it, as a terminal would show a
-    progress bar, so ``10%\\r20%\\r30%\\n`` becomes one line ``30%``.
+    progress bar, so ``10%\\r20%\\r30%\\n`` becomes one line ``30%``. While such a line is
+    being redrawn, its latest complete state is also given out as a line of its own, at most
+    every `progress_every` seconds of the `now` passed to :meth:`feed` (none without one):
+    `gmx mdrun -v` redraws `step N, will finish ...` for days before its one newline, and
+    nothing of it showed until the run ended. Only the text after the last carriage return
+    is kept meanwhile, so a redrawn line holds no memory however long it runs.
     """
 
-    def __init__(self, max_line: int = MAX_LINE) -> None:
+    def __init__(self, max_line: int = MAX_LINE, progress_every: float = PROGRESS_EVERY_S):
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._buf = ""
         self._max = max_line
+        self._every = progress_every
+        self._shown: str | None = None  # the progress line given out last
+        self._shown_at: float | None = None
 
-    def feed(self, data: bytes) -> list[str]:
+    def feed(self, data: bytes, now: float | None = None) -> list[str]:
         self._buf += self._decoder.decode(data)
         *lines, self._buf = self._buf.split("\n")
+        out = [_clean(line) for line in lines]
+        if lines:
+            if out[0] == self._shown:
+                out.pop(0)  # the redrawn line ended as it was last given out
+            self._shown = None
+        if "\r" in self._buf:
+            *drawn, current = self._buf.split("\r")
+            latest = next((d for d in reversed(drawn) if d.strip()), None)
+            # what the line would show if it ended now; `abc\r` may be half of `abc\r\n`
+            self._buf = "\r" + current if current or latest is None else f"\r{latest}\r"
+            if latest is not None and latest != self._shown and self._due(now):
+                out.append(latest)
+                self._shown, self._shown_at = latest, now
         while len(self._buf) > self._max:
-            lines.append(self._buf[: self._max])
+            out.append(_clean(self._buf[: self._max]))
             self._buf = self._buf[self._max :]
-        return [_clean(line) for line in lines]
+        return out
+
+    def _due(self, now: float | None) -> bool:
+        if now is None:
+            return False
+        return self._shown_at is None or now - self._shown_at >= self._every
 
     def finish(self) -> list[str]:
         """The partial last line (no trailing newline), if any."""
         rest = self._buf + self._decoder.decode(b"", final=True)
         self._buf = ""
-        return self.feed(b"") + ([_clean(rest)] if rest else [])
+        shown, self._shown = self._shown, None
+        return [] if not rest or _clean(rest) == shown else [_clean(rest)]
 
 
 def _clean(line: str) -> str:
@@ -217,7 +247,7 @@ def supervise(
                 name, splitter = splitters[fd]
                 data = os.read(fd, _READ_SIZE)
                 if data:
-                    lines = splitter.feed(data)
+                    lines = splitter.feed(data, now)
                 else:
                     lines = splitter.finish()
                     sel.unregister(fd)

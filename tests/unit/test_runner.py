@@ -276,6 +276,34 @@ def test_line_splitter_joins_split_characters_and_collapses_progress() -> None:
     assert splitter.finish() == []
 
 
+def test_a_redrawn_progress_line_shows_while_it_runs_at_most_every_interval() -> None:
+    """`gmx mdrun -v` redraws `\\rstep N, ...` for days before one newline: nothing of it
+    showed (in `m27 run`, `m27 logs -f`, Prefect) until the run had ended."""
+    s = LineSplitter(progress_every=5.0)
+    assert s.feed(b"starting mdrun\n\rstep 100, will finish 10:00", now=0.0) == ["starting mdrun"]
+    assert s.feed(b"\rstep 200, will finish 10:00", now=1.0) == ["step 100, will finish 10:00"]
+    assert s.feed(b"\rstep 300, will finish 10:01", now=4.0) == []  # shown 3 s ago
+    assert s.feed(b"\rstep 400, will finish 10:01\rstep 5", now=6.0) == [
+        "step 400, will finish 10:01"  # the latest complete state, not the half-written one
+    ]
+    assert s.feed(b"00, will finish 10:02", now=20.0) == []  # not complete until redrawn
+    assert s.feed(b"\n", now=21.0) == ["step 500, will finish 10:02"]
+    assert s.feed(b"\rstep 600\r", now=30.0) == ["step 600"]
+    assert s.feed(b"\ndone\n", now=31.0) == ["done"]  # `step 600` ended as shown: once
+
+
+def test_a_redrawn_line_keeps_only_its_last_state_and_crlf_split_across_reads_survives() -> None:
+    s = LineSplitter()
+    s.feed(b"".join(b"\r%08d" % i for i in range(100_000)))  # 900 KB of redraws, no time
+    assert len(s._buf) < 20  # only the current state is held
+    assert s.finish() == ["00099999"]
+    # A CRLF line read in two pieces (`abc\r`, then `\n`) is still `abc`, shown or not.
+    for now in (None, 0.0):
+        s = LineSplitter()
+        first = s.feed(b"abc\r", now=now)
+        assert first + s.feed(b"\nxyz\r\n", now=now) == ["abc", "xyz"]
+
+
 # --- retries and outputs ---------------------------------------------------------------
 
 FAIL_TWICE = """

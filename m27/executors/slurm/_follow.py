@@ -9,6 +9,7 @@ work in it over a controller restart would be worse than waiting.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,7 @@ class FileTail:
                 lines: list[str] = []
                 while data := f.read(_READ_CHUNK):
                     self.offset += len(data)
-                    lines += self.splitter.feed(data)
+                    lines += self.splitter.feed(data, time.monotonic())
                 return lines
         except FileNotFoundError:
             return []
