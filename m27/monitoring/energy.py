@@ -56,7 +56,9 @@ def apportion(joules: float, shares: Mapping[K, float | None]) -> dict[K, float]
         weights = [max(0.0, v) if v == v else 0.0 for v in known]  # v == v: not NaN
         total = sum(weights)
         if total > 0.0:
-            return {k: joules * w / total for k, w in zip(shares, weights, strict=True)}
+            # w / total first: `joules * w` of a subnormal share rounds (1.5 * 5e-324 is
+            # 1e-323), and the shares then summed to 2.0 J of a 1.5 J interval
+            return {k: joules * (w / total) for k, w in zip(shares, weights, strict=True)}
     each = joules / len(shares)
     return dict.fromkeys(shares, each)
 

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from m27 import events as ev
@@ -52,6 +52,7 @@ def test_nobody_gets_energy_without_holders_or_without_a_positive_delta() -> Non
         st.integers(0, 20), st.one_of(st.none(), st.floats(0.0, 100.0)), max_size=8
     ),
 )
+@example(joules=1.5, shares={0: 5e-324})  # a subnormal share: 2.0 J came out of 1.5
 def test_apportioning_conserves_the_energy_of_the_interval(
     joules: float, shares: dict[int, float | None]
 ) -> None:
