@@ -41,7 +41,7 @@ from m27.node.crash import (
     sweep,
     with_prefect,
 )
-from m27.node.embed import build_agent
+from m27.node.embed import build_agent, request_handover, withdraw_handover
 from m27.node.prefect_server import PrefectServer
 from m27.node.runner import WarmRunner
 from m27.node.settle import ended_runs, settle
@@ -182,10 +182,17 @@ def serve(
     told = False
     while not lock.acquire():
         if not told:
-            warn(f"m27 agent: pid {lock.holder()} runs this node's agent; waiting for it to end")
+            # A run that took the agent over when the last service went gives it back.
+            request_handover(home)
+            warn(
+                f"m27 agent: pid {lock.holder()} runs this node's agent; waiting for it to hand"
+                " over (a run's process does at once, another service when it stops)"
+            )
             told = True
         if stop.wait(0.2):
+            withdraw_handover(home)
             return 0
+    withdraw_handover(home)
     lab = service.lab_url()
     server: PrefectServer | None = None
     started = time.time()

@@ -233,3 +233,68 @@ def test_ensure_agent_embeds_only_when_no_other_process_holds_the_node(
     if agent is not None:
         assert other.acquire()  # stopping gives the node back
         other.release()
+
+
+SERVICE_WAITING = """
+import sys, time
+from pathlib import Path
+from m27.node.embed import NodeLock, request_handover, withdraw_handover
+home = Path(sys.argv[1])
+lock = NodeLock(home)
+request_handover(home)
+print("asked", flush=True)
+deadline = time.monotonic() + 60
+while not lock.acquire():
+    if time.monotonic() > deadline:
+        print("still held", flush=True)
+        sys.exit(1)
+    time.sleep(0.05)
+withdraw_handover(home)
+print("acquired", flush=True)
+sys.stdin.read()  # hold the node until the test is done
+"""
+
+
+def test_an_embedded_agent_hands_the_node_to_a_service_that_asks(m27_home: Path) -> None:
+    """A service started while a run held the agent (it took it over when the last service
+    stopped) waited for that run to end: days for an MD run, and every `m27 run` meanwhile
+    failed with `the node service was not ready after 240s`."""
+    from m27.node.embed import HANDOVER_NAME, ensure_agent, handover_wanted
+
+    agent = ensure_agent(m27_home)
+    assert agent is not None and agent.alive
+    service = subprocess.Popen(
+        [sys.executable, "-c", SERVICE_WAITING, str(m27_home)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert service.stdout is not None
+        assert service.stdout.readline().strip() == "asked"
+        assert service.stdout.readline().strip() == "acquired"
+        wait_until(lambda: not agent.alive, timeout=30, what="the embedded agent stopped")
+        assert not (m27_home / HANDOVER_NAME).exists() and not handover_wanted(m27_home)
+        assert ensure_agent(m27_home) is None  # the service's agent serves this process now
+    finally:
+        service.stdin.close()  # type: ignore[union-attr]
+        service.wait(30)
+        agent.stop()
+
+
+def test_no_process_embeds_an_agent_while_a_service_waits_and_a_dead_ones_ask_is_ignored(
+    m27_home: Path,
+) -> None:
+    from m27 import liveness
+    from m27.node.embed import HANDOVER_NAME, ensure_agent
+
+    parent = os.getppid()  # alive (pytest's parent), and not this process
+    (m27_home / HANDOVER_NAME).write_text(f"{parent} {liveness.start_time(parent)}\n")
+    assert ensure_agent(m27_home) is None
+    (m27_home / HANDOVER_NAME).write_text("999999999 12.5\n")  # a service that died waiting
+    agent = ensure_agent(m27_home)
+    try:
+        assert agent is not None and agent.alive
+    finally:
+        if agent is not None:
+            agent.stop()

@@ -49,6 +49,7 @@ def test_sigterm_stops_the_service_cleanly_and_the_next_one_takes_over(
         wait_until(lambda: read_snapshot(m27_home) is not None)  # its live GPU snapshot
         second = _service(m27_home, err2)  # one agent per node: this one waits
         wait_until(lambda: f"pid {first.pid} runs this node's agent; waiting" in err2.read_text())
+        assert "a run's process does at once, another service when it stops" in err2.read_text()
         assert started() == [first.pid]
         first.send_signal(signal.SIGTERM)
         out, _ = first.communicate(timeout=15)

@@ -342,3 +342,35 @@ def test_summary_says_once_how_a_step_failed(
     Progress(store, "r1", parse_pipeline(SPEC, tmp_path / "demo.yaml"), live=False).summary(run)
     lines = capsys.readouterr().out.splitlines()
     assert f"  failed     prep  {shown}" in lines
+
+
+def test_a_step_waiting_for_its_lease_is_said_once_with_where_the_reason_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A step waiting 20 s for a GPU another run held printed nothing until it started."""
+    from m27.cli.commands._progress import WAIT_TOLD_S
+
+    store, progress = _progress(tmp_path)
+    store.append(
+        [
+            ev.RunSubmitted(100.0, "r1", "demo", "/x/demo.yaml", ("prep", "sim")),
+            ev.StepRequested(100.0, "r1", "prep", "cpu"),
+            ev.LeaseGranted(100.1, "r1", "prep", ()),
+            ev.StepRequested(101.0, "r1", "sim", "gpu", gpus=2),
+        ]
+    )
+    progress._drain()
+    capsys.readouterr()
+    progress.tell_waits(101.0 + WAIT_TOLD_S - 0.1)
+    assert capsys.readouterr().out == ""  # not yet: most grants take milliseconds
+    progress.tell_waits(101.0 + WAIT_TOLD_S)
+    progress.tell_waits(101.0 + 10 * WAIT_TOLD_S)  # once
+    lines = [line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert lines == ["sim: waiting for 2 GPUs (`m27 queue --why sim` says why)"]
+    store.append([ev.LeaseGranted(130.0, "r1", "sim", (0, 1))])
+    store.append([ev.StepRequested(140.0, "r1", "sim", "gpu", gpus=1)])  # its retry, later
+    progress._drain()
+    capsys.readouterr()
+    progress.tell_waits(140.0 + WAIT_TOLD_S)
+    lines = [line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert lines == ["sim: waiting for a GPU (`m27 queue --why sim` says why)"]

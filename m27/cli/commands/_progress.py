@@ -35,6 +35,7 @@ from m27.events import (
     StepCancelled,
     StepFailed,
     StepQueued,
+    StepRequested,
     StepSkipped,
     StepStarted,
     StepSucceeded,
@@ -47,6 +48,10 @@ from m27.units import count, format_duration, format_size
 
 #: The live table is redrawn at least this often (elapsed times move on).
 REDRAW_S = 0.2
+#: A step that has asked the node for its GPUs or CPU slot this long without a lease is
+#: said to be waiting (a step that waited for a busy GPU printed nothing until it started).
+WAIT_TOLD_S = 3.0
+_DONE = ("succeeded", "failed", "skipped", "cancelled")
 
 _STYLE = {
     "succeeded": "green",
@@ -127,6 +132,8 @@ class Progress:
                 "paused_since": None,  # a guest held while its GPU's primary computes
                 "paused": 0.0,  # seconds held so far
                 "held_told": False,  # the first hold has been shown (later ones are summed)
+                "requested": None,  # (at, gpus) of its request for a lease, until granted
+                "wait_told": False,
             }
             for s in pipeline.steps
         }
@@ -201,10 +208,28 @@ class Progress:
             self._take(records)
             if self._ended:
                 return  # the run's end is shown; `stop` then drains what came after it
+            self.tell_waits(time.time())
             now = time.monotonic()
             if self._live is not None and (records or now - drawn >= REDRAW_S):
                 drawn = now
                 self._live.update(self._table())
+
+    def tell_waits(self, now: float) -> None:
+        """Say once of each step that has waited WAIT_TOLD_S for its lease (`now`: wall
+        time, as events' `at`) what it waits for, and where the reason is."""
+        told = []
+        with self._lock:
+            for name, row in self.rows.items():
+                asked = row["requested"]
+                if asked is None or row["wait_told"] or row["status"] in ("running", *_DONE):
+                    continue
+                if now - asked[0] >= WAIT_TOLD_S:
+                    row["wait_told"] = True
+                    gpus = asked[1]
+                    what = "a CPU slot" if gpus == 0 else ("a GPU" if gpus == 1 else f"{gpus} GPUs")
+                    told.append(f"{name}: waiting for {what} (`m27 queue --why {name}` says why)")
+        for text in told:
+            self.note(text)
 
     def _drain(self) -> None:
         self._take(self.store.read(self._after))
@@ -231,8 +256,11 @@ class Progress:
                 text = self._run_end(ev)
             elif isinstance(ev, StepQueued):
                 row["status"] = "queued"
+            elif isinstance(ev, StepRequested):
+                row.update(requested=(ev.at, ev.gpus), wait_told=False)
             elif isinstance(ev, LeaseGranted):
                 row["gpus"] = ",".join(map(str, ev.gpus)) or "cpu"
+                row["requested"] = None
             elif isinstance(ev, SlurmJobSubmitted):
                 row["job"] = ev.job_id
                 text = f"{step}: submitted as Slurm job {ev.job_id} (attempt {ev.attempt})"
