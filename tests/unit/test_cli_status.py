@@ -57,22 +57,30 @@ def test_status_names_the_slurm_job_its_node_and_its_state_in_slurm(
     assert steps["wait"]["slurm_state"] == "PENDING"
 
 
+def _status_rows(
+    m27_home: Path, capsys: pytest.CaptureFixture[str], run: str, *events: ev.Event
+) -> dict[str, str]:
+    """`m27 status RUN` after `events`: its step rows by step name."""
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(list(events))
+    store.close()
+    assert main(["status", run]) == 0
+    return {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[3:]}
+
+
 def test_a_step_that_never_queued_still_shows_its_type(
     m27_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = "20261203-110000-bbbb"
-    store = SqliteEventStore(m27_home / "events.db")
-    store.append(
-        [
-            ev.RunSubmitted(1.0, run, "p", "p.yaml", ("a", "b"), step_types=("cpu", "gpu")),
-            ev.StepFailed(1.5, run, "a", 1, 0.1, "exit code 1", exit_code=1),
-            ev.RunFailed(1.6, run, 0.6, ("a",), "step a failed"),
-        ]
+    rows = _status_rows(
+        m27_home,
+        capsys,
+        run,
+        ev.RunSubmitted(1.0, run, "p", "p.yaml", ("a", "b"), step_types=("cpu", "gpu")),
+        ev.StepFailed(1.5, run, "a", 1, 0.1, "exit code 1", exit_code=1),
+        ev.RunFailed(1.6, run, 0.6, ("a",), "step a failed"),
     )
-    store.close()
-    assert main(["status", run]) == 0
-    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[3:]}
-    assert rows["b"][:2] == ["b", "gpu"]  # its TYPE, though it never reached the queue
+    assert rows["b"].split()[:2] == ["b", "gpu"]  # its TYPE, though it never reached the queue
 
 
 def test_a_running_run_and_step_show_how_long_they_have_run(
@@ -146,17 +154,14 @@ def test_a_failed_step_says_once_how_it_failed(
 ) -> None:
     """NOTE read `exit 3: exited with code 3`."""
     run = "20261203-110000-dddd"
-    store = SqliteEventStore(m27_home / "events.db")
-    store.append(
-        [
-            ev.RunSubmitted(1.0, run, "p", "p.yaml", ("a", "b")),
-            ev.StepFailed(1.5, run, "a", 1, 0.1, "exited with code 3", exit_code=3),
-            ev.StepFailed(1.5, run, "b", 1, 0.1, "command not found: gmx", exit_code=127),
-            ev.RunFailed(1.6, run, 0.6, ("a", "b"), "step a failed"),
-        ]
+    rows = _status_rows(
+        m27_home,
+        capsys,
+        run,
+        ev.RunSubmitted(1.0, run, "p", "p.yaml", ("a", "b")),
+        ev.StepFailed(1.5, run, "a", 1, 0.1, "exited with code 3", exit_code=3),
+        ev.StepFailed(1.5, run, "b", 1, 0.1, "command not found: gmx", exit_code=127),
+        ev.RunFailed(1.6, run, 0.6, ("a", "b"), "step a failed"),
     )
-    store.close()
-    assert main(["status", run]) == 0
-    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[3:]}
     assert rows["a"].endswith("  exited with code 3")
     assert rows["b"].endswith("  command not found: gmx (exit 127)")

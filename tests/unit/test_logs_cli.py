@@ -39,42 +39,34 @@ def test_a_step_without_a_log_says_why(
         assert capsys.readouterr().err.strip() == said
 
 
+def _one_step_run(m27_home: Path, log: Path, *more: ev.Event) -> None:
+    """Run `one` of one step `only`, done, its log at `log`; then `more` events."""
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(1.0, "one", "p", "p.yaml", ("only",)),
+            ev.StepStarted(2.0, "one", "only", 1, 9, 9, ("true",), log_path=str(log)),
+            ev.StepSucceeded(3.0, "one", "only", 1, 1.0),
+            ev.RunSucceeded(3.0, "one", 2.0),
+            *more,
+        ]
+    )
+    store.close()
+
+
 def test_step_may_be_left_out_for_a_run_of_one_step(
     m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`m27 logs last` was an argparse error; for one step there is nothing to choose."""
     log = tmp_path / "only.log"
     log.write_text("hello from the only step\n")
-    store = open_store(m27_home)
-    store.append(
-        [
-            ev.RunSubmitted(1.0, "one", "p", "p.yaml", ("only",)),
-            ev.StepStarted(2.0, "one", "only", 1, 9, 9, ("true",), log_path=str(log)),
-            ev.StepSucceeded(3.0, "one", "only", 1, 1.0),
-            ev.RunSucceeded(3.0, "one", 2.0),
-            ev.RunSubmitted(4.0, "two", "p", "p.yaml", ("prep", "sim")),
-        ]
-    )
-    store.close()
+    _one_step_run(m27_home, log, ev.RunSubmitted(4.0, "two", "p", "p.yaml", ("prep", "sim")))
     assert main(["logs", "one"]) == 0
     assert capsys.readouterr().out == "hello from the only step\n"
     assert main(["logs", "two"]) == 2
     err = capsys.readouterr().err
     assert "m27 logs: name a step of run two: prep, sim" in err
     assert "e.g. m27 logs two prep" in err
-
-
-def _one_step_run(m27_home: Path, log: Path) -> None:
-    store = open_store(m27_home)
-    store.append(
-        [
-            ev.RunSubmitted(1.0, "one", "p", "p.yaml", ("only",)),
-            ev.StepStarted(2.0, "one", "only", 1, 9, 9, ("true",), log_path=str(log)),
-            ev.StepSucceeded(3.0, "one", "only", 1, 1.0),
-            ev.RunSucceeded(3.0, "one", 2.0),
-        ]
-    )
-    store.close()
 
 
 @pytest.mark.parametrize(
