@@ -100,13 +100,6 @@ def _positive_size(text: str) -> int:
     return value
 
 
-def _size(text: str) -> int:
-    value = parse_size(text)
-    if value < 0:
-        raise ValueError("out of range")
-    return value
-
-
 KEYS: dict[str, _Key] = {
     "gpu_streams": _Key("performance", _int_between(1), "a whole number >= 1, e.g. 4"),
     "memory_overprovision": _Key("performance", _positive_float, "a number > 0, e.g. 1.2"),
@@ -131,7 +124,7 @@ KEYS: dict[str, _Key] = {
     "service_idle": _Key(
         "service", _positive_duration, "a duration > 0, e.g. 30m or 1800", "duration"
     ),
-    "prefect_log_limit": _Key("service", _size, "a size >= 0, e.g. 10MiB (0: none)", "size"),
+    "prefect_log_limit": _Key("service", parse_size, "a size >= 0, e.g. 10MiB (0: none)", "size"),
 }
 SECTIONS = ("performance", "checkpoint", "alerts", "service")
 

@@ -40,7 +40,7 @@ from m27.events import (
     StepStarted,
     StepSucceeded,
 )
-from m27.events.state import RunState
+from m27.events.state import STEP_DONE, RunState
 from m27.monitoring.energy import format_energy
 from m27.spec import Pipeline
 from m27.store import EventStore
@@ -51,7 +51,6 @@ REDRAW_S = 0.2
 #: A step that has asked the node for its GPUs or CPU slot this long without a lease is
 #: said to be waiting (a step that waited for a busy GPU printed nothing until it started).
 WAIT_TOLD_S = 3.0
-_DONE = ("succeeded", "failed", "skipped", "cancelled")
 
 _STYLE = {
     "succeeded": "green",
@@ -221,7 +220,8 @@ class Progress:
         with self._lock:
             for name, row in self.rows.items():
                 asked = row["requested"]
-                if asked is None or row["wait_told"] or row["status"] in ("running", *_DONE):
+                busy = row["status"] == "running" or row["status"] in STEP_DONE
+                if asked is None or row["wait_told"] or busy:
                     continue
                 if now - asked[0] >= WAIT_TOLD_S:
                     row["wait_told"] = True
