@@ -40,9 +40,10 @@ class GuestControl:
     _paused_now: dict[StepKey, bool]
     #: guests without hints whose own utilization is low, and since when (see the module)
     _guest_low: dict[StepKey, float]
-    #: the last time each paused guest was seen let compute by its follow (its primary in
-    #: I/O), or had its follow ended (m27.node.follow): it may be mid-compute then, so its
-    #: ``gate_grace`` to reach its gate counts from that, not from when it was paused
+    #: the last time each paused guest was seen starting, in its own I/O or at its gate,
+    #: let compute by its follow (its primary in I/O), or had its follow ended
+    #: (m27.node.follow): it may compute from then on, so its ``gate_grace`` to reach its
+    #: gate counts from that, not from when it was paused
     _let_compute: dict[StepKey, float]
 
     def _util(self, s: GpuSample, h: Held) -> float | None:
@@ -134,11 +135,15 @@ class GuestControl:
                 continue
             ch = self._channels.get(key)
             if ch is not None and (ch.at_gate() or ch.io_waiting()):
+                # not computing now: when it leaves its I/O it gets gate_grace from here
+                # to reach its gate (it was SIGSTOPped between the two before)
+                self._let_compute[key] = now
                 continue
             if ch is not None and ch.following() and self._lends(h, ch):
                 self._let_compute[key] = now
                 continue  # a following guest computes in its primary's I/O wait
             if self._starting(ch, h, now):
+                self._let_compute[key] = now  # its grace counts from its channel's opening
                 continue
             since = max(h.paused_at or 0.0, h.started_at or 0.0, self._let_compute.get(key, 0.0))
             # A guest that never used its gate and shows compute is stopped at once; a gate

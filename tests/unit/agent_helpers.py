@@ -94,13 +94,27 @@ class Node:
     agent: Agent
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    leases: list[AgentLease] = field(default_factory=list)
 
     def start(self) -> Node:
         self.thread = threading.Thread(target=self.agent.run, args=(self.stop,), daemon=True)
         self.thread.start()
         return self
 
+    def lease(self) -> AgentLease:
+        """A lease on this node's log, closed by :meth:`close` if the test has not."""
+        lease = AgentLease(self.store, self.home, embed=False)
+        self.leases.append(lease)
+        return lease
+
     def close(self) -> None:
+        # A test that failed midway leaves steps and leases running: end them while the
+        # agent still acts (a paused guest's gate opens), or their threads would write to
+        # the closed log during a later test.
+        end_steps()
+        end_step_threads()
+        for lease in self.leases:
+            lease.close()
         self.stop.set()
         if self.thread is not None:
             self.thread.join(60)
@@ -135,6 +149,7 @@ def make_node(
 class StepRun:
     thread: threading.Thread
     result: list[StepResult | None]
+    cancel: threading.Event
 
     def wait(self, timeout: float = 30) -> StepResult | None:
         self.thread.join(timeout)
@@ -157,13 +172,14 @@ def run_step_leased(
     """Lease and run one real step process on a thread, as the flow does."""
     result: list[StepResult | None] = [None]
     launch = StepLaunch(run_id=run_id, step=step, argv=argv, grace=1.0)
+    cancel = cancel or threading.Event()
 
     def body() -> None:
         result[0] = run_leased(
             lease,
             launch,
             type,
-            cancel=cancel or threading.Event(),
+            cancel=cancel,
             gpu_memory=gpu_memory,
             priority=priority,
             owner=owner,
@@ -171,7 +187,23 @@ def run_step_leased(
 
     t = threading.Thread(target=body, daemon=True)
     t.start()
-    return StepRun(t, result)
+    STEP_RUNS.append(run := StepRun(t, result, cancel))
+    return run
+
+
+#: Every step thread :func:`run_step_leased` started; :func:`end_step_threads` ends them.
+STEP_RUNS: list[StepRun] = []
+
+
+def end_step_threads() -> None:
+    """Wait for every step thread started so far; cancel (SIGTERM, then SIGKILL) a step
+    still running after a while (one a failed test left paused or looping)."""
+    while STEP_RUNS:
+        run = STEP_RUNS.pop()
+        run.thread.join(10)
+        if run.thread.is_alive():
+            run.cancel.set()
+            run.thread.join(30)
 
 
 def windows(events: list[ev.Event], key: tuple[str, str]) -> Iterator[tuple[float, float]]:

@@ -168,3 +168,58 @@ def test_a_guest_whose_follow_ends_mid_compute_gets_gate_grace_from_then_not_fro
         step_side.close()
         agent.close()
         chan.close()
+
+
+def test_a_paused_guest_leaving_its_own_io_gets_gate_grace_to_reach_its_gate(
+    m27_home: Path, guest_process: subprocess.Popen[bytes]
+) -> None:
+    """A paused guest that uses its gate waits in its own I/O; when that ends it computes
+    on to its next gate call. Its ``gate_grace`` counts from when it was last seen in the
+    I/O, not from its pause long before (it was SIGSTOPped if a tick fell between its
+    I/O's end and its gate call: seen in CI as a guest stopped by signal mid-yield)."""
+    pid = guest_process.pid
+    agent, backend, chan = _node(m27_home, pid)
+    step_side = Channel.open(chan.path)
+    grace = agent.gate_grace
+    try:
+        assert step_side.wait_gate(timeout=0)  # it uses its gate
+        agent.book.apply(ev.GuestPaused(at=100.0, run_id="g", step="md", gpu=0))
+        step_side.enter_io()
+        assert agent._escalate(110.0, set(), backend.sample(110.0)) == []  # in its I/O
+        step_side.exit_io()  # on its way to its gate
+        assert agent._escalate(110.0 + grace / 2, set(), backend.sample(110.0)) == []
+        assert not _stopped(pid)
+        # it does not reach its gate within gate_grace: stopped by signal
+        (paused,) = agent._escalate(110.0 + 2 * grace, set(), backend.sample(111.0))
+        assert isinstance(paused, ev.GuestPaused) and paused.how == "signal"
+        wait_until(lambda: _stopped(pid), what="the guest stopped by SIGSTOP")
+    finally:
+        step_side.close()
+        agent.close()
+        chan.close()
+
+
+def test_a_guest_that_opens_its_channel_gets_gate_grace_from_then_to_reach_its_gate(
+    m27_home: Path, guest_process: subprocess.Popen[bytes]
+) -> None:
+    """A guest paused as it starts is left alone until its step opens the channel; from
+    then it gets ``gate_grace`` to reach its gate, however long its start took."""
+    pid = guest_process.pid
+    agent, backend, chan = _node(m27_home, pid)
+    grace, start_grace = agent.gate_grace, agent.start_grace
+    assert start_grace > 2 * grace  # a start slower than the grace is the case here
+    try:
+        backend.set_computing(pid, False)  # starting: no kernel yet (one would be stopped)
+        agent.book.apply(ev.GuestPaused(at=0.0, run_id="g", step="md", gpu=0))
+        opened = start_grace / 2  # started at 0.0; the channel has no pid yet
+        assert agent._escalate(opened, set(), backend.sample(opened)) == []
+        chan.mark_owner()  # the step opened its channel (this process stands in for it)
+        now = opened + grace / 2
+        assert agent._escalate(now, set(), backend.sample(now)) == []
+        assert not _stopped(pid)
+        (paused,) = agent._escalate(opened + 2 * grace, set(), backend.sample(now))
+        assert isinstance(paused, ev.GuestPaused) and paused.how == "signal"
+        wait_until(lambda: _stopped(pid), what="the guest stopped by SIGSTOP")
+    finally:
+        agent.close()
+        chan.close()

@@ -12,7 +12,6 @@ import pytest
 
 from m27 import events as ev
 from m27 import liveness
-from m27.node.lease import AgentLease
 from m27.policy import Decision
 from m27.step._channel import Channel
 from tests.unit.agent_helpers import (
@@ -86,7 +85,7 @@ def test_guest_computes_only_while_the_primary_waits_on_io_and_is_promoted_witho
 ) -> None:
     ticks = Ticks(node)
     node.start()
-    lease = AgentLease(node.store, m27_home, embed=False)
+    lease = node.lease()
     ctl, guest_out = tmp_path / "ctl", tmp_path / "g.txt"
     ctl.mkdir()
     prim = run_step_leased(
@@ -162,7 +161,7 @@ def test_a_guest_without_a_gate_is_stopped_by_signal_and_continued_when_promoted
     node: Node, m27_home: Path, tmp_path: Path
 ) -> None:
     node.start()
-    lease = AgentLease(node.store, m27_home, embed=False)
+    lease = node.lease()
     flag = tmp_path / "finish"
     prim = run_step_leased(
         lease, "r1", "md", step_argv(tmp_path / "p.txt", compute=0.05, io=0.0, until=flag)

@@ -17,7 +17,6 @@ from m27.clock import FakeClock
 from m27.gpu import GpuInfo, GpuSample
 from m27.gpu.sim import SimBackend
 from m27.node.book import Book
-from m27.node.lease import AgentLease
 from m27.node.report import SNAPSHOT_NAME, read_snapshot, snapshot, write_snapshot
 from tests.unit.agent_helpers import GiB, Node, make_node, run_step_leased, step_argv
 from tests.waiting import wait_until
@@ -144,7 +143,7 @@ def test_m27_gpus_shows_the_agents_live_utilization_and_steps(
     node = make_node(m27_home, gpus=2)
     node.agent.snapshot_every = 0.0  # every tick, so the test need not wait a second
     node.start()
-    lease = AgentLease(node.store, m27_home, embed=False)
+    lease = node.lease()
     flag = tmp_path / "finish"
     step = run_step_leased(
         lease,

@@ -13,7 +13,6 @@ import pytest
 
 from m27 import events as ev
 from m27.cli.commands import queue
-from m27.node.lease import AgentLease
 from tests.unit.agent_helpers import GiB, make_node, run_step_leased, step_argv
 from tests.waiting import wait_until
 
@@ -25,7 +24,7 @@ def test_losing_a_gpu_requeues_its_primary_and_guest_on_the_gpu_left(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     node = make_node(m27_home, gpus=2).start()
-    lease = AgentLease(node.store, m27_home, embed=False)
+    lease = node.lease()
     flags = {name: tmp_path / f"{name}.done" for name in ("a", "b", "g")}
 
     def step(name: str, priority: int) -> object:

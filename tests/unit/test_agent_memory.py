@@ -10,7 +10,6 @@ import pytest
 
 from m27 import events as ev
 from m27.node.book import fold_book, policy_input
-from m27.node.lease import AgentLease
 from tests.unit.agent_helpers import GiB, Node, make_node, run_step_leased, step_argv
 from tests.waiting import wait_until
 
@@ -25,7 +24,7 @@ def node(m27_home: Path) -> Iterator[Node]:
 def test_a_gpu_step_without_declared_memory_runs_as_a_guest_in_the_primarys_io(
     node: Node, m27_home: Path, tmp_path: Path
 ) -> None:
-    lease = AgentLease(node.store, m27_home, embed=False)
+    lease = node.lease()
     prim = run_step_leased(
         lease, "r1", "md", step_argv(tmp_path / "p.txt", cycles=6, compute=0.05, io=0.2),
         gpu_memory=0, priority=10,
@@ -49,7 +48,7 @@ def test_a_gpu_step_without_declared_memory_runs_as_a_guest_in_the_primarys_io(
 def test_a_steps_peak_gpu_memory_is_recorded_at_release_and_admits_its_next_run(
     node: Node, m27_home: Path, tmp_path: Path
 ) -> None:
-    lease = AgentLease(node.store, m27_home, embed=False)
+    lease = node.lease()
     run = run_step_leased(
         lease, "r1", "fit", step_argv(tmp_path / "a.txt", cycles=3, compute=0.1, io=0.05),
         gpu_memory=3 * GiB,

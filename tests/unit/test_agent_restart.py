@@ -112,7 +112,7 @@ def test_a_restarted_agent_readopts_live_steps_and_releases_lost_ones(
 
 def test_a_lost_gpu_requeues_its_step_on_another_gpu(m27_home: Path, tmp_path: Path) -> None:
     node = make_node(m27_home, gpus=2).start()
-    lease = AgentLease(node.store, m27_home, embed=False)
+    lease = node.lease()
     flag = tmp_path / "finish"
     step = run_step_leased(lease, "r1", "md", step_argv(tmp_path / "o.txt", until=flag))
     wait_until(lambda: bool(node.of(ev.StepStarted)))

@@ -13,7 +13,6 @@ from m27 import events as ev
 from m27.node.agent import Agent
 from m27.node.book import Held
 from m27.node.follow import IoWatch
-from m27.node.lease import AgentLease
 from m27.policy import Decision, PolicyConfig, StepKey, decide
 from m27.policy._model import GpuView, PolicyInput, Running
 from m27.step import Channel
@@ -150,7 +149,7 @@ def slow_node(m27_home: Path) -> Iterator[Node]:
 def test_a_standby_guest_computes_in_its_primarys_io_wait_before_the_agent_says_so(
     slow_node: Node, m27_home: Path, tmp_path: Path
 ) -> None:
-    lease = AgentLease(slow_node.store, m27_home, embed=False)
+    lease = slow_node.lease()
     prim_out, guest_out = tmp_path / "p.txt", tmp_path / "g.txt"
     prim = run_step_leased(
         lease, "r1", "md", step_argv(prim_out, cycles=12, compute=0.05, io=0.25), priority=10
@@ -215,7 +214,7 @@ def test_a_standby_guest_behind_a_primary_without_hints_starts_at_its_deadline(
         node.store, node.backend, m27_home, config=PolicyConfig(io_timeout=0.02), tick=1.0
     )
     node.start()
-    lease = AgentLease(node.store, m27_home, embed=False)
+    lease = node.lease()
     prim_out, guest_out = tmp_path / "p.txt", tmp_path / "g.txt"
     prim = run_step_leased(
         lease, "r1", "md", step_argv(prim_out, cycles=12, compute=0.05, io=0.25), priority=10
@@ -244,7 +243,6 @@ def test_a_standby_guest_behind_a_primary_without_hints_starts_at_its_deadline(
 
 def _primary_and_two_guests(
     node: Node,
-    home: Path,
     tmp_path: Path,
     io: tuple[float, float],
     until: Callable[[dict[str, Path]], bool],
@@ -254,7 +252,7 @@ def _primary_and_two_guests(
     `first` (0.1 s compute, `io[1]` s of its own I/O) and `second` (compute only); wait
     (bounded) until `until` holds on their records, then end all three, each ok."""
     node.start()
-    lease = AgentLease(node.store, home, embed=False)
+    lease = node.lease()
     outs = {name: tmp_path / f"{name}.txt" for name in ("md", "first", "second")}
     done = tmp_path / "done"
     md = step_argv(outs["md"], compute=0.05, io=io[0], until=done)
@@ -299,7 +297,7 @@ def test_when_the_computing_guest_enters_its_own_io_the_next_guest_takes_the_gap
         return False
 
     _primary_and_two_guests(
-        node, m27_home, tmp_path, (3.0, 1.0), filled, "the second guest in the first guest's place"
+        node, tmp_path, (3.0, 1.0), filled, "the second guest in the first guest's place"
     )
 
 
@@ -344,5 +342,5 @@ def test_a_follower_takes_the_gap_when_the_standby_enters_its_own_io_before_the_
         return False
 
     _primary_and_two_guests(
-        node, m27_home, tmp_path, (2.0, 0.6), chained, "the second guest on its chained gate"
+        node, tmp_path, (2.0, 0.6), chained, "the second guest on its chained gate"
     )

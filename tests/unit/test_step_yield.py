@@ -13,7 +13,6 @@ import pytest
 from m27 import events as ev
 from m27.node.book import Held
 from m27.node.follow import arm_standby
-from m27.node.lease import AgentLease
 from m27.policy import Decision, PolicyConfig, StepKey, decide
 from m27.policy._model import GpuView, PolicyInput, Running
 from m27.step import Channel
@@ -179,7 +178,7 @@ def test_an_equal_guest_ends_its_phase_before_its_primary_computes_again(
     at its gate it would compute only in the waits; yielded to, it computes on after the
     wait until its own I/O (past `gate_grace`, without being stopped by signal), and the
     primary computes after that."""
-    lease = AgentLease(yield_node.store, m27_home, embed=False)
+    lease = yield_node.lease()
     stop = tmp_path / "stop"
     prim_out, guest_out = tmp_path / "p.txt", tmp_path / "g.txt"
     prim = run_step_leased(
