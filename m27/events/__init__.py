@@ -120,4 +120,15 @@ __all__ = [
     "encode_positional",
     "event",
     "prepare_codecs",
+    "run_kinds",
 ]
+
+
+def run_kinds() -> frozenset[str]:
+    """The kinds about a run as a whole (submitted, admitted, cancel asked, ended): what a
+    fold needs to list every run without its steps (``EventStore.read_runs``)."""
+    return frozenset(
+        name
+        for name, cls in EVENT_TYPES.items()
+        if issubclass(cls, RunEvent) and not issubclass(cls, StepEvent)
+    )

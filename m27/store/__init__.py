@@ -7,7 +7,7 @@ node); ``memory.py`` is for unit tests. Both pass the same contract suite
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from m27._exceptions import StoreError
@@ -23,6 +23,15 @@ class EventStore(Protocol):
 
     def read(self, after: int = 0, limit: int | None = None) -> list[Recorded]:
         """Events with sequence > `after`, in order (at most `limit`)."""
+        ...
+
+    def read_runs(
+        self, runs: Collection[str], *, outline: bool = False, after: int = 0
+    ) -> list[Recorded]:
+        """The events after `after` of `runs`, in order; with `outline` also every run's
+        own (:func:`m27.events.run_kinds`: submitted, ended, ...) and the node's (those of
+        no run). A fold of them is exact for `runs` and lists every other run without its
+        steps' progress: what a command that shows a few runs needs, without the whole log."""
         ...
 
     def last_seq(self) -> int:

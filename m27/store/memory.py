@@ -8,11 +8,12 @@ survive the SQLite store fails here too, and what `read` returns is what a repla
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from m27._exceptions import StoreError
 from m27.events import Event, Recorded, decode
 from m27.store import _encode
+from m27.store._runs import belongs
 
 
 class MemoryEventStore:
@@ -37,6 +38,11 @@ class MemoryEventStore:
         with self._changed:
             self._check_open()
             return self._slice(after, limit)
+
+    def read_runs(
+        self, runs: Collection[str], *, outline: bool = False, after: int = 0
+    ) -> list[Recorded]:
+        return [r for r in self.read(after) if belongs(r.event, runs, outline)]
 
     def last_seq(self) -> int:
         with self._changed:

@@ -20,16 +20,16 @@ them a total order with no server to run. Promises:
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 from m27._exceptions import StoreError, UnknownEventError
+from m27._gc import collector_paused
 from m27.events import (
     Event,
     Layouts,
@@ -41,10 +41,12 @@ from m27.events import (
     encode_positional,
 )
 from m27.store import _encode
+from m27.store._runs import INDEX, add_run_column, belongs, has_run_column, selection
 
 #: The layout of the file; bump it (and migrate) when tables change. 2: the ``layouts``
-#: table and positional payloads (a file of version 1 is migrated when opened).
-SCHEMA_VERSION = 2
+#: table and positional payloads (a file of version 1 is migrated when opened). 3: the
+#: ``run`` column and its index (m27.store._runs; added to an older file when opened).
+SCHEMA_VERSION = 3
 
 _MIN_POLL_S = 0.0005
 _MAX_POLL_S = 0.005
@@ -53,7 +55,7 @@ _MAX_IDLE_CONNECTIONS = 8
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL,"
-    " version INT NOT NULL, at REAL NOT NULL, payload TEXT NOT NULL)",
+    " version INT NOT NULL, at REAL NOT NULL, payload TEXT NOT NULL, run TEXT)",
     "CREATE TABLE IF NOT EXISTS cursors (name TEXT PRIMARY KEY, seq INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS layouts (kind TEXT NOT NULL, version INT NOT NULL,"
     " fields TEXT NOT NULL, PRIMARY KEY (kind, version))",
@@ -169,9 +171,13 @@ class SqliteEventStore:
                     "INSERT INTO layouts (kind, version, fields) VALUES (?, ?, ?)", missing
                 )
                 recorded += missing
-        return Layouts(
-            {(kind, version): self._layout(kind, fields) for kind, version, fields in recorded}
-        )
+            layouts = Layouts(
+                {(kind, version): self._layout(kind, fields) for kind, version, fields in recorded}
+            )
+            if not has_run_column(conn):
+                add_run_column(conn, layouts)
+            conn.execute(INDEX)
+        return layouts
 
     def _layout(self, kind: str, fields: str) -> list[str]:
         """One recorded layout, checked: a list of field names."""
@@ -220,7 +226,8 @@ class SqliteEventStore:
         with self._conn() as conn, self._failing("append to event log"), _transaction(conn):
             (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
             conn.executemany(
-                "INSERT INTO events (seq, kind, version, payload, at) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO events (seq, kind, version, payload, at, run)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
                 [(last + i, *row) for i, row in enumerate(encoded, start=1)],
             )
         with self._appended:
@@ -231,6 +238,17 @@ class SqliteEventStore:
     def read(self, after: int = 0, limit: int | None = None) -> list[Recorded]:
         with self._conn() as conn:
             return self._read(conn, after, limit)
+
+    def read_runs(
+        self, runs: Collection[str], *, outline: bool = False, after: int = 0
+    ) -> list[Recorded]:
+        where = selection(runs, outline)
+        if where is None:
+            return [r for r in self.read(after) if belongs(r.event, runs, outline)]
+        clause, values = where
+        with self._conn() as conn, self._failing("read event log"):
+            cursor = conn.execute(_ROWS + f" AND ({clause}) ORDER BY seq", (after, *values))
+            return self._chunks(cursor, cursor.fetchmany(_CHUNK))
 
     def last_seq(self) -> int:
         with self._conn() as conn, self._failing("read event log"):
@@ -322,14 +340,23 @@ class SqliteEventStore:
             rows = cursor.fetchmany(_CHUNK)
             if len(rows) < _CHUNK:
                 return self._decode(rows)  # the common read: a follower's few new events
-            out: list[Recorded] = []
-            with _collector_paused():
-                if limit is None:
+            if limit is None:
+                with collector_paused():
                     return self._spans(conn, cursor, self._decode(rows))
-                while rows:
-                    out += self._decode(rows)
-                    rows = cursor.fetchmany(_CHUNK)
-            return out
+            return self._chunks(cursor, rows)
+
+    def _chunks(
+        self, cursor: sqlite3.Cursor, rows: list[tuple[int, str, int, str]]
+    ) -> list[Recorded]:
+        """`rows` (the first chunk) and the rest of `cursor`'s, decoded chunk by chunk."""
+        if len(rows) < _CHUNK:
+            return self._decode(rows)
+        out: list[Recorded] = []
+        with collector_paused():
+            while rows:
+                out += self._decode(rows)
+                rows = cursor.fetchmany(_CHUNK)
+        return out
 
     def _spans(
         self, conn: sqlite3.Connection, pending: sqlite3.Cursor, out: list[Recorded]
@@ -404,39 +431,11 @@ _JOINED = (
 _JOINED_WAIT = 16
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic collector while a big read builds its events.
-
-    Decoding a million rows makes a few million new objects; each 700 of them trigger a
-    collection, and the older generations are rescanned over the growing list again and
-    again: replaying 300k events took 1.5-2.5x longer with it running. Events hold no
-    reference cycles, so nothing is left for the collector to find; it runs again after.
-
-    Re-enabled as is, it would still scan every new object once, at the next allocation
-    (all of them are in the youngest generation): 2-3 us per event here, as much as the
-    decode itself. ``gc.freeze()`` then ``gc.unfreeze()`` moves every tracked object to
-    the oldest generation without a scan, where a full collection (rare, and the cost a
-    long-lived result pays anyway) sees them. Skipped when the program froze objects
-    itself (``gc.get_freeze_count()``): unfreezing would undo that.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        if gc.get_freeze_count() == 0:
-            gc.freeze()
-            gc.unfreeze()
-        gc.enable()
-
-
 def _encoded(
     events: Sequence[Event], positional: frozenset[type[Event]]
-) -> list[tuple[str, int, str, float]]:
-    """(kind, version, payload, at) per event; one that fails to encode refuses the batch.
+) -> list[tuple[str, int, str, float, str | None]]:
+    """(kind, version, payload, at, run) per event; one that fails to encode refuses the
+    batch.
 
     Positional where the file's layout of the kind is its class's field order and every
     value is plain (:func:`m27.events.encode_positional`), named otherwise.
@@ -444,7 +443,7 @@ def _encoded(
     out = []
     for ev in events:
         row = encode_positional(ev) if type(ev) in positional else None
-        out.append((*(row or _encode(ev)), ev.at))
+        out.append((*(row or _encode(ev)), ev.at, getattr(ev, "run_id", None)))
     return out
 
 

@@ -24,6 +24,7 @@ from m27.events import (
     GuestResumed,
     Layouts,
     Recorded,
+    RunEvent,
     StepStarted,
     current_layouts,
     decode,
@@ -31,6 +32,7 @@ from m27.events import (
     decode_row,
     encode,
     encode_positional,
+    run_kinds,
 )
 from m27.store.sqlite import SCHEMA_VERSION, SqliteEventStore
 from tests.unit.event_samples import sample_event
@@ -194,8 +196,51 @@ def test_an_old_log_is_migrated_and_its_named_rows_read_beside_new_ones(tmp_path
         (version,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         recorded = conn.execute("SELECT kind, version, fields FROM layouts").fetchall()
     conn.close()
-    assert int(version) == SCHEMA_VERSION == 2
+    assert int(version) == SCHEMA_VERSION == 3
     assert {(k, v): tuple(json.loads(f)) for k, v, f in recorded} == current_layouts()
+
+
+def test_a_log_without_the_run_column_gets_it_filled_when_opened(tmp_path: Path) -> None:
+    """A version-2 log (before the ``run`` column): opened, each row gets its run, so
+    ``read_runs`` finds the events it already held; a row of a kind this m27 does not
+    know keeps none, and the read that meets it still fails, naming it."""
+    path = tmp_path / "events.db"
+    runs = [
+        dataclasses.replace(sample_event(cls), run_id=f"r{i % 3}")
+        for i, cls in enumerate(ALL)
+        if issubclass(cls, RunEvent)
+    ]
+    node = [sample_event(cls) for cls in ALL if not issubclass(cls, RunEvent)]
+    with SqliteEventStore(path) as store:
+        store.append(runs + node)
+        before = store.read()
+    with sqlite3.connect(path) as conn:  # what version 2 wrote
+        conn.execute("DROP INDEX events_by_run")
+        conn.execute("ALTER TABLE events DROP COLUMN run")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    conn.close()
+    with SqliteEventStore(path) as store:
+        assert store.read() == before
+        r1 = [r for r in before if getattr(r.event, "run_id", None) == "r1"]
+        assert r1 and store.read_runs(["r1"]) == r1
+        assert store.read_runs([], outline=True) == [
+            r for r in before if not isinstance(r.event, RunEvent) or r.event.kind in run_kinds()
+        ]
+    with sqlite3.connect(path) as conn:
+        (version,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        nulls = conn.execute("SELECT count(*) FROM events WHERE run IS NULL").fetchone()[0]
+    conn.close()
+    assert int(version) == 3 and nulls == len(node)
+    with sqlite3.connect(path) as conn:  # a newer m27's kind in a version-2 log
+        conn.execute("DROP INDEX events_by_run")
+        conn.execute("ALTER TABLE events DROP COLUMN run")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+        conn.execute("INSERT INTO events VALUES (1000, 'FutureThing', 1, 1.0, '[1.0,\"r1\"]')")
+    conn.close()
+    with SqliteEventStore(path) as store:
+        assert store.read_runs(["r1"]) == r1
+        with pytest.raises(UnknownEventError, match="seq 1000"):
+            store.read_runs([], outline=True)
 
 
 def test_a_layout_recorded_in_another_order_is_read_by_name_and_not_written(

@@ -54,9 +54,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("m27.policy", "m27.events", "m27.store", "m27.step"),
     # leaves; paths, liveness, locks, tables, signals serve several layers (each module says
     # which);
-    # _lazy is the first-use import of the packages m27 and m27.notify
+    # _lazy is the first-use import of the packages m27 and m27.notify; _gc pauses the
+    # cyclic collector for a store's big reads and the projection's big folds
     (
         "m27._lazy",
+        "m27._gc",
         "m27.clock",
         "m27.units",
         "m27.config",

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from m27._exceptions import StoreError, UnknownEventError
-from m27.events import EVENT_TYPES, Event, GpuLost, RunSubmitted
+from m27.events import EVENT_TYPES, Event, GpuLost, RunEvent, RunSubmitted, run_kinds
 from m27.store import EventStore
 from m27.store.memory import MemoryEventStore
 from m27.store.sqlite import SCHEMA_VERSION, SqliteEventStore, open_store
@@ -30,6 +30,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 def lost(n: int, reason: str = "") -> GpuLost:
     return GpuLost(at=1000.0 + n, gpu=n, reason=reason)
+
+
+def of_runs(runs: int) -> list[Event]:
+    """Every kind once per run (run-level, step-level, and the node's own events)."""
+    out = []
+    for i in range(runs):
+        for cls in EVENT_TYPES.values():
+            ev = sample_event(cls)
+            if isinstance(ev, RunEvent):
+                ev = dataclasses.replace(ev, run_id=f"r{i}")
+            out.append(ev)
+    return out
 
 
 class EventStoreContract:
@@ -148,6 +160,37 @@ class EventStoreContract:
     def test_negative_cursor_is_refused(self, store: EventStore) -> None:
         with pytest.raises(StoreError, match="cursor"):
             store.set_cursor("telegram", -1)
+
+    def test_read_runs_gives_the_runs_named_and_with_outline_every_run_as_a_whole(
+        self, store: EventStore
+    ) -> None:
+        events = of_runs(3)
+        store.append(events)
+        everything = store.read()
+        named = store.read_runs(["r1", "r2"])
+        assert named == [r for r in everything if getattr(r.event, "run_id", "") in ("r1", "r2")]
+        outline = store.read_runs(["r1"], outline=True)
+        assert outline == [
+            r
+            for r in everything
+            if getattr(r.event, "run_id", "r1") == "r1" or r.event.kind in run_kinds()
+        ]
+        assert store.read_runs([]) == [] and store.read_runs(["nobody"]) == []
+        after = everything[len(everything) // 2].seq
+        later = [r for r in named if r.seq > after and r.event.run_id == "r2"]  # type: ignore[attr-defined]
+        assert store.read_runs(["r2"], after=after) == later
+        assert store.read_runs(["r0", "r1", "r2"], outline=True) == everything
+
+    def test_read_runs_of_a_big_log_and_of_many_runs(self, store: EventStore) -> None:
+        # past a read's chunk of rows, and past the runs a read names one by one
+        events = [
+            dataclasses.replace(sample_event(RunSubmitted), run_id=f"r{i}") for i in range(1200)
+        ]
+        store.append([*events, lost(1)])
+        everything = store.read()
+        assert store.read_runs([], outline=True) == everything
+        many = [f"r{i}" for i in range(0, 1200, 2)]
+        assert store.read_runs(many) == everything[0:1200:2]
 
     def test_closed_store_refuses_use(self, store: EventStore) -> None:
         store.close()

@@ -30,8 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     st = _common.store()
-    state = _common.load_state(st)
-    r = _common.find_run(state, args.run_id)
+    r = _common.find_run(_common.outline(st), args.run_id)
     if r.status == "failed" and r.reason.startswith("crashed"):
         # Crashed earlier (closed by the node service): the user's word now is "cancelled".
         st.append([RunCancelled(at=time.time(), run_id=r.run_id, reason="cancelled after a crash")])

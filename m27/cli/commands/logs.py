@@ -47,8 +47,8 @@ def _lines(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     st = _common.store()
-    state = _common.load_state(st)
-    r = _common.find_run(state, args.run_id)
+    run_id = _common.find_run(_common.outline(st), args.run_id).run_id
+    r = _common.run_state(st, run_id).runs[run_id]
     if args.step is None:
         if len(r.steps) != 1:
             print(
@@ -75,8 +75,7 @@ def run(args: argparse.Namespace) -> int:
             if not path.exists():
                 print(f"({_no_log(r.steps[args.step], r.status, path)})", file=sys.stderr)
             return 0
-        state = _common.load_state(st)
-        run_state = state.runs[r.run_id]
+        run_state = _common.run_state(st, r.run_id).runs[r.run_id]
         step_done = run_state.steps[args.step].done
         finished = step_done or _common.shown_status(run_state) != "running"
         if finished and path.exists() and path.stat().st_size == offset:

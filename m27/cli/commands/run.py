@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         """The run's end is in the log: a forked run prints its summary and lets the client
         go before Prefect's part of the end (m27.cli.warm.release_client)."""
         try:
-            result = _common.runs_since(store, before, run_id).runs.get(run_id)
+            result = _common.run_state(store, run_id, before).runs.get(run_id)
         except StoreError:
             return  # the summary comes after the flow, as for any store error
         if result is None or result.status == "running":
@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     if released:  # the client has its exit code and summary already
         _FAST_EXIT.append(released[0])
         return released[0]
-    state = _common.runs_since(store, before, run_id)
+    state = _common.run_state(store, run_id, before)
     if run_id not in state.runs:
         message = getattr(flow_state, "message", "") or "the flow did not start"
         print(f"m27: run {run_id} did not start: {message}", file=sys.stderr)
@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"m27: run {run_id} stopped: {message}", file=sys.stderr)
         if not _end_truthfully(store, run_id, message):
             return 1  # no summary: the log cannot say how the run ended
-        result = _common.runs_since(store, before, run_id).runs[run_id]
+        result = _common.run_state(store, run_id, before).runs[run_id]
     code = _summarize(progress, result, waited)
     _FAST_EXIT.append(code)
     return code

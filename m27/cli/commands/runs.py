@@ -53,17 +53,19 @@ def _limit(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    state = _common.load_state()
-    crash_truth(state)
+    st = _common.store()
+    known = _common.outline(st)
+    crash_truth(known)
     matching = [
         r
-        for r in state.runs.values()
+        for r in known.runs.values()
         if (args.pipeline is None or r.pipeline == args.pipeline)
         and (not args.status or _common.shown_status(r) in args.status)
     ]
-    runs = matching[-args.limit :] if args.limit > 0 else matching
+    shown = matching[-args.limit :] if args.limit > 0 else matching
+    state = _common.in_full(st, known, (r.run_id for r in shown))
     rows: list[dict[str, Any]] = []
-    for r in runs:
+    for r in (state.runs[s.run_id] for s in shown):
         ok = sum(1 for s in r.steps.values() if s.status == "succeeded" or s.done_before)
         rows.append(
             {
@@ -82,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         _common.print_json(rows)
         return 0
     if not rows:
-        if state.runs:
-            print(f"no run matches; this node has {len(state.runs)} (`m27 runs --limit 0`)")
+        if known.runs:
+            print(f"no run matches; this node has {len(known.runs)} (`m27 runs --limit 0`)")
         else:
             print("no runs yet: start one with `m27 run PIPELINE.yaml`")
         return 0

@@ -136,11 +136,14 @@ def _where(s: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Without RUN: runs still in progress. With RUN (an id, a unique prefix, or `last`):
     each step's state, attempts, time, exit."""
-    state = _common.load_state()
-    crash_truth(state)
+    st = _common.store()
+    known = _common.outline(st)
+    crash_truth(known)
+    found = None if args.run_id is None else _common.find_run(known, args.run_id).run_id
+    state = _common.in_full(st, known, [found] if found else [])
     energy = _Energy(state)
     primary = primaries(state)
-    if args.run_id is None:
+    if found is None:
         live = [r for r in state.runs.values() if _common.shown_status(r) == "running"]
         if args.json:
             _common.print_json([_run_dict(r, energy, primary) for r in live])
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         for r in live:
             _print_run(r, energy, primary)
         return 0
-    r = _common.find_run(state, args.run_id)
+    r = state.runs[found]
     if args.json:
         _common.print_json(_run_dict(r, energy, primary))
         return 0
