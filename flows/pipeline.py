@@ -181,22 +181,24 @@ def _previous_successes(store: EventStore, resume_of: str | None) -> tuple[set[s
     checkpoint folders, newest run first."""
     if not resume_of:
         return set(), []
-    state = fold(store.read())
-    done: set[str] = set()
-    dirs: list[Path] = []
-    home = m27_home()
+    runs = fold(store.read_runs((), outline=True)).runs  # every run as a whole: the chain
+    chain: list[str] = []
     current: str | None = resume_of
-    while current and current in state.runs:
-        old = state.runs[current]
-        dirs.append(join_under(home, "checkpoints", current))
+    while current and current in runs and current not in chain:
+        chain.append(current)
+        current = runs[current].resume_of
+    state = fold(store.read_runs(chain))  # and those runs' steps
+    done: set[str] = set()
+    home = m27_home()
+    for run_id in chain:
+        old = state.runs[run_id]
         done |= {name for name, s in old.steps.items() if s.status == "succeeded"}
         done |= {
             name
             for name, s in old.steps.items()
             if s.status == "skipped" and s.reason.startswith("succeeded")
         }
-        current = old.resume_of
-    return done, dirs
+    return done, [join_under(home, "checkpoints", run_id) for run_id in chain]
 
 
 def _ui_url() -> str | None:

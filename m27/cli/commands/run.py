@@ -75,8 +75,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
     resume_of: str | None = None
     file = args.file
     if args.resume:
-        state = _common.load_state()
-        old = _common.find_run(state, args.resume)
+        old = _common.find_run(_common.outline(_common.store()), args.resume)
         if _common.shown_status(old) == "running" and old.pid:
             print(
                 f"m27 run: run {old.run_id} is still running (pid {old.pid}); resuming it "
@@ -243,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         _end_truthfully(store, run_id, f"the event log failed: {exc}")
         return 1
     except BaseException as exc:
-        state = _common.load_state(store)
+        state = _common.run_state(store, run_id)
         if run_id in state.runs and state.runs[run_id].status == "running":
             store.append(
                 [
