@@ -209,6 +209,7 @@ def _launch(run: _Run, step: Step, gpus: tuple[int, ...]) -> StepLaunch:
         workdir=Path(step.workdir) if step.workdir else run.pipeline.workdir,
         timeout=step.timeout,
         retries=step.retries,
+        retry_delay=step.retry_delay,
         outputs=tuple(step.outputs),
         gpus=gpus,
         checkpoint_dir=run.checkpoint_dir(step.name),

@@ -64,6 +64,13 @@ class StepLaunch:
     log_path: Path | None = None
     grace: float = 10.0
     retry_delay: float = 0.0
+    #: the number of this call's first attempt (a leased step that gave its GPUs back for
+    #: its ``retry_delay`` goes on counting where it stopped)
+    first_attempt: int = 1
+    #: the caller waits out ``retry_delay`` itself: a failed attempt with retries left
+    #: ends the call (``StepResult.will_retry``), so the node's agent can lend the step's
+    #: GPUs meanwhile (m27.node.lease.run_leased)
+    delay_outside: bool = False
     #: a program that checkpoints itself: its files are guarded (m27.executors._guard)
     self_checkpoint: SelfCheckpoint | None = None
 
@@ -103,6 +110,8 @@ class StepLaunch:
             raise RunnerError(f"retries must be 0 or more, got {self.retries}", **ctx)
         if self.grace < 0 or self.retry_delay < 0:
             raise RunnerError("grace and retry_delay must be 0 or more", **ctx)
+        if self.first_attempt < 1:
+            raise RunnerError(f"first_attempt must be 1 or more, got {self.first_attempt}", **ctx)
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,9 @@ class StepResult:
     reason: str
     log_tail: str
     cancelled: bool = False
+    #: the last attempt failed and another comes after ``retry_delay``, which the caller
+    #: waits out (``StepLaunch.delay_outside``)
+    will_retry: bool = False
 
 
 @dataclass(frozen=True)

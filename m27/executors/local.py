@@ -17,6 +17,7 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from m27 import liveness
@@ -114,7 +115,7 @@ def run_attempts(
     """The retry loop every executor shares (local processes, Slurm jobs): run attempt
     1, 2, ... through `one_attempt` and record each, until one succeeds, the retries are
     spent, or `cancel` is set."""
-    attempt = 0
+    attempt = launch.first_attempt - 1
     while True:
         if cancel is not None and cancel.is_set():
             return _cancelled(launch, store, clock, sink, attempt, started, None, None)
@@ -133,7 +134,9 @@ def run_attempts(
         result = finish_attempt(launch, store, clock, sink, end, attempt, started, took, will_retry)
         if not will_retry:
             return result
-        if _wait_retry(clock, launch.retry_delay, cancel):
+        if launch.delay_outside and launch.retry_delay > 0:
+            return replace(result, will_retry=True)
+        if wait_retry(clock, launch.retry_delay, cancel):
             return _cancelled(launch, store, clock, sink, attempt, started, None, None)
 
 
@@ -323,15 +326,32 @@ def _cancelled(
     exit_code: int | None,
     sig: int | None,
 ) -> StepResult:
+    return record_cancelled(
+        launch, store, clock, attempts, clock.monotonic() - started, "\n".join(sink.tail),
+        exit_code, sig,
+    )  # fmt: skip
+
+
+def record_cancelled(
+    launch: StepLaunch,
+    store: EventStore,
+    clock: Clock,
+    attempts: int,
+    took: float,
+    log_tail: str = "",
+    exit_code: int | None = None,
+    sig: int | None = None,
+) -> StepResult:
+    """Record that the step was cancelled (after `attempts` attempts) and say so."""
     store.append([StepCancelled(**launch.head(clock.now()), reason="cancelled")])
     return StepResult(
         ok=False,
         attempts=attempts,
         exit_code=exit_code,
         signal=sig,
-        duration_s=clock.monotonic() - started,
+        duration_s=took,
         reason="cancelled",
-        log_tail="\n".join(sink.tail),
+        log_tail=log_tail,
         cancelled=True,
     )
 
@@ -341,7 +361,7 @@ def _event_tail(tail: deque[str]) -> str:
     return text[-EVENT_TAIL_CHARS:]
 
 
-def _wait_retry(clock: Clock, delay: float, cancel: threading.Event | None) -> bool:
+def wait_retry(clock: Clock, delay: float, cancel: threading.Event | None) -> bool:
     """Sleep `delay` on the injected clock in short slices; True if cancelled meanwhile."""
     remaining = delay
     while remaining > 0:
@@ -362,6 +382,8 @@ __all__ = [
     "child_env",
     "default_log_path",
     "open_guard",
+    "record_cancelled",
     "resolve_argv",
     "run_step",
+    "wait_retry",
 ]

@@ -28,7 +28,7 @@ from pathlib import Path
 from m27 import events as ev
 from m27 import liveness
 from m27.clock import Clock, SystemClock
-from m27.executors.local import StepLaunch, StepResult, run_step
+from m27.executors.local import StepLaunch, StepResult, record_cancelled, run_step, wait_retry
 from m27.store import EventStore
 
 __all__ = ["AgentLease", "Granted", "either", "run_leased"]
@@ -239,10 +239,16 @@ def run_leased(
 ) -> StepResult | None:
     """Lease, run the step with its channel and GPUs, release; again if its GPU was lost.
 
+    A failed attempt with retries left and a ``retry_delay`` gives its lease back for the
+    delay (its GPUs serve other steps meanwhile) and asks again for the next attempt.
     None when `cancel` was set before a lease came. `supervise` runs the step (the flow
     runs it on a worker thread and registers checkpoints meanwhile).
     """
+    launch = replace(launch, delay_outside=launch.retry_delay > 0)
+    attempts = 0  # before this lease: the retries after a retry_delay go on counting
     while True:
+        if attempts and cancel.is_set():
+            return record_cancelled(launch, lease.store, lease.clock, attempts, 0.0)
         granted = lease.acquire(
             launch.run_id,
             launch.step,
@@ -255,11 +261,13 @@ def run_leased(
             time_limit=time_limit,
         )
         if granted is None:
+            if attempts:
+                return record_cancelled(launch, lease.store, lease.clock, attempts, 0.0)
             return None
         env = dict(launch.env)
         if granted.channel:
             env["M27_CHANNEL"] = granted.channel
-        leased = replace(launch, gpus=granted.gpus, env=env)
+        leased = replace(launch, gpus=granted.gpus, env=env, first_attempt=attempts + 1)
         stop = either(cancel, granted.lost)
         try:
             result = supervise(
@@ -278,5 +286,9 @@ def run_leased(
             # Its GPU was lost: ask again; the step resumes from its last checkpoint.
             if on_requeue is not None:
                 on_requeue(granted)
+            continue
+        if result.will_retry:
+            attempts = result.attempts
+            wait_retry(lease.clock, launch.retry_delay, cancel)  # a cancel is seen above
             continue
         return result

@@ -42,7 +42,7 @@ from m27.spec._template import (
 
 TOP_KEYS = ("name", "vars", "env", "priority", "workdir", "executor", "pipeline", "steps")
 _STEP_KEYS_TEXT = (
-    "name type command depends_on output checkpoint env retries timeout priority gpus "
+    "name type command depends_on output checkpoint env retries retry_delay timeout priority gpus "
     "gpu_memory workdir shell executor slurm container binds allow_outside"
 )
 STEP_KEYS = tuple(_STEP_KEYS_TEXT.split())
@@ -212,6 +212,10 @@ class Checker(Reader):
             v["timeout"] = self.duration(n, f"{where}.timeout")
         if (n := get("retries")) is not None:
             v["retries"] = self.integer(n, f"{where}.retries", 0, RETRIES_MAX) or 0
+        if (n := get("retry_delay")) is not None:
+            v["retry_delay"] = self.duration(n, f"{where}.retry_delay")
+            if not v.get("retries"):
+                self.add(n, f"{where}.retry_delay", "waits between retries: set retries: N too")
         if (n := get("priority")) is not None:
             v["priority"] = self._priority(n, f"{where}.priority")
         if (n := get("executor")) is not None:
@@ -469,6 +473,7 @@ class Checker(Reader):
             checkpoint_signal=ckpt.signal if ckpt else None,
             env=MappingProxyType({**self.env, **v.get("env", {})}),
             retries=v.get("retries", 0),
+            retry_delay=v.get("retry_delay") or 0.0,
             timeout=v.get("timeout"),
             priority=self.priority + v.get("priority", 0),
             gpus=v["gpus"],

@@ -65,6 +65,8 @@ class Step:
     checkpoint_signal: str | None = None
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     retries: int = 0
+    #: seconds between a failed attempt and the next (its GPUs serve others meanwhile)
+    retry_delay: float = 0.0
     timeout: float | None = None
     priority: int = 0
     gpus: int = 0

@@ -168,10 +168,14 @@ def run_step_leased(
     priority: int = 0,
     owner: str = "u",
     cancel: threading.Event | None = None,
+    retries: int = 0,
+    retry_delay: float = 0.0,
 ) -> StepRun:
     """Lease and run one real step process on a thread, as the flow does."""
     result: list[StepResult | None] = [None]
-    launch = StepLaunch(run_id=run_id, step=step, argv=argv, grace=1.0)
+    launch = StepLaunch(
+        run_id=run_id, step=step, argv=argv, grace=1.0, retries=retries, retry_delay=retry_delay
+    )
     cancel = cancel or threading.Event()
 
     def body() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -335,6 +336,27 @@ def test_retries_until_success_and_waits_on_the_clock(
     headers = [line[12] for line in log.splitlines() if line.startswith("=== attempt")]
     assert headers == ["1", "1", "2", "2", "3", "3"]  # a start and an end line per attempt
     assert "try 1\n" in log and "try 3\n" in log
+
+
+def test_a_caller_that_waits_out_the_delay_gets_each_failed_attempt_back(
+    store: MemoryEventStore, tmp_path: Path
+) -> None:
+    """With ``delay_outside`` (a leased step: m27.node.lease) a failed attempt with retries
+    left ends the call at once, and the next call goes on counting from ``first_attempt``."""
+    clock = FakeClock()
+    start = clock.now()
+    argv = (PY, "-c", FAIL_TWICE, str(tmp_path / "n"))
+    step = StepLaunch("r1", "s1", argv, retries=2, retry_delay=5, delay_outside=True)
+    first = run_step(step, store, clock=clock)
+    assert (first.ok, first.attempts, first.will_retry) == (False, 1, True)
+    assert clock.now() == start  # it did not wait
+    second = run_step(replace(step, first_attempt=2), store, clock=clock)
+    assert (second.attempts, second.will_retry) == (2, True)
+    last = run_step(replace(step, first_attempt=3), store, clock=clock)
+    assert last.ok and last.attempts == 3 and not last.will_retry
+    assert [e.attempt for e in of(store, StepStarted) if isinstance(e, StepStarted)] == [1, 2, 3]
+    fails = [(e.attempt, e.will_retry) for e in of(store, StepFailed) if isinstance(e, StepFailed)]
+    assert fails == [(1, True), (2, True)]
 
 
 def test_last_failed_attempt_says_no_retry(store: MemoryEventStore) -> None:

@@ -74,6 +74,7 @@ steps:
     output: ["{{OUTDIR}}/a.pdb", "{{OUTDIR}}/b.pdb"]
     env: {DATA: "override-{{REQUIRED}}", EXTRA: "1"}
     retries: 3
+    retry_delay: 30s
     timeout: 1h
     priority: -2
     executor: local
@@ -109,6 +110,7 @@ def test_mapping_form_with_every_key(tmp_path: Path) -> None:
     assert prep.outputs == ("out/a.pdb", "out/b.pdb")
     assert dict(prep.env) == {"OMP_NUM_THREADS": "4", "DATA": "override-r", "EXTRA": "1"}
     assert (prep.retries, prep.timeout, prep.priority, prep.executor) == (3, 3600.0, 3, "local")
+    assert (prep.retry_delay, sim.retry_delay) == (30.0, 0.0)
     assert prep.workdir == str((tmp_path / "runs").resolve())
     assert dict(sim.env) == {"OMP_NUM_THREADS": "4", "DATA": "/data/given.pdb"}
     assert (sim.gpus, sim.gpu_memory, sim.checkpoint) == (2, 8 * 1024**3, 1.5)

@@ -294,6 +294,8 @@ class Progress:
                 _unpause(row, ev.at)
                 row.update(status="queued" if ev.will_retry else "failed", took=ev.duration_s)
                 again = " - retrying" if ev.will_retry else ""
+                if ev.will_retry and (delay := self._retry_delay(ev.step)):
+                    again += f" in {format_duration(delay)}"
                 text = f"{step}: failed (attempt {ev.attempt}): {ev.reason}{again}"
             elif isinstance(ev, StepSkipped):
                 row["status"] = "skipped"
@@ -316,6 +318,10 @@ class Progress:
             self._print(text)
         elif text and self._live is not None and not isinstance(ev, StepStarted):
             self._live.console.print(text)
+
+    def _retry_delay(self, step: str) -> float:
+        found = next((s for s in self.pipeline.steps if s.name == step), None)
+        return found.retry_delay if found is not None else 0.0
 
     def _run_end(self, ev: Event) -> str | None:
         if isinstance(ev, (RunSucceeded, RunFailed, RunCancelled)):
