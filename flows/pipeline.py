@@ -316,8 +316,7 @@ def _finish(run: _Run, end: Event) -> None:
     ended = RUN_ENDED.get(run.run_id)
     if ended is not None:
         ended()
-    records = run.store.read(run.first_seq)
-    state = fold(r for r in records if getattr(r.event, "run_id", None) == run.run_id)
+    state = fold(run.store.read_runs((run.run_id,), after=run.first_seq))
     summary.publish(state, run.run_id, run.pipeline.workdir)
 
 

@@ -125,7 +125,7 @@ def finalize(
     by default).
     """
     clock = clock or SystemClock()
-    state = fold(store.read())
+    state = fold(store.read_runs((run_id,)))  # exact for the run: its own events
     run = state.runs.get(run_id)
     if run is None:
         if run_id not in state.admitted:
@@ -298,7 +298,9 @@ async def sweep(
     """
     import anyio.to_thread
 
-    state = await anyio.to_thread.run_sync(lambda: fold(store.read()))
+    # every run as a whole (status, process, admission) is what finds the dead ones; a
+    # worker sweeps at each poll, and the whole log grows without end
+    state = await anyio.to_thread.run_sync(lambda: fold(store.read_runs((), outline=True)))
     closed: list[Finding] = []
     for finding in dead_runs(state, host, is_alive, is_busy):
         events = await anyio.to_thread.run_sync(
