@@ -70,6 +70,13 @@ def _stopped(pid: int) -> bool:
     return liveness.status(pid) in liveness.STOPPED
 
 
+def _stops_by_signal(agent: Agent, backend: SimBackend, pid: int, now: float) -> None:
+    """At `now` the agent stops the paused guest by SIGSTOP (it did not reach its gate)."""
+    (paused,) = agent._escalate(now, set(), backend.sample(now))
+    assert isinstance(paused, ev.GuestPaused) and paused.how == "signal"
+    wait_until(lambda: _stopped(pid), what="the guest stopped by SIGSTOP")
+
+
 def test_a_guest_without_hints_in_its_own_io_is_reported_and_not_stopped_until_it_computes(
     m27_home: Path, guest_process: subprocess.Popen[bytes]
 ) -> None:
@@ -161,9 +168,7 @@ def test_a_guest_whose_follow_ends_mid_compute_gets_gate_grace_from_then_not_fro
         assert agent._escalate(clock.now() + grace / 2, set(), backend.sample(120.0)) == []
         assert not _stopped(pid)
         # never at its gate: stopped once gate_grace has passed
-        (paused,) = agent._escalate(clock.now() + 2 * grace, set(), backend.sample(121.0))
-        assert isinstance(paused, ev.GuestPaused) and paused.how == "signal"
-        wait_until(lambda: _stopped(pid), what="the guest stopped by SIGSTOP")
+        _stops_by_signal(agent, backend, pid, clock.now() + 2 * grace)
     finally:
         step_side.close()
         agent.close()
@@ -190,9 +195,7 @@ def test_a_paused_guest_leaving_its_own_io_gets_gate_grace_to_reach_its_gate(
         assert agent._escalate(110.0 + grace / 2, set(), backend.sample(110.0)) == []
         assert not _stopped(pid)
         # it does not reach its gate within gate_grace: stopped by signal
-        (paused,) = agent._escalate(110.0 + 2 * grace, set(), backend.sample(111.0))
-        assert isinstance(paused, ev.GuestPaused) and paused.how == "signal"
-        wait_until(lambda: _stopped(pid), what="the guest stopped by SIGSTOP")
+        _stops_by_signal(agent, backend, pid, 110.0 + 2 * grace)
     finally:
         step_side.close()
         agent.close()
@@ -217,9 +220,7 @@ def test_a_guest_that_opens_its_channel_gets_gate_grace_from_then_to_reach_its_g
         now = opened + grace / 2
         assert agent._escalate(now, set(), backend.sample(now)) == []
         assert not _stopped(pid)
-        (paused,) = agent._escalate(opened + 2 * grace, set(), backend.sample(now))
-        assert isinstance(paused, ev.GuestPaused) and paused.how == "signal"
-        wait_until(lambda: _stopped(pid), what="the guest stopped by SIGSTOP")
+        _stops_by_signal(agent, backend, pid, opened + 2 * grace)
     finally:
         agent.close()
         chan.close()
