@@ -18,9 +18,17 @@ import sqlite3
 from collections.abc import Collection
 
 from m27._exceptions import UnknownEventError
-from m27.events import Event, Layouts, decode_records, decode_row, run_kinds
+from m27.events import EVENT_TYPES, Event, Layouts, RunEvent, decode_records, decode_row, run_kinds
 
-__all__ = ["INDEX", "add_run_column", "belongs", "has_run_column", "selection"]
+__all__ = [
+    "INDEX",
+    "add_run_column",
+    "belongs",
+    "has_run_column",
+    "runs_of",
+    "selection",
+    "unfilled",
+]
 
 INDEX = "CREATE INDEX IF NOT EXISTS events_by_run ON events (run, seq)"
 
@@ -49,11 +57,25 @@ def add_run_column(conn: sqlite3.Connection, layouts: Layouts) -> None:
         ).fetchall()
         if not rows:
             return
-        conn.executemany("UPDATE events SET run = ? WHERE seq = ?", _runs_of(rows, layouts))
+        conn.executemany("UPDATE events SET run = ? WHERE seq = ?", runs_of(rows, layouts))
         after = rows[-1][0]
 
 
-def _runs_of(rows: list[tuple[int, str, int, str]], layouts: Layouts) -> list[tuple[str, int]]:
+def unfilled(conn: sqlite3.Connection) -> list[tuple[int, str, int, str]]:
+    """Rows of a kind that names a run, stored without it: what an m27 from before the
+    column appends while it still runs beside this one (an agent not restarted after an
+    upgrade). Found through the index (the node's own events are the only other rows
+    without a run: a few per agent start and GPU alert)."""
+    kinds = sorted(n for n, cls in EVENT_TYPES.items() if issubclass(cls, RunEvent))
+    return conn.execute(
+        "SELECT seq, kind, version, payload FROM events WHERE run IS NULL"
+        f" AND kind IN ({', '.join('?' * len(kinds))})",
+        kinds,
+    ).fetchall()
+
+
+def runs_of(rows: list[tuple[int, str, int, str]], layouts: Layouts) -> list[tuple[str, int]]:
+    """(run, seq) of each row that names a run; a row this m27 cannot decode is left out."""
     try:
         events = [(r.seq, r.event) for r in decode_records(rows, layouts)]
     except UnknownEventError:

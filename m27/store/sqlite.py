@@ -41,7 +41,16 @@ from m27.events import (
     encode_positional,
 )
 from m27.store import _encode
-from m27.store._runs import INDEX, add_run_column, belongs, has_run_column, selection
+from m27.store._runs import (
+    INDEX,
+    add_run_column,
+    belongs,
+    has_run_column,
+    runs_of,
+    selection,
+    unfilled,
+)
+from m27.store._sql import data_version, rollback, transaction
 
 #: The layout of the file; bump it (and migrate) when tables change. 2: the ``layouts``
 #: table and positional payloads (a file of version 1 is migrated when opened). 3: the
@@ -137,7 +146,7 @@ class SqliteEventStore:
 
     def _init_schema(self, conn: sqlite3.Connection) -> Layouts:
         """Create or migrate the tables; record this m27's layouts; return the file's."""
-        with self._failing("open event log"), _transaction(conn):
+        with self._failing("open event log"), transaction(conn):
             has_meta = conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
             ).fetchone()
@@ -223,7 +232,7 @@ class SqliteEventStore:
             return self.last_seq()
         # Encoded before the write lock is taken: other writers wait only for the inserts.
         encoded = _encoded(events, self._layouts.writes)
-        with self._conn() as conn, self._failing("append to event log"), _transaction(conn):
+        with self._conn() as conn, self._failing("append to event log"), transaction(conn):
             (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
             conn.executemany(
                 "INSERT INTO events (seq, kind, version, payload, at, run)"
@@ -243,12 +252,29 @@ class SqliteEventStore:
         self, runs: Collection[str], *, outline: bool = False, after: int = 0
     ) -> list[Recorded]:
         where = selection(runs, outline)
-        if where is None:
+        if where is None or not self._runs_filled():
             return [r for r in self.read(after) if belongs(r.event, runs, outline)]
         clause, values = where
         with self._conn() as conn, self._failing("read event log"):
             cursor = conn.execute(_ROWS + f" AND ({clause}) ORDER BY seq", (after, *values))
             return self._chunks(cursor, cursor.fetchmany(_CHUNK))
+
+    def _runs_filled(self) -> bool:
+        """Whether every row that names a run has it in its column, after filling in those
+        an older m27 appended without it (m27.store._runs.unfilled); False when they could
+        not be filled: then the whole log is read."""
+        with self._conn() as conn, self._failing("read event log"):
+            rows = unfilled(conn)
+            if not rows:
+                return True
+            try:
+                with transaction(conn):
+                    conn.executemany(
+                        "UPDATE events SET run = ? WHERE seq = ?", runs_of(rows, self._layouts)
+                    )
+            except sqlite3.Error:
+                return False
+            return True
 
     def last_seq(self) -> int:
         with self._conn() as conn, self._failing("read event log"):
@@ -259,7 +285,7 @@ class SqliteEventStore:
         deadline = time.monotonic() + max(0.0, timeout)
         with self._conn() as conn:
             # Read the version before the rows: a commit landing in between changes it.
-            version = _data_version(conn)
+            version = data_version(conn)
             with self._appended:
                 generation = self._generation
             records = self._read(conn, after, limit)
@@ -272,7 +298,7 @@ class SqliteEventStore:
                     if self._generation == generation:
                         self._appended.wait(min(delay, remaining))
                     generation = self._generation
-                now_version = _data_version(conn)
+                now_version = data_version(conn)
                 if now_version != version:
                     version = now_version
                     records = self._read(conn, after, limit)
@@ -382,7 +408,7 @@ class SqliteEventStore:
                 out += got
                 start = end
         finally:
-            _rollback(conn)  # it only read: nothing to keep
+            rollback(conn)  # it only read: nothing to keep
         return out
 
     def _joined(self, conn: sqlite3.Connection, start: int, end: int) -> list[Recorded] | None:
@@ -445,29 +471,6 @@ def _encoded(
         row = encode_positional(ev) if type(ev) in positional else None
         out.append((*(row or _encode(ev)), ev.at, getattr(ev, "run_id", None)))
     return out
-
-
-@contextlib.contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """A write transaction that takes the file's write lock at once (no deadlock on upgrade);
-    rolled back on any error, KeyboardInterrupt included."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        _rollback(conn)
-        raise
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    if conn.in_transaction:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-
-
-def _data_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
 
 def open_store(home: Path | None = None, *, max_poll: float = _MAX_POLL_S) -> SqliteEventStore:

@@ -23,8 +23,11 @@ from m27.events import (
     GpuLost,
     GuestResumed,
     Layouts,
+    LeaseGranted,
     Recorded,
     RunEvent,
+    RunSubmitted,
+    RunSucceeded,
     StepStarted,
     current_layouts,
     decode,
@@ -241,6 +244,41 @@ def test_a_log_without_the_run_column_gets_it_filled_when_opened(tmp_path: Path)
         assert store.read_runs(["r1"]) == r1
         with pytest.raises(UnknownEventError, match="seq 1000"):
             store.read_runs([], outline=True)
+
+
+def test_rows_an_older_m27_appends_without_their_run_are_filled_before_a_read(
+    tmp_path: Path,
+) -> None:
+    """An agent of the m27 before the ``run`` column, not restarted after an upgrade,
+    appends rows without it: ``read_runs`` fills them in first (and when it cannot, as
+    with the file locked by a writer, reads the whole log), so no run loses its end."""
+    path = tmp_path / "events.db"
+    submitted = dataclasses.replace(sample_event(RunSubmitted), run_id="r1")
+    ended = dataclasses.replace(sample_event(RunSucceeded), run_id="r1")
+    granted = dataclasses.replace(sample_event(LeaseGranted), run_id="r1")
+    with SqliteEventStore(path) as store:
+        store.append([submitted])
+        with sqlite3.connect(path) as conn:  # as the older m27 writes them
+            conn.executemany(
+                "INSERT INTO events (seq, kind, version, at, payload) VALUES (?, ?, ?, ?, ?)",
+                [
+                    (seq, *encode(ev)[:2], ev.at, encode(ev)[2])
+                    for seq, ev in ((2, granted), (3, ended))
+                ],
+            )
+        conn.close()
+        with SqliteEventStore(path, busy_timeout=0.05) as blocked:
+            with sqlite3.connect(path, isolation_level=None) as lock:  # a writer holds it
+                lock.execute("BEGIN IMMEDIATE")
+                assert [r.event for r in blocked.read_runs(["r1"])] == [submitted, granted, ended]
+                lock.execute("ROLLBACK")
+            lock.close()
+        assert [r.event for r in store.read_runs(["r1"])] == [submitted, granted, ended]
+        assert [r.event for r in store.read_runs([], outline=True)] == [submitted, ended]
+    with sqlite3.connect(path) as conn:
+        runs = conn.execute("SELECT run FROM events ORDER BY seq").fetchall()
+    conn.close()
+    assert runs == [("r1",)] * 3
 
 
 def test_a_layout_recorded_in_another_order_is_read_by_name_and_not_written(
