@@ -57,7 +57,14 @@ from m27.node.book import Book, Held, policy_input
 from m27.node.follow import FollowControl, IoWatch
 from m27.node.guests import GuestControl
 from m27.node.memory import PeakMemory
-from m27.node.report import Health, Sampler, remove_snapshot, snapshot, write_snapshot
+from m27.node.report import (
+    Health,
+    Sampler,
+    queue_rows,
+    remove_snapshot,
+    snapshot,
+    write_snapshot,
+)
 from m27.paths import join_under
 from m27.policy import (
     Decision,
@@ -78,6 +85,10 @@ from m27.store import EventStore
 __all__ = ["Agent", "channel_path", "policy_config"]
 
 log = logging.getLogger(__name__)
+
+#: The soonest a changed book is published again (seconds): a busy node's events would
+#: otherwise rewrite ``gpus.json`` at every tick.
+REPUBLISH_S = 0.1
 
 
 def policy_config(settings: Settings, **overrides: object) -> PolicyConfig:
@@ -135,6 +146,7 @@ class Agent(GuestControl, FollowControl):
         self.health = health or Health()
         self.snapshot_every = snapshot_every
         self._snapshot_at = -math.inf
+        self._published_seq = -1  # the book's last_seq in the last snapshot
         self._sampler = Sampler(backend)
         self.book = Book()
         self.started = False
@@ -259,17 +271,30 @@ class Agent(GuestControl, FollowControl):
         out += self._escalate(now, acted, samples)
         if out:
             self.store.append(out)
-        if self.snapshot_every is not None and now - self._snapshot_at >= self.snapshot_every:
-            self._snapshot_at = now
-            self._publish(samples, now)
+        if self.snapshot_every is not None and self._publish_due(now):
+            self._snapshot_at, self._published_seq = now, self.book.last_seq
+            self._publish(samples, now, decision)
         if self.on_decision is not None and (decision.actions or out):
             self.on_decision(decision, out)
         return decision
 
-    def _publish(self, samples: list[GpuSample], now: float) -> None:
-        """``$M27_HOME/gpus.json`` for ``m27 gpus`` in other processes; never fatal."""
+    def _publish_due(self, now: float) -> bool:
+        """A snapshot every ``snapshot_every``, and sooner (at most every
+        :data:`REPUBLISH_S`) when the book has changed: ``m27 queue`` waits for one that
+        has every change the log holds (a bump, a new request)."""
+        assert self.snapshot_every is not None
+        since = now - self._snapshot_at
+        changed = self.book.last_seq != self._published_seq
+        return since >= self.snapshot_every or (changed and since >= REPUBLISH_S)
+
+    def _publish(self, samples: list[GpuSample], now: float, decision: Decision) -> None:
+        """``$M27_HOME/gpus.json`` for ``m27 gpus`` and ``m27 queue`` in other processes;
+        never fatal."""
+        queue = queue_rows(self.book, decision, now, self.config)
         try:
-            write_snapshot(self.home, snapshot(samples, self.book, self.backend.kind, now))
+            write_snapshot(
+                self.home, snapshot(samples, self.book, self.backend.kind, now, queue=queue)
+            )
         except OSError as exc:
             log.warning("m27 agent: cannot write the GPU snapshot: %s", exc)
 

@@ -44,6 +44,17 @@ USAGE_HALF_LIFE_S = 3600.0
 #: the lease events that can change which steps hold GPUs as primaries
 _ROLE_EVENTS = (ev.LeaseGranted, ev.LeaseReleased, ev.GuestStarted, ev.Promoted)
 
+#: The kinds :meth:`Book.apply` changes a book with (any other leaves it as it was, but
+#: for ``last_seq``): after one of them a published queue is out of date (``m27 queue``).
+BOOK_KINDS: frozenset[type[Event]] = frozenset(
+    {
+        ev.StepRequested, ev.LeaseGranted, ev.LeaseReleased, ev.StepStarted,
+        ev.GuestStarted, ev.GuestPaused, ev.GuestResumed, ev.Promoted, ev.PriorityBumped,
+        ev.GpuLost, ev.StepMemoryMeasured, ev.StepSucceeded, ev.StepSkipped,
+        ev.StepCancelled, ev.StepFailed,
+    }
+)  # fmt: skip
+
 
 @dataclass
 class Held:

@@ -39,13 +39,14 @@ from m27 import liveness
 from m27.events import Event, GpuOverheated, GpuThrottled
 from m27.gpu import GpuBackend, GpuSample, ProcessSample
 from m27.node.book import Book
-from m27.policy import key_text
+from m27.policy import Decision, PolicyConfig, effective_priority, key_text
 
 __all__ = [
     "ALERT_THROTTLE",
     "SNAPSHOT_NAME",
     "Health",
     "Sampler",
+    "queue_rows",
     "read_snapshot",
     "sample_from_row",
     "sample_row",
@@ -165,9 +166,57 @@ def occupancy(book: Book) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     return primaries, guests
 
 
+def queue_rows(book: Book, decision: Decision, now: float, cfg: PolicyConfig) -> dict[str, Any]:
+    """Held and waiting steps with their tiers, effective priorities and, for each waiting
+    one, why (``decision.why``): what ``m27 queue`` shows, from the agent's own decision
+    when it publishes it, else from a fold of the log."""
+    held = []
+    for key, h in book.held.items():
+        req = h.request
+        at = req.at if req else h.granted_at
+        prio = effective_priority(req.priority if req else 0, book.bumps.get(key, 0), at, now, cfg)
+        state = "paused" if h.paused else "running"
+        held.append(
+            {
+                "step": key_text(key),
+                "role": h.role,
+                "tier": h.tier,
+                "gpus": list(h.gpus),
+                "priority": prio,
+                "state": state if h.role == "guest" else "running",
+            }
+        )
+    ranked: list[tuple[int, float, dict[str, Any]]] = []
+    for r in book.requests.values():
+        key = (r.run_id, r.step)
+        bump = book.bumps.get(key, 0)
+        prio = effective_priority(r.priority, bump, r.at, now, cfg)
+        row = {
+            "step": key_text(key),
+            "type": r.type,
+            "gpus": r.gpus,
+            "priority": prio,
+            "base": r.priority,
+            "bump": bump,
+            "owner": r.owner,
+            "waited_s": round(max(0.0, now - r.at), 1),
+            "why": decision.why(key),
+        }
+        ranked.append((-prio, r.at, row))
+    waiting = [row for *_, row in sorted(ranked, key=lambda t: (t[0], t[1]))]
+    return {"held": held, "waiting": waiting}
+
+
 def snapshot(
-    samples: Sequence[GpuSample], book: Book, backend: str, at: float, pid: int | None = None
+    samples: Sequence[GpuSample],
+    book: Book,
+    backend: str,
+    at: float,
+    pid: int | None = None,
+    queue: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """What ``gpus.json`` holds; with `queue` (:func:`queue_rows`) also the queue as of
+    the book's ``last_seq`` (``seq``)."""
     primaries, guests = occupancy(book)
     rows = []
     for s in samples:
@@ -185,6 +234,7 @@ def snapshot(
         "pid_started": liveness.start_time(pid),
         "backend": backend,
         "gpus": rows,
+        **({"queue": queue, "seq": book.last_seq} if queue is not None else {}),
     }
 
 
