@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from collections.abc import Iterator
 
-__all__ = ["data_version", "rollback", "transaction"]
+__all__ = ["data_version", "disk_full", "rollback", "transaction"]
+
+#: Less free space than this (bytes) on the log's disk is a full disk to its errors.
+FULL_BELOW = 1 << 20
 
 
 @contextlib.contextmanager
@@ -30,3 +34,12 @@ def rollback(conn: sqlite3.Connection) -> None:
 
 def data_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+def disk_full(folder: os.PathLike[str] | str) -> bool:
+    """Whether the disk holding `folder` has (nearly) no space left for its user."""
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < FULL_BELOW

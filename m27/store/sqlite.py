@@ -50,7 +50,7 @@ from m27.store._runs import (
     selection,
     unfilled,
 )
-from m27.store._sql import data_version, rollback, transaction
+from m27.store._sql import data_version, disk_full, rollback, transaction
 
 #: The layout of the file; bump it (and migrate) when tables change. 2: the ``layouts``
 #: table and positional payloads (a file of version 1 is migrated when opened). 3: the
@@ -341,7 +341,10 @@ class SqliteEventStore:
     # --- helpers ----------------------------------------------------------------------
 
     def _error(self, what: str, exc: sqlite3.Error) -> StoreError:
-        return StoreError(f"cannot {what}: {exc}", file=str(self.path))
+        # SQLite says "disk I/O error" when a full disk stops it making its WAL files
+        full = "full" not in str(exc) and disk_full(self.path.parent)
+        why = f"{exc} (the disk holding it is full)" if full else str(exc)
+        return StoreError(f"cannot {what}: {why}", file=str(self.path))
 
     @contextlib.contextmanager
     def _failing(self, what: str) -> Iterator[None]:

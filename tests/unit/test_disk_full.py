@@ -8,6 +8,7 @@ be mounted the tests skip, unless CI=true: then they fail.
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -74,10 +75,40 @@ def test_a_full_disk_under_the_event_log_is_one_store_error(small_disk: Path) ->
     with pytest.raises(StoreError) as caught:
         for _ in range(50):
             store.append([ev.CancelRequested(at=3.0, run_id="r1", by=big)])
-    assert "full" in str(caught.value)
+    # the reason, after the file's path (the test's folder has "full" in its name)
+    assert "full" in str(caught.value).split("events.db: ", 1)[1]
     # what was committed before is still there and readable
     assert fold(store.read()).runs["r1"].steps["a"].status == "running"
     store.close()
+
+
+def test_a_version_2_log_on_a_full_disk_is_refused_whole_and_migrated_once_there_is_room(
+    small_disk: Path,
+) -> None:
+    """Opening a log written before the run column (schema 2) adds and fills it; on a full
+    disk that fails with one StoreError that says so, and the file stays as it was."""
+    path = small_disk / "events.db"
+    with SqliteEventStore(path) as store:
+        store.append(_started("r1", "a") + _started("r2", "b"))
+    with sqlite3.connect(path) as conn:  # as schema version 2 wrote it
+        conn.execute("DROP INDEX events_by_run")
+        conn.execute("ALTER TABLE events DROP COLUMN run")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    conn.close()
+    for leftover in small_disk.glob("events.db-*"):
+        leftover.unlink()  # the WAL files: SQLite makes them again on open
+    before = path.read_bytes()
+    _fill(small_disk, 0)
+    with pytest.raises(StoreError) as caught:
+        SqliteEventStore(path)
+    # (the test's folder has "full" in its name: the reason is what follows the path)
+    assert f"cannot open event log {path}: " in str(caught.value)
+    assert "full" in str(caught.value).split(f"{path}: ", 1)[1]
+    assert path.read_bytes() == before
+    for filler in small_disk.glob("filler-*"):
+        filler.unlink()
+    with SqliteEventStore(path) as store:
+        assert [r.event.run_id for r in store.read_runs(["r2"])] == ["r2", "r2"]  # type: ignore[attr-defined]
 
 
 def test_a_run_stopped_by_a_full_disk_ends_with_no_step_left_running(
