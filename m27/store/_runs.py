@@ -24,8 +24,8 @@ __all__ = [
     "INDEX",
     "add_run_column",
     "belongs",
+    "fill",
     "has_run_column",
-    "runs_of",
     "selection",
     "unfilled",
 ]
@@ -37,6 +37,12 @@ _BATCH = 10_000
 
 #: Past this many runs a read of them by name is near a whole read: it is one.
 MANY_RUNS = 500
+
+#: The kinds about a run as a whole (what an outline reads), and every kind that names a
+#: run (steps' too); m27.events registers every kind before this module is imported.
+_RUN_KINDS = run_kinds()
+_OWN_KINDS = tuple(sorted(_RUN_KINDS))
+_NAMING_KINDS = tuple(sorted(n for n, cls in EVENT_TYPES.items() if issubclass(cls, RunEvent)))
 
 
 def has_run_column(conn: sqlite3.Connection) -> bool:
@@ -57,7 +63,7 @@ def add_run_column(conn: sqlite3.Connection, layouts: Layouts) -> None:
         ).fetchall()
         if not rows:
             return
-        conn.executemany("UPDATE events SET run = ? WHERE seq = ?", runs_of(rows, layouts))
+        fill(conn, rows, layouts)
         after = rows[-1][0]
 
 
@@ -66,15 +72,19 @@ def unfilled(conn: sqlite3.Connection) -> list[tuple[int, str, int, str]]:
     column appends while it still runs beside this one (an agent not restarted after an
     upgrade). Found through the index (the node's own events are the only other rows
     without a run: a few per agent start and GPU alert)."""
-    kinds = sorted(n for n, cls in EVENT_TYPES.items() if issubclass(cls, RunEvent))
     return conn.execute(
         "SELECT seq, kind, version, payload FROM events WHERE run IS NULL"
-        f" AND kind IN ({', '.join('?' * len(kinds))})",
-        kinds,
+        f" AND kind IN ({', '.join('?' * len(_NAMING_KINDS))})",
+        _NAMING_KINDS,
     ).fetchall()
 
 
-def runs_of(rows: list[tuple[int, str, int, str]], layouts: Layouts) -> list[tuple[str, int]]:
+def fill(conn: sqlite3.Connection, rows: list[tuple[int, str, int, str]], layouts: Layouts) -> None:
+    """Store the run of each of `rows` in its column."""
+    conn.executemany("UPDATE events SET run = ? WHERE seq = ?", _runs_of(rows, layouts))
+
+
+def _runs_of(rows: list[tuple[int, str, int, str]], layouts: Layouts) -> list[tuple[str, int]]:
     """(run, seq) of each row that names a run; a row this m27 cannot decode is left out."""
     try:
         events = [(r.seq, r.event) for r in decode_records(rows, layouts)]
@@ -97,9 +107,8 @@ def selection(runs: Collection[str], outline: bool) -> tuple[str, tuple[str, ...
     if runs:
         terms.append(f"run IN ({', '.join('?' * len(runs))})")
     if outline:
-        kinds = tuple(sorted(run_kinds()))
-        terms += ["run IS NULL", f"kind IN ({', '.join('?' * len(kinds))})"]
-        values += kinds
+        terms += ["run IS NULL", f"kind IN ({', '.join('?' * len(_OWN_KINDS))})"]
+        values += _OWN_KINDS
     return (" OR ".join(terms) or "0"), values
 
 
@@ -108,4 +117,4 @@ def belongs(event: Event, runs: Collection[str], outline: bool) -> bool:
     run = getattr(event, "run_id", None)
     if run is None:
         return outline
-    return run in runs or (outline and event.kind in run_kinds())
+    return run in runs or (outline and event.kind in _RUN_KINDS)

@@ -45,8 +45,8 @@ from m27.store._runs import (
     INDEX,
     add_run_column,
     belongs,
+    fill,
     has_run_column,
-    runs_of,
     selection,
     unfilled,
 )
@@ -269,9 +269,7 @@ class SqliteEventStore:
                 return True
             try:
                 with transaction(conn):
-                    conn.executemany(
-                        "UPDATE events SET run = ? WHERE seq = ?", runs_of(rows, self._layouts)
-                    )
+                    fill(conn, rows, self._layouts)
             except sqlite3.Error:
                 return False
             return True
