@@ -226,13 +226,22 @@ class Checkpointer:
             staging=staging,
             bytes_total=sum(p.plan.nbytes for p in pending),
             bytes_changed=total,
-            meta={
-                "run_id": self._reporter.run_id,
-                "step": self._reporter.step,
-                "pipeline": self._reporter.pipeline,
-            },
+            meta=self._meta(),
         )
         return job, seen
+
+    def _meta(self) -> dict[str, str | int]:
+        """What the manifest says about whose checkpoint it is (and, for a file capture,
+        the program's own step: `m27 checkpoints` shows it from the manifest alone)."""
+        reporter = self._reporter
+        meta: dict[str, str | int] = {
+            "run_id": reporter.run_id,
+            "step": reporter.step,
+            "pipeline": reporter.pipeline,
+        }
+        if reporter.engine_step is not None:
+            meta["engine_step"] = reporter.engine_step
+        return meta
 
     def _new_plan(
         self, name: str, kind: str, device: int | None, array: Any, nbytes: int

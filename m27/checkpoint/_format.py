@@ -125,6 +125,8 @@ class ManifestInfo:
     bytes_total: int
     bytes_changed: int
     packs: dict[int, int]
+    #: a file capture's program step (a GROMACS .cpt's MD step), when it could be read
+    engine_step: int | None = None
 
     @property
     def percent_changed(self) -> float:
@@ -142,6 +144,7 @@ def info(path: Path, body: dict[str, Any]) -> ManifestInfo:
         bytes_total=int(stats.get("bytes_total", 0)),
         bytes_changed=int(stats.get("bytes_changed", 0)),
         packs={int(k): int(v) for k, v in body.get("packs", {}).items()},
+        engine_step=int(body["engine_step"]) if body.get("engine_step") is not None else None,
     )
 
 

@@ -37,6 +37,8 @@ class Reporter:
         #: what the events say was saved (the runner's file captures set "files")
         self.source = "arrays"
         self.files: tuple[str, ...] = ()
+        #: the step the captured files record (a GROMACS .cpt's MD step), when known
+        self.engine_step: int | None = None
         self._store = store
         self._clock = clock
         self._lock = threading.Lock()
@@ -54,6 +56,7 @@ class Reporter:
             pipeline=self.pipeline,
             source=self.source,
             files=self.files,
+            engine_step=self.engine_step,
         )
         self._append(event)
         return event
@@ -91,6 +94,14 @@ def artifact_key(pipeline: str, step: str) -> str:
     return slug(f"m27-ckpt-{pipeline}-{step}")
 
 
+def _sim_step(event: CheckpointWritten) -> str:
+    """The simulation step, as the program counts it: a capture's `sim_step` counts
+    captures, its `engine_step` is the program's own (unknown for some engines)."""
+    if event.source != "files":
+        return str(event.sim_step)
+    return "unknown" if event.engine_step is None else str(event.engine_step)
+
+
 def artifact_for(event: CheckpointWritten) -> tuple[str, str]:
     """(artifact key, markdown) for the Prefect artifact of a committed checkpoint."""
     when = datetime.fromtimestamp(event.at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -106,7 +117,7 @@ def artifact_for(event: CheckpointWritten) -> tuple[str, str]:
             "|---|---|",
             f"| run | `{event.run_id}` |",
             f"| step | `{event.step}` |",
-            f"| sim step | {event.sim_step} |",
+            f"| sim step | {_sim_step(event)} |",
             f"| time | {when} |",
             # sizes as the run log and `m27 checkpoints` print them (format_size), bytes after
             f"| written | {format_size(event.bytes_written)} ({event.bytes_written} bytes, "

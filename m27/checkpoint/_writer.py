@@ -103,7 +103,7 @@ class SaveJob:
     staging: Staging
     bytes_total: int
     bytes_changed: int
-    meta: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, str | int] = field(default_factory=dict)
 
 
 @dataclass

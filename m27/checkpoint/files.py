@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +46,8 @@ Signature = tuple[int, int, int]
 RESTORE_PREFIX = ".m27-restore."
 
 Validator = Callable[[Path], str | None]
+#: The engine's own step recorded in a checkpoint file (its name, its bytes), or None.
+StepReader = Callable[[str, bytes | memoryview], int | None]
 
 
 #: The folder, inside a step's checkpoint directory, that holds its file captures.
@@ -63,6 +65,17 @@ class Restored:
 
     path: Path
     files: tuple[str, ...]
+    #: the step the program's own checkpoint records (GROMACS's MD step), when known
+    engine_step: int | None = None
+
+
+def _engine_step(
+    files: Mapping[str, bytes | memoryview], read_step: StepReader | None
+) -> int | None:
+    """The first step a file of the set records (a GROMACS run has one .cpt)."""
+    if read_step is None:
+        return None
+    return next((s for n in sorted(files) if (s := read_step(n, files[n])) is not None), None)
 
 
 def _signature(path: Path) -> Signature | None:
@@ -97,12 +110,14 @@ class FileGuard:
         step: str,
         pipeline: str = "",
         validate: Validator | None = None,
+        read_step: StepReader | None = None,
         clock: Clock | None = None,
         keep_last: int | None = None,
     ) -> None:
         self.workdir = workdir
         self.patterns = tuple(patterns)
         self._validate = validate
+        self._read_step = read_step
         clock = clock or SystemClock()
         self._ckpt = Checkpointer(
             directory, interval=1.0, store=store, clock=clock, keep_last=keep_last, threads=1
@@ -150,6 +165,7 @@ class FileGuard:
 
     def _capture(self, sigs: dict[str, Signature]) -> bool:
         state: dict[str, object] = {}
+        read: dict[str, bytes | memoryview] = {}
         for name in sorted(sigs):
             path = self.workdir / name
             if self._validate is not None and (why := self._validate(path)) is not None:
@@ -163,8 +179,10 @@ class FileGuard:
             if _signature(path) != sigs[name]:
                 return False  # it changed while we read it: next poll
             state[FILE_KEY + name] = np.frombuffer(data, dtype=np.uint8)
+            read[name] = data
         state["m27_files"] = sorted(sigs)
         self._reporter.files = tuple(sorted(sigs))
+        self._reporter.engine_step = _engine_step(read, self._read_step)
         try:
             self._ckpt.save(state, self.captures + 1)
             self._ckpt.flush()  # small files; the event names exactly these
@@ -226,6 +244,7 @@ def restore_files(
     workdir: Path,
     *,
     validate: Validator | None = None,
+    read_step: StepReader | None = None,
     note: Callable[[str], None] = log.warning,
     store: EventStore | None = None,
     run_id: str = "",
@@ -252,16 +271,19 @@ def restore_files(
             if why is not None:
                 note(f"capture {manifest} is not usable, not restored: {why}")
                 continue
-            restored = Restored(manifest, tuple(sorted(files)))
+            views = {n: np.asarray(d, dtype=np.uint8).data for n, d in files.items()}
+            restored = Restored(manifest, tuple(sorted(files)), _engine_step(views, read_step))
             if store is not None:
-                at = (clock or SystemClock()).now()
-                store.append(
-                    [
-                        CheckpointRestored(
-                            at=at, run_id=run_id, step=step, path=str(manifest), sim_step=0
-                        )
-                    ]
+                event = CheckpointRestored(
+                    at=(clock or SystemClock()).now(),
+                    run_id=run_id,
+                    step=step,
+                    path=str(manifest),
+                    sim_step=0,
+                    files=restored.files,
+                    engine_step=restored.engine_step,
                 )
+                store.append([event])
             return restored
     return None
 

@@ -272,7 +272,9 @@ def _memory_measured(step: StepState, e: ev.StepMemoryMeasured) -> None:
 
 @_on_step(ev.CheckpointWritten)
 def _checkpoint_written(step: StepState, e: ev.CheckpointWritten) -> None:
-    step.last_checkpoint, step.checkpoint_step = e.path, e.sim_step
+    step.last_checkpoint = e.path
+    # a file capture's sim_step counts captures; the program's own step, when read, is it
+    step.checkpoint_step = e.engine_step if e.source == "files" else e.sim_step
     step.checkpoints += 1
 
 

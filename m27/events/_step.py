@@ -122,6 +122,10 @@ class CheckpointWritten(StepEvent):
     #: captured by the runner); `files` names them
     source: str = "arrays"
     files: tuple[str, ...] = ()
+    #: of a file capture: the step the program's own checkpoint records (GROMACS's MD
+    #: step, read from the .cpt header), None when its recipe cannot read one; its
+    #: `sim_step` counts the captures
+    engine_step: int | None = None
 
 
 @event
@@ -129,6 +133,10 @@ class CheckpointWritten(StepEvent):
 class CheckpointRestored(StepEvent):
     path: str
     sim_step: int
+    #: a capture of the program's own files put back (`sim_step` is then 0), and the step
+    #: they record (None: not known)
+    files: tuple[str, ...] = ()
+    engine_step: int | None = None
 
 
 @event

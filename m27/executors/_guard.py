@@ -113,6 +113,7 @@ def open_guard(
     where = workdir or Path.cwd()
     recipe = recipe_named(spec.recipe)
     validate = recipe.valid_file if recipe is not None else None
+    read_step = recipe.recorded_step if recipe is not None else None
     own = capture_dir(checkpoint_dir)
     guard = FileGuard(
         own,
@@ -123,6 +124,7 @@ def open_guard(
         step=step,
         pipeline=spec.pipeline,
         validate=validate,
+        read_step=read_step,
         clock=clock,
     )
     if validate is not None and newer_than_captures(
@@ -134,6 +136,7 @@ def open_guard(
         [own, *spec.restore_from],
         where,
         validate=validate,
+        read_step=read_step,
         note=note,
         store=store,
         run_id=run_id,
@@ -145,8 +148,9 @@ def open_guard(
         resume = spec.resume
         if recipe is not None:
             resume = recipe.resume_args(argv, where, resume, note)
+        at = f" (step {restored.engine_step})" if restored.engine_step is not None else ""
         note(
-            f"restored {', '.join(restored.files)} from {restored.path}; "
+            f"restored {', '.join(restored.files)} from {restored.path}{at}; "
             f"resuming with: {shlex.join(resume) or '(no extra arguments)'}"
         )
         argv = (*argv, *resume)

@@ -184,11 +184,19 @@ def _step_retried(e: ev.StepFailed, node: str) -> Message:
     return Message("step_retried", _join(lines))
 
 
+def _restored_how(e: ev.CheckpointRestored) -> str:
+    where = f"<code>{esc(e.path)}</code>"
+    if not e.files:
+        return f"resumed at step {e.sim_step} from {where}"
+    at = f" at step {e.engine_step}" if e.engine_step is not None else ""
+    return f"restored {esc(', '.join(e.files))}{at} from {where}"
+
+
 def _checkpoint_restored(e: ev.CheckpointRestored, node: str) -> Message:
     lines = [
         _header("♻️", "Checkpoint restored", node),
         _step_line(e.run_id, e.step),
-        f"resumed at step {e.sim_step} from <code>{esc(e.path)}</code>",
+        _restored_how(e),
     ]
     return Message("checkpoint_restored", _join(lines))
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from m27.events import CheckpointWritten, StepStarted
+from m27.events import CheckpointRestored, CheckpointWritten, StepStarted
 from m27.store.sqlite import SqliteEventStore
 from tests.e2e._helpers import M27, ROOT, m27_env, node_state
 from tests.waiting import wait_until
@@ -187,6 +187,12 @@ def test_power_cut_mid_mdrun_resumes_from_the_captured_checkpoint(
     assert "resuming with: -cpi simulation.cpt" in done.stdout
     start = _continued_from(done.stdout)
     assert 0 < start < nsteps
+    # the MD step each capture's .cpt records, as mdrun itself reads it on the resume
+    steps = [e.engine_step for e in _captures(m27_home)]
+    assert all(s is not None for s in steps) and steps == sorted(steps), steps
+    restored = [e for e in _events(m27_home) if isinstance(e, CheckpointRestored)]
+    assert [(e.files, e.engine_step) for e in restored] == [(("simulation.cpt",), start)]
+    assert f"(step {start}); resuming with: -cpi simulation.cpt" in done.stdout
     log = (out / "simulation.log").read_text()
     assert "Reading checkpoint file simulation.cpt" in log
     assert "Restarting from checkpoint, appending to previous log file." in log
@@ -238,6 +244,9 @@ def test_cancel_of_a_running_mdrun_leaves_a_checkpoint_that_resume_uses(
     written = re.findall(r"Writing checkpoint, step (\d+)", log)
     assert written, log[-2000:]
     assert len(_captures(m27_home)) >= 1
+    assert _captures(m27_home)[-1].engine_step == int(written[-1])  # the .cpt's own step
+    listed = json.loads(m27("checkpoints", run_id, "md_simulation/files", "--json").stdout)
+    assert listed[-1]["sim_step"] == int(written[-1])
     done, _ = _resume(m27, run_id, m27_home)
     assert _continued_from(done.stdout) == int(written[-1])
     _assert_whole_energy_file(out)

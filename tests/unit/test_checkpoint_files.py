@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from m27.checkpoint import scan
+import pytest
+
+from m27.checkpoint import artifact_for, scan
 from m27.checkpoint.files import FileGuard, restore_files
+from m27.cli.main import main
 from m27.clock import SystemClock
 from m27.events import CheckpointRestored, CheckpointWritten
 from m27.executors._guard import SelfCheckpoint, open_guard
 from m27.executors.engines.gromacs import Gromacs
 from m27.store.memory import MemoryEventStore
+from tests.unit.gmx_cpt import cpt_file
 
 HEAD, FOOT = (171817).to_bytes(4, "big"), (171819).to_bytes(4, "big")
 
@@ -170,3 +175,41 @@ def test_a_stale_file_the_program_never_rewrites_is_not_captured_when_it_ends(
     guard.baseline()
     guard.stop()  # the program exited without a checkpoint: the final look takes nothing
     assert not any(isinstance(r.event, CheckpointWritten) for r in store.read())
+
+
+def test_a_capture_records_the_md_step_its_checkpoint_holds(
+    tmp_path: Path, m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GROMACS's .cpt records its MD step: the capture's event, its manifest, `m27
+    checkpoints` and a resume show that step, not the capture count."""
+    work = tmp_path / "work"
+    work.mkdir()
+    step_dir = m27_home / "checkpoints" / "20260101-000000-abcd" / "md"
+    spec = SelfCheckpoint(files=("sim.cpt",), resume=("-cpi", "sim.cpt"), recipe="gromacs")
+    launch = _Launch(work, step_dir, spec, run_id="20260101-000000-abcd")
+    store = MemoryEventStore()
+    g = open_guard(launch, ("gmx", "mdrun"), store, SystemClock(), lambda note: None)
+    assert g.guard is not None
+    for step in (2500, 5000):
+        (work / "sim.cpt").write_bytes(cpt_file(step, fill=str(step).encode()))
+        assert g.guard.poll(final=True)
+    g.guard.stop()
+    written = [r.event for r in store.read() if isinstance(r.event, CheckpointWritten)]
+    assert [(e.sim_step, e.engine_step) for e in written] == [(1, 2500), (2, 5000)]
+    assert "| sim step | 5000 |" in artifact_for(written[-1])[1]
+
+    assert main(["checkpoints", "20260101", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["step"], r["seq"], r["sim_step"]) for r in rows] == [
+        ("md/files", 1, 2500),
+        ("md/files", 2, 5000),
+    ]
+    (work / "sim.cpt").write_bytes(b"torn")  # the power cut: resume from the capture
+    notes: list[str] = []
+    again = open_guard(launch, ("gmx", "mdrun"), store, SystemClock(), notes.append)
+    assert again.guard is not None
+    again.guard.stop()
+    assert again.argv == ("gmx", "mdrun", "-cpi", "sim.cpt")
+    assert any(f"from {written[-1].path} (step 5000); resuming" in n for n in notes), notes
+    restored = [r.event for r in store.read() if isinstance(r.event, CheckpointRestored)]
+    assert [(e.files, e.engine_step) for e in restored] == [(("sim.cpt",), 5000)]

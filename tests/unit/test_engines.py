@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import struct
 from pathlib import Path
 
 import pytest
 
 from m27.cli.commands import validate
 from m27.executors.engines import plan_checkpoint, uses_checkpointer
-from m27.executors.engines.gromacs import Gromacs, parse_outputs
+from m27.executors.engines.gromacs import Gromacs, cpt_step, parse_outputs
 from m27.spec import SpecError, parse_pipeline
 from tests.seed import SEED
+from tests.unit.gmx_cpt import GMX_2022_HEAD, cpt_header
 
 
 def _validate(path: Path, capsys: pytest.CaptureFixture[str]) -> str:
@@ -129,6 +131,26 @@ def test_gromacs_checkpoint_validity_needs_header_and_footer(tmp_path: Path) -> 
     torn = tmp_path / "t.cpt"
     torn.write_bytes(body[:60])
     assert "incomplete" in (Gromacs().valid_file(torn) or "")
+
+
+def test_the_md_step_is_read_from_a_real_gromacs_checkpoint_header() -> None:
+    assert cpt_step(GMX_2022_HEAD) == 10_000
+    assert Gromacs().recorded_step("run/simulation.cpt", GMX_2022_HEAD) == 10_000
+    assert Gromacs().recorded_step("simulation.edr", GMX_2022_HEAD) is None  # not a .cpt
+
+
+@pytest.mark.parametrize("version", [4, 5, 10, 11, 12, 13, 14, 17, 22])
+def test_the_md_step_of_every_header_version_is_found(version: int) -> None:
+    step = 3 * 10**9 if version >= 5 else 123_456  # past 2**31: an int64 since version 5
+    assert cpt_step(cpt_header(version, step)) == step
+
+
+def test_a_file_that_is_no_gromacs_checkpoint_has_no_md_step() -> None:
+    assert cpt_step(b"") is None
+    assert cpt_step(GMX_2022_HEAD[:120]) is None  # cut inside the header
+    assert cpt_step(b"LammpS RestartT" + bytes(200)) is None  # another engine's file
+    bad_string = struct.pack(">2i", 171817, 1 << 20) + bytes(64)  # a 1 MiB "version"
+    assert cpt_step(bad_string) is None
 
 
 def test_gromacs_dump_output_list_is_parsed() -> None:

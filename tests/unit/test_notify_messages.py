@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,19 @@ def test_checkpoint_restored() -> None:
         ]
     )
     check_golden("checkpoint_restored", only(msgs, "checkpoint_restored"))
+
+
+def test_a_restored_capture_names_its_files_and_the_step_they_record() -> None:
+    restored = ev.CheckpointRestored(
+        T0, "md-0412", "md_simulation", "/ckpt/files/ckpt-3.json", 0, files=("sim.cpt",)
+    )
+    _, msgs = fold([submitted(), restored])
+    assert "restored sim.cpt from <code>/ckpt/files/ckpt-3.json</code>" in only(
+        msgs, "checkpoint_restored"
+    )
+    _, msgs = fold([submitted(), replace(restored, engine_step=45000)])
+    text = only(msgs, "checkpoint_restored")
+    assert "restored sim.cpt at step 45000 from" in text and "resumed at step 0" not in text
 
 
 def test_gpu_health_messages() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,18 @@ def test_plain_mode_prints_one_line_per_event_of_this_run_only(
     assert "sim: failed (attempt 1): exit code 3" in out
     assert "run r1 failed: step sim failed" in out
     assert "other-run" not in out and " x:" not in out
+
+
+def test_a_capture_of_a_programs_checkpoint_shows_the_step_it_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = ev.StepStarted(2.0, "r1", "sim", 1, 101, 101, ("gmx", "mdrun"), (0,))
+    capture = ev.CheckpointWritten(
+        3.0, "r1", "sim", "/c/m", 2, 2048, 4096, 0.01, source="files", files=("sim.cpt",)
+    )
+    out = _shown(tmp_path, capsys, [started, capture, replace(capture, engine_step=7500)])
+    assert "sim: captured sim.cpt (#2) (2.0KiB written" in out  # the engine's step unknown
+    assert "sim: captured sim.cpt at step 7500 (#2) (2.0KiB written" in out
 
 
 def test_a_steps_first_output_line_comes_after_its_started_line(

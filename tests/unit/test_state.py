@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -229,6 +230,12 @@ def test_checkpoints_count_and_remember_the_last_one() -> None:
         state, ev.CheckpointRestored(at=T0 + 9, run_id="r1", step="md", path="/ck/2", sim_step=2000)
     )
     assert md.restored_from == "/ck/2"
+    # a capture of GROMACS's .cpt: sim_step counts captures, the MD step is the program's
+    capture = dataclasses.replace(written(3), source="files", files=("s.cpt",), sim_step=3)
+    apply(state, dataclasses.replace(capture, engine_step=45_000))
+    assert (md.checkpoint_step, md.checkpoints) == (45_000, 3)
+    apply(state, capture)  # an engine whose step m27 cannot read: none, not the count
+    assert md.checkpoint_step is None
 
 
 def test_requests_become_leases_and_leases_are_released() -> None:

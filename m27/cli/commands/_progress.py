@@ -304,11 +304,10 @@ class Progress:
                 row["status"] = "cancelled"
                 text = f"{step}: cancelled"
             elif isinstance(ev, CheckpointWritten):
-                what = (
-                    f"captured {', '.join(ev.files)} (#{ev.sim_step})"
-                    if ev.source == "files"
-                    else f"checkpoint at step {ev.sim_step}"
-                )
+                what = f"checkpoint at step {ev.sim_step}"
+                if ev.source == "files":
+                    at = "" if ev.engine_step is None else f" at step {ev.engine_step}"
+                    what = f"captured {', '.join(ev.files)}{at} (#{ev.sim_step})"
                 text = (
                     f"{step}: {what} "
                     f"({format_size(ev.bytes_written)} written, state "

@@ -114,15 +114,17 @@ def _with_captures(step: str, step_dir: Path) -> list[tuple[str, Path]]:
 
 def _row(step: str, entry: Listed) -> dict[str, Any]:
     info = entry.info
-    # A capture of a program's own files counts captures, not simulation steps: GROMACS's
-    # first .cpt at MD step 3000 read `SIM STEP 1`. Only the program knows its step.
+    # A capture of a program's own files counts captures in its `sim_step` (GROMACS's
+    # first .cpt at MD step 3000 read `SIM STEP 1`): its step is the one the program
+    # recorded in the file, when the engine's recipe can read it.
     captured = step == CAPTURES or step.endswith(f"/{CAPTURES}")
+    sim_step = (info.engine_step if captured else info.sim_step) if info else None
     return {
         "step": step,
         "seq": entry.seq,
         "path": str(entry.path),
         "time": info.time if info else None,
-        "sim_step": info.sim_step if info and not captured else None,
+        "sim_step": sim_step,
         "bytes_written": info.bytes_written if info else None,
         "bytes_total": info.bytes_total if info else None,
         "percent_changed": round(info.percent_changed, 2) if info else None,

@@ -50,6 +50,12 @@ class Recipe(Protocol):
         """Why `path` is not a complete checkpoint file (None: it looks complete)."""
         ...
 
+    def recorded_step(self, name: str, data: bytes | memoryview) -> int | None:
+        """The simulation step a checkpoint file `name` holding `data` was written at, as
+        the engine records it (None: not known). Listings and events show it, since only
+        the program knows how far its own checkpoint got."""
+        return None
+
     def resume_args(self, argv: Argv, workdir: Path, resume: Argv, note: Note) -> Argv:
         """The resume arguments to use now that the capture is back in `workdir`."""
         return resume

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,9 @@ class Gromacs(Recipe):
             return "incomplete GROMACS checkpoint (no footer: torn or still being written)"
         return None
 
+    def recorded_step(self, name: str, data: bytes | memoryview) -> int | None:
+        return cpt_step(data) if name.endswith(".cpt") else None
+
     def resume_args(self, argv: Argv, workdir: Path, resume: Argv, note: Note) -> Argv:
         cpt = option(resume, "-cpi")
         if cpt is None or "-noappend" in argv or "-noappend" in resume:
@@ -109,6 +113,55 @@ class Gromacs(Recipe):
             return (*resume, "-noappend")
         note(f"outputs match {cpt}: mdrun appends to {', '.join(r.name for r in records)}")
         return resume
+
+
+def cpt_step(data: bytes | memoryview) -> int | None:
+    """The MD step a .cpt was written at, read from its XDR header; None if it is not one.
+
+    The header is GROMACS's ``do_cpt_header``: the magic int, six strings (version, three
+    unused build fields, program, time), the file version, then fields each added in a
+    known file version (double precision 13, host 12, atoms, T-coupling groups,
+    Nose-Hoover chains 10, barostat chains 11, lambda states 14, integrator, simulation
+    part 3) and the step, an int64 from version 5. Only the header is read: no `gmx dump`
+    (a process, a second) for a number the listings show.
+    """
+    at = 0
+
+    def ints(n: int) -> tuple[int, ...]:
+        nonlocal at
+        values = struct.unpack_from(f">{n}i", data, at)
+        at += 4 * n
+        return values
+
+    try:
+        if ints(1)[0] != CPT_MAGIC1:
+            return None
+        for _ in range(6):
+            (length,) = ints(1)
+            if not 0 <= length <= 1024:
+                return None
+            at += (length + 3) & ~3  # XDR pads strings to four bytes
+        (version,) = ints(1)
+        if version < 1:
+            return None
+        if version >= 13:
+            ints(1)
+        if version >= 12:
+            (length,) = ints(1)
+            if not 0 <= length <= 1024:
+                return None
+            at += (length + 3) & ~3
+        later = [(0, 2), (10, 1), (11, 1), (14, 1), (0, 1), (3, 1)]  # (since version, ints)
+        for since, n in later:
+            if version >= since:
+                ints(n)
+        if version >= 5:
+            (step,) = struct.unpack_from(">q", data, at)
+        else:
+            (step,) = ints(1)
+    except struct.error:  # shorter than its header
+        return None
+    return step if step >= 0 else None
 
 
 _FIELD = re.compile(
