@@ -13,45 +13,18 @@ from collections.abc import Sequence
 
 from m27 import __version__
 from m27._exceptions import ConfigError, M27Error, SpecError
-
-#: subcommand modules under m27.cli.commands, in the order `m27 --help` lists them.
-COMMANDS = (
-    "run",
-    "validate",
-    "runs",
-    "status",
-    "logs",
-    "cancel",
-    "checkpoints",
-    "gpus",
-    "queue",
-    "bump",
-    "agent",
-    "config_cmd",
-    "exporter",
-    "notify",
-    "simulate",
-    "deploy",
-    "pool",
-    "worker",
-)
-
-
-#: command names whose module is named otherwise (see each module's `register`).
-_MODULE_OF = {"config": "config_cmd", "notifier": "notify", "bot": "notify"}
+from m27.cli.commands import COMMANDS, MODULE
 
 
 def _only(argv: Sequence[str]) -> tuple[str, ...] | None:
     """The one command module `argv` needs, so `m27 run` does not import the modules of
     every other command (Telegram, checkpoints, Prefect deployments: about a second on a
-    loaded machine); None when the whole parser is needed (help, a typo)."""
+    loaded machine); None when there is no command to run (help, a typo)."""
     if list(argv) == ["--version"]:
         return ()
     name = next((a for a in argv if not a.startswith("-")), None)
-    if name is None:
-        return None
-    module = _MODULE_OF.get(name, name)
-    return (module,) if module in COMMANDS else None
+    module = MODULE.get(name) if name is not None else None
+    return None if module is None else (module,)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,6 +44,24 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser (every command module, or only `modules`)."""
+    parser, sub = _top()
+    for name in dict.fromkeys(MODULE.values()) if modules is None else modules:
+        importlib.import_module(f"m27.cli.commands.{name}").register(sub)
+    return parser
+
+
+def overview_parser() -> argparse.ArgumentParser:
+    """`m27` with its commands named and summed up but none imported: what ``m27 --help``
+    shows and a mistyped command is checked against (``invalid choice: 'rnu' (choose
+    from ...)``). It never runs a command: one named in argv gets :func:`build_parser`."""
+    parser, sub = _top()
+    for name, _, line in COMMANDS:
+        sub.add_parser(name, help=line)
+    return parser
+
+
+def _top() -> tuple[_Parser, argparse._SubParsersAction[_Parser]]:
     parser = _Parser(
         prog="m27",
         description="Run YAML pipelines of cpu/gpu steps on Prefect, keep GPUs busy, "
@@ -78,16 +69,7 @@ def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParse
         epilog="Exit codes: 0 success, 1 failure, 2 bad input. Docs: docs/ in the repository.",
     )
     parser.add_argument("--version", action="version", version=f"m27 {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS if modules is None else modules:
-        try:
-            module = importlib.import_module(f"m27.cli.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"m27.cli.commands.{name}":
-                raise
-            continue
-        module.register(sub)
-    return parser
+    return parser, parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             served = warm_client.run_warm(argv[1:])
             if served is not None:
                 return served
-    parser = build_parser(_only(argv))
+    modules = _only(argv)
+    parser = overview_parser() if modules is None else build_parser(modules)
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)

@@ -5,22 +5,62 @@ shows each argument once."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
-from m27.cli.main import COMMANDS, build_parser
+from m27.cli.commands import COMMANDS
+from m27.cli.main import build_parser, overview_parser
+
+
+def _sub(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(sub.choices)
+    return dict(_sub(build_parser()).choices)
 
 
-def test_every_module_registers_its_commands() -> None:
-    names = set(_commands())
-    assert {"run", "validate", "config", "notifier", "bot", "worker"} <= names
-    assert len(names) >= len(COMMANDS)
+def _listed(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:
+    """(command, its line) as `m27 --help` lists them."""
+    return [(a.dest, a.help) for a in _sub(parser)._choices_actions]
+
+
+def test_every_module_registers_the_commands_the_table_names_it_for() -> None:
+    for module in {m for _, m, _ in COMMANDS}:
+        assert set(dict(_sub(build_parser([module])).choices)) == {
+            n for n, m, _ in COMMANDS if m == module
+        }, module
+    assert [n for n, _, _ in COMMANDS] == list(_commands())
+
+
+def test_the_overview_lists_what_the_whole_parser_would() -> None:
+    """`m27 --help` comes from the table without importing a command: the same commands,
+    lines and order as the parser their modules build."""
+    assert _listed(overview_parser()) == _listed(build_parser())
+    assert overview_parser().format_help() == build_parser().format_help()
+
+
+def test_help_and_a_mistyped_command_import_no_command_module() -> None:
+    probe = (
+        "import sys\n"
+        "from m27.cli.main import main\n"
+        "for argv in (['--help'], ['rnu'], []):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        print('exit', e.code)\n"
+        "mods = [m for m in sys.modules if m.startswith(('m27.cli.commands.', 'telegram'))]\n"
+        "print('imported', sorted(mods))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "exit 0\nexit 2\nexit 2\n" in done.stdout
+    assert "imported []" in done.stdout, done.stdout
+    assert "invalid choice: 'rnu' (choose from 'run', 'validate'" in done.stderr
 
 
 @pytest.mark.parametrize("name", sorted(_commands()))

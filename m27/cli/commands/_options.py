@@ -9,18 +9,20 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from m27.cli.commands import SUMMARY
+
 
 def add_command(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     name: str,
     run: Callable[[argparse.Namespace], int],
-    summary: str,
 ) -> argparse.ArgumentParser:
-    """Subcommand `name`, carried out by `run`: `summary` is its line in ``m27 --help``,
-    and `run`'s docstring its description in ``m27 NAME --help`` (argparse re-wraps it),
-    as click takes a command's help from its function: the text that says what the
-    command does stands once, on the code that does it."""
-    p = sub.add_parser(name, help=summary, description=run.__doc__)
+    """Subcommand `name`, carried out by `run`: its line in ``m27 --help`` is the table's
+    (:data:`m27.cli.commands.SUMMARY`), and `run`'s docstring its description in ``m27
+    NAME --help`` (argparse re-wraps it), as click takes a command's help from its
+    function: the text that says what the command does stands once, on the code that
+    does it."""
+    p = sub.add_parser(name, help=SUMMARY[name], description=run.__doc__)
     p.set_defaults(func=run)
     return p
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from m27._exceptions import ConfigError
-from m27.cli.commands import _common
+from m27.cli.commands import SUMMARY, _common
 from m27.cli.warm import runner_pid
 from m27.config import load_settings, m27_home
 from m27.events import Event, RunSubmitted
@@ -34,7 +34,7 @@ from m27.units import count, format_duration, parse_duration
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "agent",
-        help="the node service: the GPU queue and the node's Prefect server",
+        help=SUMMARY["agent"],
         description="Run the node service until SIGTERM/SIGINT: the agent (it grants GPUs "
         "and CPU slots to waiting steps with the three-tier policy, pauses, resumes and "
         "promotes guests), the crash watcher (a run whose process died becomes Crashed in "

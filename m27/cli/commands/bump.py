@@ -15,7 +15,7 @@ from m27.runids import resolve
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = add_command(sub, "bump", run, "change a step's priority")
+    p = add_command(sub, "bump", run)
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("step", metavar="STEP")
     p.add_argument("delta", metavar="N", type=int)

@@ -8,7 +8,7 @@ import sys
 import time
 
 from m27._exceptions import M27Error
-from m27.cli.commands import _common
+from m27.cli.commands import SUMMARY, _common
 from m27.events import CancelRequested, RunCancelled, StepCancelled
 from m27.store.sqlite import SqliteEventStore
 
@@ -16,7 +16,7 @@ from m27.store.sqlite import SqliteEventStore
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "cancel",
-        help="cancel a run",
+        help=SUMMARY["cancel"],
         description="Record a cancel request for RUN; the process running it "
         "stops its steps and records the run as cancelled. If that process is "
         "gone (crashed), the steps' process groups are stopped here.",

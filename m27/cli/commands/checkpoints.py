@@ -19,6 +19,7 @@ from m27 import runids, tables
 from m27._exceptions import CorruptCheckpointError, RunError
 from m27.checkpoint import Listed, checkpoints_home, load_settings, prune, scan, verify
 from m27.checkpoint.files import CAPTURES, capture_dir
+from m27.cli.commands import SUMMARY
 from m27.cli.commands._common import print_json
 from m27.paths import join_under
 from m27.tables import Col
@@ -30,7 +31,7 @@ _ACTIONS = ("list", "verify", "gc")
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "checkpoints",
-        help="list, verify or garbage-collect a run's checkpoints",
+        help=SUMMARY["checkpoints"],
         # argparse would write nargs="+" as "[verify|gc] RUN [STEP] [[verify|gc] ...]"
         usage="m27 checkpoints [-h] [--json] [--keep N] [verify|gc] RUN [STEP]",
         description="List the checkpoints of RUN (all steps, or STEP); `verify` checks every "

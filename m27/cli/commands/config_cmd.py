@@ -19,6 +19,7 @@ from typing import Any
 from m27 import tables
 from m27._exceptions import ConfigError
 from m27.checkpoint import native_hashing
+from m27.cli.commands import SUMMARY
 from m27.config import CHUNK_SIZE_ENV, KEYS, config_path, load_settings, m27_home
 from m27.tables import Col
 from m27.units import format_duration, format_size
@@ -31,7 +32,7 @@ _PASS_THROUGH = ("CUDA_LAUNCH_BLOCKING",)
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "config",
-        help="show the effective settings and where each came from",
+        help=SUMMARY["config"],
         description="Show each setting, its value and its source (default, file:line, env).",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from m27.cli.commands import _common
+from m27.cli.commands import SUMMARY, _common
 from m27.cli.commands._options import add_set_option
 from m27.cli.commands.pool import lab_server
 from m27.lab.capacity import TIERS, check_tier
@@ -18,7 +18,7 @@ from m27.spec import load_pipeline, parse_set_args
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "deploy",
-        help="create or update a Prefect deployment of a pipeline",
+        help=SUMMARY["deploy"],
         description="Validate FILE and create (or update) deployment m27-pipeline/NAME of "
         "flows/pipeline.py with FILE and the --set values as parameters, in work pool m27 "
         "on the queue of --tier. With --cron the deployment runs on that schedule. The "

@@ -14,13 +14,14 @@ import signal
 import sys
 
 from m27._exceptions import ConfigError
+from m27.cli.commands import SUMMARY
 from m27.signals import stop_event
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "exporter",
-        help="serve GPU and pipeline metrics to Prometheus",
+        help=SUMMARY["exporter"],
         description="A Prometheus exporter: per-GPU utilization, memory, temperature, power, "
         "energy, clocks and throttle reasons (NVML, or M27_GPUS=sim:N), per-process GPU use "
         "with run/step labels, and the queue, leases, runs, checkpoints and energy per step "

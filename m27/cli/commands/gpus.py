@@ -23,7 +23,7 @@ from m27.units import format_size
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = add_command(sub, "gpus", run, "show the GPUs of this node")
+    p = add_command(sub, "gpus", run)
     p.add_argument("--json", action="store_true", help="one JSON array, for scripts")
     p.add_argument(
         "--watch",

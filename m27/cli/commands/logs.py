@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from m27.cli.commands import _common
+from m27.cli.commands import SUMMARY, _common
 from m27.config import m27_home
 from m27.events.state import StepState
 from m27.paths import join_under
@@ -17,7 +17,7 @@ from m27.paths import join_under
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "logs",
-        help="print a step's log",
+        help=SUMMARY["logs"],
         description="Print the log of STEP in RUN (STEP may be left out when the run has one "
         "step); with -f keep following it until the step ends. RUN is a run id, a unique "
         "prefix, or `last`.",

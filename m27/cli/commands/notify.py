@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 from m27._exceptions import ConfigError, NotifyError
+from m27.cli.commands import SUMMARY
 from m27.locks import BOT_LOCK, NOTIFY_LOCK, NodeLock
 from m27.notify.bot import serve_bot
 from m27.notify.config import NotifyConfig, load_config
@@ -30,7 +31,7 @@ log = logging.getLogger("m27.notify")
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "notify",
-        help="Telegram notifications: send a test, show or retry the outbox",
+        help=SUMMARY["notify"],
         description="Check the Telegram settings (M27_TELEGRAM_TOKEN or a 0600 token file, "
         "M27_TELEGRAM_CHAT_IDS) and look at the notifier's outbox.",
     )
@@ -46,13 +47,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     n = sub.add_parser(
         "notifier",
-        help="follow the event log and send Telegram messages (a service)",
+        help=SUMMARY["notifier"],
         description="Run until SIGTERM/Ctrl-C. One notifier per node delivers.",
     )
     n.set_defaults(func=run_notifier)
     b = sub.add_parser(
         "bot",
-        help="answer Telegram commands from allow-listed chats (a service)",
+        help=SUMMARY["bot"],
         description="Long-polls Telegram: /status /runs /queue /gpus /cancel /bump /resume.",
     )
     b.add_argument("--poll-timeout", type=int, default=30, help="long-poll seconds (default 30)")

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from m27._exceptions import M27Error
-from m27.cli.commands import _common
+from m27.cli.commands import SUMMARY, _common
 from m27.lab.deploy import POOL_NAME
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "pool",
-        help="manage the m27 work pool on a Prefect server",
+        help=SUMMARY["pool"],
         description="`m27 pool init` creates work pool m27 (type m27) with the queues "
         "immediate, ready and background (priorities 1, 2, 3) on the Prefect server at "
         "PREFECT_API_URL, or without it on this node's own (the node service's). Running "

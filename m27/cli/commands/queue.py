@@ -30,7 +30,7 @@ from m27.tables import Col
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = add_command(sub, "queue", run, "show the GPU queue: tiers, effective priorities, reasons")
+    p = add_command(sub, "queue", run)
     p.add_argument("--why", metavar="STEP", help="only the reason for STEP (RUN/STEP or STEP)")
     p.add_argument("--json", action="store_true", help="one JSON object, for scripts")
 

@@ -15,7 +15,7 @@ from typing import Any
 from m27 import runids
 from m27._exceptions import RunnerError, StoreError
 from m27.cli import warm
-from m27.cli.commands import _common
+from m27.cli.commands import SUMMARY, _common
 from m27.cli.commands._options import add_set_option
 from m27.cli.commands._progress import Progress
 from m27.cli.prefect_run import prefect_defaults, quiet_run_loggers, run_settings
@@ -29,7 +29,7 @@ from m27.spec import Pipeline, Problem, load_pipeline, parse_set_args
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run",
-        help="run a pipeline file",
+        help=SUMMARY["run"],
         description="Validate FILE, record the run in the node's event log and run it as a "
         "Prefect flow on the node service's Prefect server (started when none runs; "
         "PREFECT_API_URL: the lab's server instead). "

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from m27 import tables
-from m27.cli.commands import _common
+from m27.cli.commands import SUMMARY, _common
 from m27.cli.commands.status import crash_truth
 from m27.tables import Col
 from m27.units import format_duration
@@ -17,7 +17,7 @@ from m27.units import format_duration
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "runs",
-        help="list runs (newest last)",
+        help=SUMMARY["runs"],
         description="List the runs recorded in this node's event log.",
     )
     p.add_argument(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from m27._exceptions import SpecError
+from m27.cli.commands import SUMMARY
 from m27.units import parse_duration
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate",
-        help="replay a trace under m27 and baseline policies",
+        help=SUMMARY["simulate"],
         description="TRACE is a JSON Lines trace, an Alibaba openb_pod_list_*.csv, an m27 "
         "event log (events.db), or `lab[:seed=N,load=X]` for the generated lab week. "
         "Prints GPU busy %, idle % while work waits, makespan, jobs done in the window "

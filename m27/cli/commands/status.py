@@ -18,7 +18,7 @@ from m27.units import format_duration
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = add_command(sub, "status", run, "show a run's steps, or the live runs")
+    p = add_command(sub, "status", run)
     p.add_argument("run_id", nargs="?", metavar="RUN")
     p.add_argument("--json", action="store_true", help="JSON, for scripts")
 

@@ -49,7 +49,7 @@ def _order_line(order: list[str]) -> str:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = add_command(sub, "validate", run, "check a pipeline file and list every problem")
+    parser = add_command(sub, "validate", run)
     parser.add_argument("file", help="the pipeline YAML file")
     add_set_option(parser, dest="set_vars")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from m27.cli.commands import SUMMARY
 from m27.cli.commands.pool import lab_server
 from m27.lab.capacity import TIERS
 from m27.lab.deploy import POOL_NAME
@@ -19,7 +20,7 @@ from m27.lab.deploy import POOL_NAME
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "worker",
-        help="run this node's Prefect worker (type m27)",
+        help=SUMMARY["worker"],
         description="Poll work pool m27 and run the flow runs this node has room for, "
         "highest tier first; publish the node's free seats; record crashed runs. The node "
         "is M27_HOME and M27_GPUS; PREFECT_API_URL names the server (without it: this "
