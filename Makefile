@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SRC     = m27 flows tests benchmarks examples
 
-.PHONY: install example example-gromacs test lint typecheck unit bench clean
+.PHONY: install example example-gromacs example-lammps test lint typecheck unit bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ example: install
 example-gromacs: install
 	@command -v gmx >/dev/null || { echo "gmx not found: apt-get install gromacs" >&2; exit 1; }
 	$(BIN)/m27 run examples/gromacs/pipeline.yaml
+
+## LAMMPS (apt-get install --no-install-recommends lammps first): a Lennard-Jones melt.
+example-lammps: install
+	@command -v lmp >/dev/null || { echo "lmp not found: apt-get install lammps" >&2; exit 1; }
+	$(BIN)/m27 run examples/lammps/pipeline.yaml
 
 lint: install
 	$(BIN)/ruff check $(SRC)

@@ -234,5 +234,6 @@ def _self_checkpoint(run: _Run, step: Step) -> tuple[tuple[str, ...], SelfCheckp
         restore_from=tuple(join_under(d, step.name, "files") for d in run.resume_dirs),
         poll=settings.capture_poll,
         pipeline=run.pipeline.name,
+        every=step.checkpoint,
     )
     return plan.argv, guarded, settings.checkpoint_grace

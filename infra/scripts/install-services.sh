@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the real services the integration tests start on localhost (Debian/Ubuntu, root):
-# Prometheus, Slurm (slurm-wlm, munge), PostgreSQL and GROMACS (the `gmx` binary), and the
+# Prometheus, Slurm (slurm-wlm, munge), PostgreSQL, GROMACS (the `gmx` binary) and LAMMPS
+# (`lmp`), and the
 # C compiler that builds m27's checkpoint hasher at install (its test fails under CI=true
 # without it).
 # Idempotent: installs only what is missing. CI runs it before `make test`.
@@ -33,6 +34,12 @@ if ! command -v gmx >/dev/null 2>&1; then
     missing+=(gromacs)
 fi
 
+# LAMMPS (its restart-file convention and resume are tested with a real `lmp`;
+# with CI=true that test fails, not skips, without it).
+if ! command -v lmp >/dev/null 2>&1; then
+    missing+=(lammps)
+fi
+
 # A C compiler: `pip install` builds csrc/spans.c (m27.checkpoint._spans) with it.
 if ! command -v cc >/dev/null 2>&1; then
     missing+=(gcc libc6-dev)
@@ -55,3 +62,4 @@ prometheus --version 2>&1 | head -1
 slurmctld -V
 ls /usr/lib/postgresql/
 gmx --version 2>/dev/null | grep -m1 'GROMACS version' || true
+lmp -h 2>/dev/null | grep -m1 'Large-scale Atomic' || true

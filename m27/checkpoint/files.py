@@ -113,12 +113,17 @@ class FileGuard:
         read_step: StepReader | None = None,
         clock: Clock | None = None,
         keep_last: int | None = None,
+        every: float | None = None,
     ) -> None:
         self.workdir = workdir
         self.patterns = tuple(patterns)
         self._validate = validate
         self._read_step = read_step
+        self._every = every or 0.0
+        self._poll_every = 0.0
+        self._last_capture: float | None = None
         clock = clock or SystemClock()
+        self._clock = clock
         self._ckpt = Checkpointer(
             directory, interval=1.0, store=store, clock=clock, keep_last=keep_last, threads=1
         )
@@ -152,16 +157,33 @@ class FileGuard:
     def poll(self, final: bool = False) -> bool:
         """One look; capture if the files changed and are complete. True if captured.
 
-        `final` (the program has exited): nothing writes any more, so one look is enough.
+        Complete means: the engine's check passes (GROMACS's footer, LAMMPS's closing magic
+        string) and the files did not change while being read; without such a check, also
+        the same size and mtime on two polls in a row. A program that rewrites its file
+        more often than m27 polls (LAMMPS writing every 200 steps of a small system) has
+        a new version at every look: the two-poll rule alone never captured one until it
+        exited. At most one capture per `every` (the step's checkpoint interval, less one
+        poll, so a program writing at that interval is captured each time) keeps such a
+        program from filling the store and Prefect with a capture a second.
+
+        `final` (the program has exited): nothing writes any more, so one look is enough,
+        and it is always taken.
         """
         with self._lock:
             names = matched(self.workdir, self.patterns)
             sigs = {n: s for n in names if (s := _signature(self.workdir / n)) is not None}
-            stable = final or sigs == self._last_poll
+            stable = final or sigs == self._last_poll or self._validate is not None
             self._last_poll = sigs
             if not sigs or sigs == self._captured or not stable:
                 return False
+            if not final and self._too_soon():
+                return False
             return self._capture(sigs)
+
+    def _too_soon(self) -> bool:
+        if self._last_capture is None:
+            return False
+        return self._clock.monotonic() - self._last_capture < self._every - self._poll_every
 
     def _capture(self, sigs: dict[str, Signature]) -> bool:
         state: dict[str, object] = {}
@@ -191,10 +213,12 @@ class FileGuard:
             return False
         self._captured = sigs
         self.captures += 1
+        self._last_capture = self._clock.monotonic()
         return True
 
     def start(self, every: float) -> None:
         """Poll every `every` seconds on a thread until :meth:`stop`."""
+        self._poll_every = every
 
         def loop() -> None:
             while not self._stop.wait(every):

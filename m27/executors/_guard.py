@@ -39,6 +39,8 @@ class SelfCheckpoint:
     restore_from: tuple[Path, ...] = ()
     poll: float = 1.0
     pipeline: str = ""
+    #: the step's checkpoint interval: at most one capture per interval while it runs
+    every: float | None = None
 
 
 @dataclass
@@ -126,6 +128,7 @@ def open_guard(
         validate=validate,
         read_step=read_step,
         clock=clock,
+        every=spec.every,
     )
     if validate is not None and newer_than_captures(
         [own, *spec.restore_from], where, spec.files, validate

@@ -12,12 +12,13 @@ import pytest
 from m27.checkpoint import artifact_for, scan
 from m27.checkpoint.files import FileGuard, restore_files
 from m27.cli.main import main
-from m27.clock import SystemClock
+from m27.clock import FakeClock, SystemClock
 from m27.events import CheckpointRestored, CheckpointWritten
 from m27.executors._guard import SelfCheckpoint, open_guard
 from m27.executors.engines.gromacs import Gromacs
+from m27.executors.engines.lammps import Lammps
 from m27.store.memory import MemoryEventStore
-from tests.unit.gmx_cpt import cpt_file
+from tests.unit.engine_files import cpt_file, lammps_restart
 
 HEAD, FOOT = (171817).to_bytes(4, "big"), (171819).to_bytes(4, "big")
 
@@ -57,18 +58,18 @@ def _guard(tmp_path: Path, store: MemoryEventStore) -> FileGuard:
     )
 
 
-def test_a_file_is_captured_once_it_is_stable_and_complete(tmp_path: Path) -> None:
+def test_a_complete_file_is_captured_at_first_sight_and_a_torn_one_never(
+    tmp_path: Path,
+) -> None:
     store = MemoryEventStore()
     guard = _guard(tmp_path, store)
     work = guard.workdir
     _cpt(work / "sim.cpt", b"a")
-    assert not guard.poll()  # first sight: not yet known to be stable
-    assert guard.poll()  # same size and mtime twice: captured
+    assert guard.poll()  # the engine's check says complete: no second look needed
     assert not guard.poll()  # unchanged: nothing new
     (work / "sim.cpt").write_bytes(HEAD + b"b" * 100)  # torn: no footer
     assert not guard.poll() and not guard.poll()
     _cpt(work / "sim.cpt", b"c")
-    guard.poll()
     assert guard.poll()
     guard.stop()
     written = [r.event for r in store.read() if isinstance(r.event, CheckpointWritten)]
@@ -76,6 +77,46 @@ def test_a_file_is_captured_once_it_is_stable_and_complete(tmp_path: Path) -> No
         ("files", ("sim.cpt",), "md", "p")
     ] * 2
     assert written[1].bytes_written < written[1].bytes_total  # only changed chunks
+
+
+def test_files_no_engine_can_check_are_captured_once_stable_on_two_polls(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    guard = FileGuard(tmp_path / "ckpt", work, ["state.bin"], store=None, run_id="", step="s")
+    (work / "state.bin").write_bytes(b"x" * 1000)
+    assert not guard.poll()  # first sight: it may still be being written
+    assert guard.poll()  # same size and mtime twice: captured
+    guard.stop()
+
+
+def test_a_program_rewriting_its_file_at_every_poll_is_captured_once_per_interval(
+    tmp_path: Path,
+) -> None:
+    """LAMMPS writing a small system's restart file every 200 steps rewrote it between
+    any two polls: m27 captured nothing until the program exited. Now each complete
+    version may be taken, but at most one per checkpoint interval (less one poll)."""
+    clock = FakeClock()
+    store = MemoryEventStore()
+    work = tmp_path / "work"
+    work.mkdir()
+    guard = FileGuard(
+        tmp_path / "ckpt", work, ["m27.restart"], store=store, run_id="r1", step="melt",
+        validate=Lammps().valid_file, read_step=Lammps().recorded_step, clock=clock, every=10.0,
+    )  # fmt: skip
+    guard._poll_every = 1.0  # as start(1.0) sets it, without its thread
+    taken = []
+    for second in range(25):  # a new restart file before every poll
+        (work / "m27.restart").write_bytes(lammps_restart(step=100 * second))
+        if guard.poll():
+            taken.append(100 * second)
+        clock.advance(1.0)
+    (work / "m27.restart").write_bytes(lammps_restart(step=2500))
+    guard.stop()  # the program exited: its last file is always taken
+    written = [r.event for r in store.read() if isinstance(r.event, CheckpointWritten)]
+    assert taken == [0, 900, 1800]
+    assert [e.engine_step for e in written] == [0, 900, 1800, 2500]
 
 
 def test_restore_skips_a_damaged_capture_and_uses_the_previous_one(tmp_path: Path) -> None:
@@ -154,7 +195,6 @@ def test_a_fresh_start_does_not_capture_a_checkpoint_another_run_left(tmp_path: 
     assert g.argv == ("prog",) and g.guard is not None  # nothing to resume from
     assert not g.guard.poll() and not g.guard.poll()  # stable, complete, and still not taken
     new = _cpt(work / "sim.cpt", b"new")  # the program's own first checkpoint
-    g.guard.poll()
     assert g.guard.poll()
     g.guard.stop()
     written = [r.event for r in store.read() if isinstance(r.event, CheckpointWritten)]

@@ -11,9 +11,16 @@ import pytest
 from m27.cli.commands import validate
 from m27.executors.engines import plan_checkpoint, uses_checkpointer
 from m27.executors.engines.gromacs import Gromacs, cpt_step, parse_outputs
+from m27.executors.engines.lammps import Lammps, restart_step
 from m27.spec import SpecError, parse_pipeline
 from tests.seed import SEED
-from tests.unit.gmx_cpt import GMX_2022_HEAD, cpt_header
+from tests.unit.engine_files import (
+    GMX_2022_HEAD,
+    LAMMPS_2021_HEAD,
+    LAMMPS_MAGIC,
+    cpt_header,
+    lammps_restart,
+)
 
 
 def _validate(path: Path, capsys: pytest.CaptureFixture[str]) -> str:
@@ -121,6 +128,41 @@ def test_lammps_recipe_uses_var_convention() -> None:
     assert p.argv == ("lmp_serial", "-var", "m27_restart", "m27.restart", "-var", "m27_every_s",
                       "600", "-in", "in.md")  # fmt: skip
     assert (p.files, p.resume) == (("m27.restart",), ("-var", "m27_resume", "1"))
+
+
+def test_the_timestep_is_read_from_a_real_lammps_restart_header() -> None:
+    assert restart_step(LAMMPS_2021_HEAD) == 20_000
+    assert Lammps().recorded_step("m27.restart", LAMMPS_2021_HEAD) == 20_000
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_the_timestep_of_a_restart_file_of_either_byte_order_is_found(order: str) -> None:
+    assert restart_step(lammps_restart(3 * 10**10, order=order)) == 3 * 10**10  # a bigint
+
+
+def test_a_file_that_is_no_lammps_restart_file_has_no_timestep() -> None:
+    assert restart_step(b"") is None
+    assert restart_step(LAMMPS_2021_HEAD[:90]) is None  # cut before the step
+    assert restart_step(GMX_2022_HEAD) is None
+    assert restart_step(LAMMPS_MAGIC + struct.pack("<2i", 7, 2) + bytes(64)) is None  # endian?
+    odd = LAMMPS_MAGIC + struct.pack("<3i", 1, 2, 99) + bytes(64)  # an unknown header entry
+    assert restart_step(odd) is None
+
+
+def test_lammps_restart_validity_needs_the_closing_magic_string(tmp_path: Path) -> None:
+    """write_restart rewrites the file in place: a copy taken mid-write starts right and
+    stops short; since format revision 1 a whole file ends with the magic string."""
+    whole = tmp_path / "m27.restart"
+    data = lammps_restart(4000)
+    whole.write_bytes(data)
+    assert Lammps().valid_file(whole) is None
+    whole.write_bytes(data[: len(data) // 2])
+    assert "incomplete" in (Lammps().valid_file(whole) or "")
+    whole.write_bytes(b"not lammps" * 10)
+    assert "bad magic" in (Lammps().valid_file(whole) or "")
+    old = lammps_restart(4000, revision=0)  # before the closing magic string existed
+    whole.write_bytes(old[:-100])
+    assert Lammps().valid_file(whole) is None
 
 
 def test_gromacs_checkpoint_validity_needs_header_and_footer(tmp_path: Path) -> None:

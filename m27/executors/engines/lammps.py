@@ -5,23 +5,28 @@ script meet on a convention (see docs/engines.md):
 
 - m27 passes ``-var m27_restart m27.restart``, ``-var m27_every_s <seconds>`` when
   `checkpoint:` has an interval, and ``-var m27_resume 1`` on a resume;
-- the script writes ``restart <N steps> ${m27_restart}`` (one file, overwritten) and
-  starts with ``if "${m27_resume} == 1" then "read_restart ${m27_restart}" else
-  "read_data system.data"``.
+- the script runs ``run <N> upto pre no post no every <M> "write_restart ${m27_restart}"``
+  (one file, rewritten every M steps) and starts with ``if "${m27_resume} == 1" then
+  "read_restart ${m27_restart}"``.
 
-Command-line `-var` values are index variables, so a script's own
+Not LAMMPS's ``restart M ${m27_restart}``: with one file name it appends the step
+(``m27.restart.1000``, ``m27.restart.2000``, ...), so no file of the declared name ever
+appears. Command-line `-var` values are index variables, so a script's own
 ``variable m27_resume index 0`` default is overridden by m27 and still runs by hand.
 """
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 from m27.executors.engines._base import Argv, Recipe, RecipePlan
 
 RESTART_FILE = "m27.restart"
-#: the first bytes of a LAMMPS binary restart file
-_MAGIC = b"LammpS RestartT"
+#: the first bytes of a LAMMPS binary restart file (and, since format revision 1, its last)
+_MAGIC = b"LammpS RestartT\0"
+#: header entries (flag, value) before the step: strings, ints, and the step itself
+_STRINGS, _INTS, _NTIMESTEP = {0, 4}, {1, 2, 3, 48}, 5
 
 
 class Lammps(Recipe):
@@ -31,7 +36,8 @@ class Lammps(Recipe):
     def plan(self, argv: Argv, index: int, every: float | None) -> RecipePlan:
         extra: list[str] = ["-var", "m27_restart", RESTART_FILE]
         notes = [
-            f"-var m27_restart {RESTART_FILE}: the input script writes `restart N ${{m27_restart}}`"
+            f"-var m27_restart {RESTART_FILE}: the input script runs "
+            '`run N upto pre no post no every M "write_restart ${m27_restart}"`'
         ]
         if every is not None:
             extra += ["-var", "m27_every_s", f"{every:g}"]
@@ -44,8 +50,65 @@ class Lammps(Recipe):
         try:
             with open(path, "rb") as f:
                 head = f.read(64)
+                size = f.seek(0, 2)
+                f.seek(max(0, size - len(_MAGIC)))
+                tail = f.read()
         except OSError as exc:
             return f"cannot read: {exc}"
-        if _MAGIC not in head:
+        if not head.startswith(_MAGIC):
             return "not a LAMMPS restart file (bad magic string)"
+        revision = _revision(head)
+        if revision is not None and revision >= 1 and tail != _MAGIC:
+            # write_restart rewrites the file in place; the magic string ends a whole one
+            return "incomplete LAMMPS restart file (no closing magic string: torn or being written)"
         return None
+
+    def recorded_step(self, name: str, data: bytes | memoryview) -> int | None:
+        return restart_step(data)
+
+
+def _order(data: bytes | memoryview) -> str | None:
+    """The byte order the file was written in (its endian int is 1 in the writer's)."""
+    for order in "<>":
+        if struct.unpack_from(f"{order}i", data, len(_MAGIC))[0] == 1:
+            return order
+    return None
+
+
+def _revision(head: bytes) -> int | None:
+    try:
+        order = _order(head)
+        return None if order is None else int(struct.unpack_from(f"{order}i", head, 20)[0])
+    except struct.error:
+        return None
+
+
+def restart_step(data: bytes | memoryview) -> int | None:
+    """The timestep a LAMMPS binary restart file was written at (None: not one).
+
+    After the magic string, the endian int and the format revision, write_restart's
+    header is (flag, value) entries: the version and unit style as strings, the sizes of
+    LAMMPS's integer types, then ``NTIMESTEP`` (flag 5) as a 64-bit int. Entries are
+    read by flag, so an added one of those kinds in between is skipped."""
+    try:
+        if bytes(data[: len(_MAGIC)]) != _MAGIC or (order := _order(data)) is None:
+            return None
+        at = len(_MAGIC) + 8
+        for _ in range(16):
+            (flag,) = struct.unpack_from(f"{order}i", data, at)
+            at += 4
+            if flag == _NTIMESTEP:
+                (step,) = struct.unpack_from(f"{order}q", data, at)
+                return int(step) if step >= 0 else None
+            if flag in _STRINGS:
+                (length,) = struct.unpack_from(f"{order}i", data, at)
+                if not 0 <= length <= 1024:
+                    return None
+                at += 4 + length
+            elif flag in _INTS:
+                at += 4
+            else:
+                return None
+    except struct.error:
+        return None
+    return None

@@ -1,5 +1,5 @@
-"""GROMACS checkpoint (.cpt) bytes for tests: a real header, and headers of every file
-version as GROMACS's ``do_cpt_header`` writes them."""
+"""Engines' own checkpoint files for tests: GROMACS .cpt and LAMMPS restart files, each
+a real header and headers made as the engine writes them."""
 
 from __future__ import annotations
 
@@ -44,3 +44,32 @@ def cpt_file(step: int, fill: bytes = b"x", size: int = 4096) -> bytes:
     """A complete .cpt as far as m27 reads one: a version-22 header at MD step `step`, a
     body depending on `fill`, and GROMACS's footer magic."""
     return cpt_header(22, step) + fill * size + struct.pack(">i", 171819)
+
+
+#: The first 104 bytes of a restart file LAMMPS 29 Sep 2021 (Debian) wrote at step 20000
+#: of the example's melt (`write_restart`; little-endian, format revision 2).
+LAMMPS_2021_HEAD = bytes.fromhex(
+    "4c616d6d7053205265737461727454000100000002000000000000000c00000032392053657020323032"
+    "310001000000040000003000000004000000020000000400000003000000080000000400000003000000"
+    "6c6a0005000000204e0000000000000600000003"
+)
+
+LAMMPS_MAGIC = b"LammpS RestartT\0"
+
+
+def lammps_restart(step: int, order: str = "<", revision: int = 2, body: int = 2000) -> bytes:
+    """A complete restart file as LAMMPS's write_restart lays it out: the magic string,
+    endian int and format revision, the header entries (flag, value) up to the step, a
+    body, and (since revision 1) the magic string again."""
+
+    def entry(flag: int, value: int, fmt: str = "i") -> bytes:
+        return struct.pack(f"{order}i{fmt}", flag, value)
+
+    def text(flag: int, value: str) -> bytes:
+        raw = value.encode() + b"\0"
+        return struct.pack(f"{order}2i", flag, len(raw)) + raw
+
+    out = LAMMPS_MAGIC + struct.pack(f"{order}2i", 1, revision)
+    out += text(0, "29 Sep 2021") + entry(1, 4) + entry(48, 4) + entry(2, 4) + entry(3, 8)
+    out += text(4, "lj") + entry(5, step, "q") + bytes(body)
+    return out + (LAMMPS_MAGIC if revision >= 1 else b"")

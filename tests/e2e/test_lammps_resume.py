@@ -1,0 +1,121 @@
+"""LAMMPS as a black box: m27 captures the restart file its input script rewrites, and a
+resume continues from it.
+
+Real `lmp` on the example's Lennard-Jones melt (256 atoms here), writing its restart file
+every 1,000 steps (several times a second) by m27's convention (`run N upto ... every M "write_restart
+${m27_restart}"`, docs/engines.md). A power cut (kill -9 of `m27 run` and of lmp) after
+two captures; `m27 run --resume` must put the newest capture back, LAMMPS must read it
+(`read_restart`) and go on from the step the capture records to the last step. With
+CI=true a missing `lmp` fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from m27.events import CheckpointRestored, CheckpointWritten, StepStarted
+from m27.store.sqlite import SqliteEventStore
+from tests.e2e._helpers import M27, ROOT, m27_env
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+EXAMPLE = ROOT / "examples" / "lammps"
+STEPS, EVERY = 300_000, 1000  # 256 atoms: ~10,000 steps/s on an idle core
+
+if shutil.which("lmp") is None:
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("lmp (LAMMPS) is required with CI=true: apt-get install lammps")
+    pytest.skip("LAMMPS (lmp) is not installed", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _fast_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("M27_CAPTURE_POLL", "0.2")
+
+
+def _pipeline(tmp_path: Path) -> tuple[Path, Path]:
+    out = tmp_path / "out"
+    path = tmp_path / "lmp.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: lmp-e2e
+        pipeline:
+          - name: lattice
+            type: cpu
+            command: lmp -in {EXAMPLE / "create.in"} -var cells 4 -var out {out} -log none
+            output: {out}/system.data
+          - name: melt
+            type: gpu
+            depends_on: [lattice]
+            workdir: {out}
+            checkpoint: 2s
+            command: lmp -in {EXAMPLE / "melt.in"} -var steps {STEPS} -var every {EVERY} -log melt.log
+        """)
+    )
+    return path, out
+
+
+def _events(home: Path) -> list[object]:
+    store = SqliteEventStore(home / "events.db")
+    try:
+        return [r.event for r in store.read()]
+    finally:
+        store.close()
+
+
+def _captures(home: Path) -> list[CheckpointWritten]:
+    return [e for e in _events(home) if isinstance(e, CheckpointWritten) and e.source == "files"]
+
+
+def _thermo_steps(text: str) -> list[int]:
+    """The step of every thermo line (`  3000   1.61 -4.72 0 -2.29 5.93`) in LAMMPS output."""
+    number = r"-?\d+(?:\.\d+)?(?:e[-+]\d+)?"
+    found = re.findall(rf"^(?:\S+ \[melt\] )?\s*(\d+)(?:\s+{number}){{5}}\s*$", text, re.M)
+    return [int(s) for s in found]
+
+
+def test_power_cut_mid_lammps_resumes_from_the_captured_restart_file(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    spec, out = _pipeline(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
+        env=m27_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_until(lambda: len(_captures(m27_home)) >= 2, timeout=240, what="two captures")
+        started = [e for e in _events(m27_home) if isinstance(e, StepStarted) and e.step == "melt"]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the power cut: m27 run, then lmp
+        proc.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(started[-1].pgid, signal.SIGKILL)
+    steps = [e.engine_step for e in _captures(m27_home)]
+    assert all(s is not None and s % EVERY == 0 for s in steps) and steps == sorted(steps), steps
+    assert steps[-1] is not None and steps[-1] < STEPS, "lmp ended before the power cut"
+
+    done = m27("run", "--resume", "last", "--plain", timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    restored = [e for e in _events(m27_home) if isinstance(e, CheckpointRestored)]
+    assert len(restored) == 1 and restored[0].files == ("m27.restart",)
+    start = restored[0].engine_step
+    assert start is not None and start in steps
+    assert f"(step {start}); resuming with: -var m27_resume 1" in done.stdout
+    assert "Reading restart file" in done.stdout
+    thermo = _thermo_steps(done.stdout)
+    assert thermo[0] == start and thermo[-1] == STEPS, (thermo[:3], thermo[-3:])
+    assert _thermo_steps((out / "melt.log").read_text())[-1] == STEPS  # lmp's own log
