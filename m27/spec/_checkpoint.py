@@ -71,6 +71,15 @@ def read_checkpoint(checker: Checker, node: Node, where: str) -> CheckpointField
         signal = _signal(checker, entry[1], f"{where}.signal")
     if len(checker.problems) > before:
         return None
+    if every is None and not files and resume is None and signal is None:
+        # `checkpoint: {}` (or only nulls) ran the step with no checkpoint at all, silently
+        checker.add(
+            node,
+            where,
+            "says nothing: give an interval (checkpoint: 300s) or at least one of "
+            f"{', '.join(KEYS)} (an engine's recipe fills in the rest), or leave it out",
+        )
+        return None
     return CheckpointField(every, tuple(files), resume, signal)
 
 
