@@ -47,9 +47,10 @@ class Explained:
             out.append(f"  command: {shlex.join(p.argv)}")
         out += [f"  {note}" for note in p.notes]
         if p.files:
+            often = f", at most once per {every}" if p.every is not None else ""
             out.append(
                 f"  files: {', '.join(p.files)} (captured into the checkpoint store "
-                "when they change and are complete)"
+                f"when they change and are complete{often}, and when the program exits)"
             )
             out.append(f"  resume: {shlex.join(p.resume) or '(no extra arguments)'}")
             out.append(f"  signal: SIG{p.signal} before a stop, then a bounded grace")
