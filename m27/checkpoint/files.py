@@ -2,12 +2,13 @@
 
 Programs such as GROMACS write their checkpoints themselves. While such a step runs, the
 runner's :class:`FileGuard` polls the declared globs; a file set is captured when it
-changed since the last capture, looks *complete* (the same size and mtime on two polls in
-a row, the engine's own validity check passes, and it did not change while being read),
-through the same :class:`~m27.checkpoint.Checkpointer` as arrays: each file is a byte
-array, so only changed chunks are written (zstd, atomic manifest, xxh3 per chunk), the
-commit is a ``CheckpointWritten`` event with ``source="files"``, and retention keeps the last
-N. :func:`restore_files` puts the newest capture that passes its hash checks back into the
+changed since the last capture and looks *complete* (the engine's own validity check
+passes, or without one the same size and mtime on two polls in a row; and it did not
+change while being read), at most once per checkpoint interval, through the same
+:class:`~m27.checkpoint.Checkpointer` as arrays: each file is a byte array, so only
+changed chunks are written (zstd, atomic manifest, xxh3 per chunk), the commit is a
+``CheckpointWritten`` event with ``source="files"``, and retention keeps the last N.
+:func:`restore_files` puts the newest capture that passes its hash checks back into the
 workdir: a torn or corrupt capture is skipped and the previous one used.
 
 Capturing runs on the runner's thread, never in the program: a poll is a few ``stat``
