@@ -72,7 +72,9 @@ def summary_markdown(state: NodeState, run_id: str, workdir: Path | None = None)
         joules = energy.get((run.run_id, name))
         total += joules or 0.0
         shown = format_energy(joules) if joules else "-"
-        ckpt = f"{s.checkpoints} (last at step {s.checkpoint_step})" if s.checkpoints else "-"
+        ckpt = str(s.checkpoints) if s.checkpoints else "-"
+        if s.checkpoints and s.checkpoint_step is not None:  # None: files no recipe reads
+            ckpt += f" (last at step {s.checkpoint_step})"
         status = s.status if not s.reason or s.status == "succeeded" else f"{s.status}: {s.reason}"
         lines.append(
             f"| `{name}` | {status.replace('|', '/')} | {gpus} | {s.attempts} | {duration} "

@@ -95,6 +95,17 @@ def test_the_summary_lists_every_step_and_the_outputs_as_absolute_paths(tmp_path
     assert f"`{tmp_path / 'out' / 'missing.png'}`" in text  # relative outputs made absolute
 
 
+def test_a_step_whose_captured_files_record_no_step_shows_its_count_alone(
+    tmp_path: Path,
+) -> None:
+    state = _state(tmp_path)
+    md = state.runs["20261201-120000-abcd"].steps["md"]
+    md.checkpoint_step = None  # a capture of a `files:` set no engine recipe reads
+    text = summary_markdown(state, "20261201-120000-abcd", workdir=tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| `md`"))
+    assert "| 1 |" in row.split("2.0s", 1)[1] and "None" not in row
+
+
 def test_plots_are_the_image_outputs_that_exist_with_keys_as_documented(tmp_path: Path) -> None:
     state = _state(tmp_path)
     run = state.runs["20261201-120000-abcd"]
