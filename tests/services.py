@@ -31,6 +31,18 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+def need_program(program: str, what: str, install: str) -> None:
+    """At the top of a module whose tests run a real engine (`gmx`, `lmp`): without it the
+    module is skipped, or with CI=true, which installs every one
+    (infra/scripts/install-services.sh), the run fails."""
+    if shutil.which(program) is not None:
+        return
+    reason = f"{program} ({what}) is not installed: {install}"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        raise RuntimeError(f"{reason} (required with CI=true)")
+    pytest.skip(reason, allow_module_level=True)
+
+
 #: Ports handed out by free_port come from below the kernel's ephemeral range (32768+ on
 #: Linux), so no `bind(0)` and no outgoing connection on the machine can take one between
 #: the check and the service's own bind.

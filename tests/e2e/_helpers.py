@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from m27.events import CheckpointWritten, Event
 from m27.events.state import NodeState, RunState, StepState, fold
 from m27.store.sqlite import SqliteEventStore
 
@@ -55,16 +56,34 @@ def node_state(home: Path) -> NodeState:
         store.close()
 
 
-def start_run(spec: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+def start_run(
+    spec: Path, cwd: Path | None = None, *, new_session: bool = False
+) -> subprocess.Popen[bytes]:
     """`m27 run SPEC --plain` in the background, its output discarded (a test kills it,
-    or waits for it, and reads the event log)."""
+    or waits for it, and reads the event log). `new_session`: in a process group of its
+    own, so that a power cut (``os.killpg(proc.pid, SIGKILL)``) takes it whole."""
     return subprocess.Popen(
         [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
         env=m27_env(),
         cwd=cwd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=new_session,
     )
+
+
+def events(home: Path) -> list[Event]:
+    """Every event in the node's log, oldest first."""
+    store = SqliteEventStore(home / "events.db")
+    try:
+        return [r.event for r in store.read()]
+    finally:
+        store.close()
+
+
+def file_captures(home: Path) -> list[CheckpointWritten]:
+    """The captures of programs' own checkpoint files (a .cpt, a LAMMPS restart file)."""
+    return [e for e in events(home) if isinstance(e, CheckpointWritten) and e.source == "files"]
 
 
 def wait_running(

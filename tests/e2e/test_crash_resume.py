@@ -8,15 +8,13 @@ import csv
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from m27.events.state import StepState
-from tests.e2e._helpers import M27, ROOT, m27_env, node_state
+from tests.e2e._helpers import M27, ROOT, node_state, start_run
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -64,13 +62,7 @@ def test_power_cut_mid_step_then_resume_continues_from_the_checkpoint(
     m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
 ) -> None:
     spec = _pipeline(tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
-        env=m27_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_run(spec, new_session=True)
 
     def checkpointed() -> StepState | None:
         run = next(iter(node_state(m27_home).runs.values()), None)

@@ -14,18 +14,16 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from m27.events import CheckpointRestored, CheckpointWritten, StepStarted
-from m27.store.sqlite import SqliteEventStore
-from tests.e2e._helpers import M27, ROOT, m27_env, node_state
+from m27.events import CheckpointRestored, StepStarted
+from tests.e2e._helpers import M27, ROOT, events, file_captures, node_state, start_run
+from tests.services import need_program
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -36,10 +34,7 @@ NSTEPS, NSTENERGY = 4000, 100  # ~6 s of CPU; tens of seconds on a loaded 2-core
 #: mdrun was done first (a fast machine), at most TRIES times
 GROWTH, TRIES = 4, 3
 
-if shutil.which("gmx") is None:
-    if os.environ.get("CI") == "true":
-        raise RuntimeError("gmx (GROMACS) is required with CI=true: apt-get install gromacs")
-    pytest.skip("GROMACS (gmx) is not installed", allow_module_level=True)
+need_program("gmx", "GROMACS", "apt-get install gromacs")
 
 
 @pytest.fixture(autouse=True)
@@ -70,20 +65,8 @@ def _pipeline(tmp_path: Path, *, cpt: str = "1s", nsteps: int = NSTEPS) -> tuple
     return path, out
 
 
-def _events(home: Path) -> list[object]:
-    store = SqliteEventStore(home / "events.db")
-    try:
-        return [r.event for r in store.read()]
-    finally:
-        store.close()
-
-
-def _captures(home: Path) -> list[CheckpointWritten]:
-    return [e for e in _events(home) if isinstance(e, CheckpointWritten) and e.source == "files"]
-
-
 def _md_started(home: Path) -> list[StepStarted]:
-    return [e for e in _events(home) if isinstance(e, StepStarted) and e.step == "md_simulation"]
+    return [e for e in events(home) if isinstance(e, StepStarted) and e.step == "md_simulation"]
 
 
 def _energy_times(out: Path) -> list[float]:
@@ -124,22 +107,14 @@ def _resume(m27: M27, run_id: str, home: Path) -> tuple[subprocess.CompletedProc
     return done, new[0].run_id
 
 
-def _spawn_run(spec: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
-        env=m27_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
 def _power_cut(spec: Path, home: Path, captures: int) -> None:
     """Run until `captures` checkpoints were captured, then kill -9 m27 run and mdrun."""
-    before = len(_captures(home))
-    proc = _spawn_run(spec)
+    before = len(file_captures(home))
+    proc = start_run(spec, new_session=True)
     try:
-        wait_until(lambda: len(_captures(home)) >= before + captures, timeout=240, what="captures")
+        wait_until(
+            lambda: len(file_captures(home)) >= before + captures, timeout=240, what="captures"
+        )
         started = _md_started(home)[-1]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the power cut: m27 run, then mdrun
@@ -188,9 +163,9 @@ def test_power_cut_mid_mdrun_resumes_from_the_captured_checkpoint(
     start = _continued_from(done.stdout)
     assert 0 < start < nsteps
     # the MD step each capture's .cpt records, as mdrun itself reads it on the resume
-    steps = [e.engine_step for e in _captures(m27_home)]
+    steps = [e.engine_step for e in file_captures(m27_home)]
     assert all(s is not None for s in steps) and steps == sorted(steps), steps
-    restored = [e for e in _events(m27_home) if isinstance(e, CheckpointRestored)]
+    restored = [e for e in events(m27_home) if isinstance(e, CheckpointRestored)]
     assert [(e.files, e.engine_step) for e in restored] == [(("simulation.cpt",), start)]
     assert f"(step {start}); resuming with: -cpi simulation.cpt" in done.stdout
     log = (out / "simulation.log").read_text()
@@ -204,7 +179,7 @@ def test_a_damaged_capture_is_refused_and_the_previous_one_used(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:
     out, nsteps = _cut_mid_mdrun(tmp_path, m27_home, captures=3)
-    captures = _captures(m27_home)
+    captures = file_captures(m27_home)
     newest, previous = Path(captures[-1].path), Path(captures[-2].path)
     pack = newest.with_suffix(".pack")
     pack.write_bytes(pack.read_bytes()[:-100])  # the newest capture, torn after the fact
@@ -222,7 +197,7 @@ def test_cancel_of_a_running_mdrun_leaves_a_checkpoint_that_resume_uses(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:
     spec, out = _pipeline(tmp_path, cpt="10m")  # no timed checkpoint: only the signal's
-    proc = _spawn_run(spec)
+    proc = start_run(spec, new_session=True)
     try:
         wait_until(lambda: _md_started(m27_home), timeout=240, what="mdrun started")
         wait_until(
@@ -243,8 +218,8 @@ def test_cancel_of_a_running_mdrun_leaves_a_checkpoint_that_resume_uses(
     assert "Received the TERM signal" in log
     written = re.findall(r"Writing checkpoint, step (\d+)", log)
     assert written, log[-2000:]
-    assert len(_captures(m27_home)) >= 1
-    assert _captures(m27_home)[-1].engine_step == int(written[-1])  # the .cpt's own step
+    assert len(file_captures(m27_home)) >= 1
+    assert file_captures(m27_home)[-1].engine_step == int(written[-1])  # the .cpt's own step
     listed = json.loads(m27("checkpoints", run_id, "md_simulation/files", "--json").stdout)
     assert listed[-1]["sim_step"] == int(written[-1])
     done, _ = _resume(m27, run_id, m27_home)

@@ -15,18 +15,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from m27.events import CheckpointRestored, CheckpointWritten, StepStarted
-from m27.store.sqlite import SqliteEventStore
-from tests.e2e._helpers import M27, ROOT, m27_env
+from m27.events import CheckpointRestored, StepStarted
+from tests.e2e._helpers import M27, ROOT, events, file_captures, start_run
+from tests.services import need_program
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -34,10 +31,7 @@ pytestmark = [pytest.mark.service, pytest.mark.slow]
 EXAMPLE = ROOT / "examples" / "lammps"
 STEPS, EVERY = 300_000, 1000  # 256 atoms: ~10,000 steps/s on an idle core
 
-if shutil.which("lmp") is None:
-    if os.environ.get("CI") == "true":
-        raise RuntimeError("lmp (LAMMPS) is required with CI=true: apt-get install lammps")
-    pytest.skip("LAMMPS (lmp) is not installed", allow_module_level=True)
+need_program("lmp", "LAMMPS", "apt-get install lammps")
 
 
 @pytest.fixture(autouse=True)
@@ -67,18 +61,6 @@ def _pipeline(tmp_path: Path) -> tuple[Path, Path]:
     return path, out
 
 
-def _events(home: Path) -> list[object]:
-    store = SqliteEventStore(home / "events.db")
-    try:
-        return [r.event for r in store.read()]
-    finally:
-        store.close()
-
-
-def _captures(home: Path) -> list[CheckpointWritten]:
-    return [e for e in _events(home) if isinstance(e, CheckpointWritten) and e.source == "files"]
-
-
 def _thermo_steps(text: str) -> list[int]:
     """The step of every thermo line (`  3000   1.61 -4.72 0 -2.29 5.93`) in LAMMPS output."""
     number = r"-?\d+(?:\.\d+)?(?:e[-+]\d+)?"
@@ -90,34 +72,28 @@ def test_power_cut_mid_lammps_resumes_from_the_captured_restart_file(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:
     spec, out = _pipeline(tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
-        env=m27_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_run(spec, new_session=True)
     try:
-        wait_until(lambda: len(_captures(m27_home)) >= 2, timeout=240, what="two captures")
-        started = [e for e in _events(m27_home) if isinstance(e, StepStarted) and e.step == "melt"]
+        wait_until(lambda: len(file_captures(m27_home)) >= 2, timeout=240, what="two captures")
+        started = [e for e in events(m27_home) if isinstance(e, StepStarted) and e.step == "melt"]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the power cut: m27 run, then lmp
         proc.wait()
     with contextlib.suppress(ProcessLookupError):
         os.killpg(started[-1].pgid, signal.SIGKILL)
-    steps = [e.engine_step for e in _captures(m27_home)]
+    steps = [e.engine_step for e in file_captures(m27_home)]
     assert all(s is not None and s % EVERY == 0 for s in steps) and steps == sorted(steps), steps
     assert steps[-1] is not None and steps[-1] < STEPS, "lmp ended before the power cut"
 
     done = m27("run", "--resume", "last", "--plain", timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    restored = [e for e in _events(m27_home) if isinstance(e, CheckpointRestored)]
+    restored = [e for e in events(m27_home) if isinstance(e, CheckpointRestored)]
     assert len(restored) == 1 and restored[0].files == ("m27.restart",)
     start = restored[0].engine_step
     # the newest capture, or a file lmp wrote in the instant before its kill -9, which the
     # resume finds complete and newer than every capture and captures first
     assert start is not None and start % EVERY == 0 and steps[-1] <= start < STEPS, start
-    recorded = {e.path: e.engine_step for e in _captures(m27_home)}
+    recorded = {e.path: e.engine_step for e in file_captures(m27_home)}
     assert recorded[restored[0].path] == start
     assert f"(step {start}); resuming with: -var m27_resume 1" in done.stdout
     assert "Reading restart file" in done.stdout

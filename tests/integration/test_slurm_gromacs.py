@@ -10,9 +10,7 @@ requeues the job, and the restart runs `gmx mdrun ... -cpi simulation.cpt`. `-cp
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -27,16 +25,14 @@ from m27.executors.slurm import run_slurm_step
 from m27.store.sqlite import open_store
 from tests.integration.slurm_fixture import slurm_cluster  # noqa: F401
 from tests.integration.test_slurm import FAST, in_thread, of
+from tests.services import need_program
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 
 ROOT = Path(__file__).resolve().parents[2]
 
-if shutil.which("gmx") is None:
-    if os.environ.get("CI") == "true":
-        raise RuntimeError("gmx (GROMACS) is required with CI=true: apt-get install gromacs")
-    pytest.skip("GROMACS (gmx) is not installed", allow_module_level=True)
+need_program("gmx", "GROMACS", "apt-get install gromacs")
 
 
 def _read(path: Path) -> str:
