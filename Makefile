@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SRC     = m27 flows tests benchmarks examples
 
-.PHONY: install example example-gromacs example-lammps test lint typecheck unit bench clean
+.PHONY: install example example-gromacs example-lammps example-openmm test lint typecheck unit bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ example-gromacs: install
 example-lammps: install
 	@command -v lmp >/dev/null || { echo "lmp not found: apt-get install lammps" >&2; exit 1; }
 	$(BIN)/m27 run examples/lammps/pipeline.yaml
+
+## OpenMM as a Python library (installed by make install): a water box, m27.Checkpointer.
+example-openmm: install
+	$(BIN)/m27 run examples/openmm/pipeline.yaml
 
 lint: install
 	$(BIN)/ruff check $(SRC)

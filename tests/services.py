@@ -35,9 +35,20 @@ def need_program(program: str, what: str, install: str) -> None:
     """At the top of a module whose tests run a real engine (`gmx`, `lmp`): without it the
     module is skipped, or with CI=true, which installs every one
     (infra/scripts/install-services.sh), the run fails."""
-    if shutil.which(program) is not None:
-        return
-    reason = f"{program} ({what}) is not installed: {install}"
+    if shutil.which(program) is None:
+        _missing(f"{program} ({what}) is not installed: {install}")
+
+
+def need_module(module: str, what: str, install: str) -> None:
+    """The same for an engine that is a Python library (`openmm`, in the test extra where
+    PyPI has a wheel for the machine)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        _missing(f"the Python module {module} ({what}) is not installed: {install}")
+
+
+def _missing(reason: str) -> None:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         raise RuntimeError(f"{reason} (required with CI=true)")
     pytest.skip(reason, allow_module_level=True)

@@ -144,11 +144,18 @@ class Checkpointer:
         self._seq += 1
         self._last_save = started
 
-    def maybe_save(self, state: Mapping[str, Any], step: int) -> bool:
-        """Save if the step's checkpoint interval has passed since the last save."""
+    def due(self) -> bool:
+        """Whether the step's checkpoint interval has passed since the last save: what
+        `maybe_save` asks. A program whose own files (an energy log, a trajectory) must be
+        durable up to the step a checkpoint records syncs them when this says so, then
+        calls `save`."""
         self._ready()
         assert self.interval is not None
-        if self._clock.monotonic() - self._last_save < self.interval:
+        return self._clock.monotonic() - self._last_save >= self.interval
+
+    def maybe_save(self, state: Mapping[str, Any], step: int) -> bool:
+        """Save if the step's checkpoint interval has passed since the last save."""
+        if not self.due():
             return False
         self.save(state, step)
         return True

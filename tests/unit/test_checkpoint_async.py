@@ -133,6 +133,23 @@ def test_maybe_save_honours_the_interval_on_the_injected_clock(tmp_path: Path) -
     assert len(list(tmp_path.glob("*.json"))) == 2
 
 
+def test_due_says_when_a_save_is_due_and_an_explicit_save_restarts_the_interval(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    with Checkpointer(tmp_path, interval=60, chunk_size=CHUNK, clock=clock) as ck:
+        assert not ck.due()
+        clock.advance(60)
+        assert ck.due()
+        ck.save(state(1), step=1)  # what a program does after syncing its own files
+        assert not ck.due()
+        clock.advance(59)
+        assert not ck.due() and not ck.maybe_save(state(2), step=2)
+        clock.advance(1)
+        assert ck.due() and ck.maybe_save(state(3), step=3) and not ck.due()
+    assert len(list(tmp_path.glob("*.json"))) == 2
+
+
 def test_directory_and_interval_default_to_what_the_runner_sets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
