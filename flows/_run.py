@@ -221,10 +221,15 @@ def _launch(run: _Run, step: Step, gpus: tuple[int, ...]) -> StepLaunch:
 
 
 def _self_checkpoint(run: _Run, step: Step) -> tuple[tuple[str, ...], SelfCheckpoint | None, float]:
-    """The command with its engine recipe's options, what guards its files, the stop grace."""
+    """The command with its engine recipe's options, what guards its files, the stop grace:
+    a step that checkpoints (its own files, or `m27.Checkpointer` saving on
+    `m27.watch_stop()`) gets `checkpoint_grace` to save after the stop signal, any other
+    step 10 s."""
     plan = plan_for_step(step)
     if plan is None or not plan.files:
-        return (plan.argv if plan else tuple(step.argv)), None, 10.0
+        argv = plan.argv if plan else tuple(step.argv)
+        grace = load_settings().checkpoint_grace if step.checkpoint is not None else 10.0
+        return argv, None, grace
     settings = load_settings()
     guarded = SelfCheckpoint(
         files=plan.files,

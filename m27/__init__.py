@@ -25,6 +25,7 @@ from m27._exceptions import (
     UnknownEventError,
 )
 from m27.clock import Clock, FakeClock, SystemClock
+from m27.signals import watch_stop
 from m27.step import gate, io_wait
 
 if _typing.TYPE_CHECKING:
@@ -72,4 +73,5 @@ __all__ = [
     "io_wait",
     "load_pipeline",
     "load_settings",
+    "watch_stop",
 ]

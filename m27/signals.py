@@ -23,7 +23,12 @@ import threading
 from collections.abc import Callable, Iterable
 from types import FrameType
 
-__all__ = ["SignalRelay", "stop_event"]
+__all__ = ["STOP_SIGNALS", "SignalRelay", "stop_event", "watch_stop"]
+
+#: What asks a step to stop and save: m27 (`m27 cancel`, a `timeout:`, a preempting tier:
+#: TERM) and Slurm (USR1 `signal_before` seconds before the time limit, TERM on scancel
+#: or preemption).
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class SignalRelay:
@@ -78,3 +83,22 @@ def stop_event(signals: Iterable[int]) -> threading.Event:
     event = threading.Event()
     SignalRelay(lambda _signum: event.set()).install(signals)
     return event
+
+
+def watch_stop(signals: Iterable[int] = STOP_SIGNALS) -> threading.Event:
+    """An event set when the step is asked to stop, for its main loop to check: save a
+    checkpoint then and exit. Call it from the main thread, before the loop::
+
+        stop = m27.watch_stop()
+        for i in range(start, n):
+            advance(state)
+            ck.maybe_save(state, i)
+            if stop.is_set():
+                ck.save(state, i); ck.close()
+                sys.exit(75)
+
+    m27 waits ``checkpoint_grace`` (default 60 s) for a step with ``checkpoint:`` to exit
+    before it sends SIGKILL. Without this a Python step dies at the signal (its default
+    action), and a resume goes back to its last periodic checkpoint.
+    """
+    return stop_event(signals)

@@ -8,7 +8,9 @@ row to ``energy.csv`` after each. Under m27 the state (positions, velocities and
 OpenMM's units: nm, nm/ps) is saved through ``m27.Checkpointer`` every ``checkpoint:``
 interval of the step; started again after a kill (``m27 run --resume``), the script goes
 on from the newest valid checkpoint and cuts ``energy.csv`` back to its step, so the log
-reads as one run. Positions and velocities come back exactly; the thermostat's random
+reads as one run. Asked to stop (``m27 cancel``, a ``timeout:``, a preempting job: TERM;
+Slurm's USR1 before a time limit), it saves at once and exits 75, so a resume goes on from
+where it stopped. Positions and velocities come back exactly; the thermostat's random
 numbers do not, so the continued trajectory is the uninterrupted one statistically, not
 bit for bit (``context.createCheckpoint()``, saved as bytes, would restore those too, but
 only on the same platform and OpenMM version: not after a move to another machine).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,16 +59,17 @@ def simulation_on(
     raise SystemExit("simulate: no OpenMM platform can run this: " + "; ".join(reasons))
 
 
-def open_checkpointer() -> Any:
+def open_checkpointer() -> tuple[Any, threading.Event]:
     """An ``m27.Checkpointer`` when run by m27 (which sets M27_CHECKPOINT_DIR for each step
-    of each run); None by hand, so that a run by hand never resumes, unasked, from an
-    older run's checkpoints."""
+    of each run), and the event ``m27.watch_stop()`` sets when m27 asks the step to stop;
+    by hand no checkpointer (a run by hand never resumes, unasked, from an older run's
+    checkpoints) and an event never set (a signal ends the script as usual)."""
     if not os.environ.get("M27_CHECKPOINT_DIR"):
         print("simulate: not run by m27 (no M27_CHECKPOINT_DIR): running without checkpoints")
-        return None
-    from m27.checkpoint import Checkpointer
+        return None, threading.Event()
+    import m27
 
-    return Checkpointer()
+    return m27.Checkpointer(), m27.watch_stop()
 
 
 def snapshot(context: openmm.Context) -> dict[str, np.ndarray]:
@@ -107,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     context = simulation.context
     dof = 3 * system.getNumParticles() - system.getNumConstraints() - 3
     log_path = args.dir / "energy.csv"
-    checkpointer = open_checkpointer()
+    checkpointer, stop = open_checkpointer()
     restored = checkpointer.restore() if checkpointer is not None else None
     if restored is None:
         start = 0
@@ -132,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
     progress_every = max(args.report_every, args.steps // 10)
     began, step = time.monotonic(), start
-    with log_path.open("a") as log:
+    with log_path.open("a", buffering=1) as log:  # a row a line: `tail -f` shows each
         while step < args.steps:
             simulation.step(min(args.report_every, args.steps - step))
             step = simulation.currentStep
@@ -150,10 +154,15 @@ def run(args: argparse.Namespace) -> int:
                     f"E_pot={potential:.1f} kJ/mol ({rate:.0f} steps/s)",
                     flush=True,
                 )
-            if checkpointer is not None and step < args.steps and checkpointer.due():
-                log.flush()  # durable up to this step before a checkpoint says it is
-                os.fsync(log.fileno())
-                checkpointer.save(snapshot(context), step=step)
+            if checkpointer is not None and step < args.steps:
+                if checkpointer.due() or stop.is_set():
+                    log.flush()  # durable up to this step before a checkpoint says it is
+                    os.fsync(log.fileno())
+                    checkpointer.save(snapshot(context), step=step)
+                if stop.is_set():
+                    checkpointer.close()  # the save is durable before the process ends
+                    print(f"stopped at step {step} (asked to): saved", flush=True)
+                    return 75  # saved, run me again (Slurm's requeue code; any will do)
     if checkpointer is not None:
         checkpointer.close()
     final = context.getState(getPositions=True, enforcePeriodicBox=True).getPositions()

@@ -34,7 +34,11 @@ sys.stdin.read()  # exit once the burst is over: the interpreter's exit restores
 
 @pytest.mark.parametrize(
     ("module", "function"),
-    [("m27.signals", "stop_event"), ("m27.executors.slurm", "watch_preemption")],
+    [
+        ("m27.signals", "stop_event"),
+        ("m27.executors.slurm", "watch_preemption"),
+        ("m27", "watch_stop"),
+    ],
 )
 def test_a_burst_of_signals_sets_the_stop_event_and_never_hangs_the_process(
     module: str, function: str
@@ -111,3 +115,20 @@ def test_stop_event_is_set_by_its_signal(usr1_restored: None) -> None:
     assert not stop.is_set()
     os.kill(os.getpid(), signal.SIGUSR1)
     assert stop.wait(10)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_watch_stop_is_set_by_what_m27_and_slurm_send_a_step(signum: signal.Signals) -> None:
+    """TERM (`m27 cancel`, a timeout, preemption, scancel) and USR1 (Slurm's warning before
+    a time limit), with no arguments: what a step's loop calls."""
+    import m27
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        stop = m27.watch_stop()
+        assert not stop.is_set()
+        os.kill(os.getpid(), signum)
+        assert stop.wait(10)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

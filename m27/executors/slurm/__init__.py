@@ -58,7 +58,7 @@ from m27.executors.slurm._script import (
     render_script,
 )
 from m27.paths import join_under
-from m27.signals import stop_event
+from m27.signals import STOP_SIGNALS, watch_stop
 from m27.store import EventStore
 
 #: Exit code for a step that saved a checkpoint on USR1/TERM and wants to be requeued
@@ -71,13 +71,11 @@ _DROP_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")
 _KEEP = ("SLURM_CONF",)
 
 
-def watch_preemption(
-    signals: Iterable[signal.Signals] = (signal.SIGUSR1, signal.SIGTERM),
-) -> threading.Event:
-    """An event set when Slurm asks the step to stop, for a step's main loop to check.
-
-    USR1 arrives ``signal_before`` seconds before the time limit (passed on by the batch
-    script); TERM arrives on ``scancel`` and on preemption. Call it from the main thread::
+def watch_preemption(signals: Iterable[signal.Signals] = STOP_SIGNALS) -> threading.Event:
+    """:func:`m27.watch_stop` under the name Slurm users look for: an event set when Slurm
+    asks the step to stop (USR1 ``signal_before`` seconds before the time limit, passed on
+    by the batch script; TERM on ``scancel`` and on preemption). Call it from the main
+    thread::
 
         stop = m27.executors.slurm.watch_preemption()
         for i in range(start, n):
@@ -90,7 +88,7 @@ def watch_preemption(
     that set it directly deadlocked when slurmstepd's TERM and the batch script's forwarded
     TERM arrived together, and Slurm SIGKILLed the step before it could save.
     """
-    return stop_event(signals)
+    return watch_stop(signals)
 
 
 def scrub_env(env: Mapping[str, str], wants_gpus: bool) -> dict[str, str]:
