@@ -8,9 +8,11 @@ Every ``--log-every`` steps a row goes to ``energy.csv``; every ``--frame-every`
 frame goes to ``trajectory.xyz`` (extended XYZ, readable by OVITO and VMD). The state is
 saved through ``m27.Checkpointer``: killed at any moment and started again, the run
 continues from the newest valid checkpoint, and the logs are cut back to that step so
-they read as one continuous run. On NumPy a resumed run reproduces an uninterrupted one
-bit for bit, because the neighbour list's reference positions are saved too; on CuPy the
-force sums use atomic adds, whose order varies, so it matches to rounding instead.
+they read as one continuous run. Asked to stop (``m27 cancel``, a timeout, preemption:
+TERM; Slurm's USR1), it saves at once and exits 75, and continues from there. On NumPy
+a resumed run reproduces an uninterrupted one bit for bit, because the neighbour list's
+reference positions are saved too; on CuPy the force sums use atomic adds, whose order
+varies, so it matches to rounding instead.
 
 Usage: python md.py --system out/system.npz --steps 2000 --out out
 """
@@ -21,6 +23,7 @@ import argparse
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -219,6 +222,15 @@ def open_checkpointer(directory: Path | None) -> Any:
     return Checkpointer(directory)
 
 
+def stop_signal(checkpointer: Any) -> threading.Event:
+    """Set when m27 or Slurm asks the step to stop (``m27.watch_stop()``), so that it saves
+    first; with no checkpointer, an event never set (a signal ends the script as usual)."""
+    if checkpointer is None or m27 is None:
+        return threading.Event()
+    event: threading.Event = m27.watch_stop()
+    return event
+
+
 def io_wait() -> contextlib.AbstractContextManager[Any]:
     """Tell the m27 agent that the GPU is idle while we write (a no-op without m27)."""
     marker: Callable[[], contextlib.AbstractContextManager[Any]] = getattr(
@@ -307,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
         forces, potential = lj.forces(x)
         progress_every = max(1, steps // 10)
         due = checkpoint_schedule(args.checkpoint_every_steps, checkpointer)
+        stop = stop_signal(checkpointer)
 
         # A fresh run logs step 0; a resumed one logged its step before the checkpoint.
         first = 0 if restored is None else start + 1
@@ -322,11 +335,14 @@ def run(args: argparse.Namespace) -> int:
                     print(f"step {step}/{steps} E={total:.4f} T={temperature:.4f}", flush=True)
             if step % args.frame_every == 0 or last:
                 logs.frame(step, to_host(xp, x))
-            if checkpointer is not None and due(step):
+            if checkpointer is not None and (due(step) or stop.is_set()):
                 # The logs must be durable up to this step before a checkpoint says so.
                 logs.sync()
                 state = {"positions": x, "velocities": v, "list_reference": lj.reference}
                 checkpointer.save(state, step=step)
+            if stop.is_set() and not last:
+                print(f"stopped at step {step} (asked to): saved", flush=True)
+                return 75  # saved, run me again; closing the checkpointer makes it durable
 
     final = args.out / "final.npz"
     np.savez(final, positions=to_host(xp, x), velocities=to_host(xp, v), step=steps, box=box)

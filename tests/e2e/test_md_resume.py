@@ -122,3 +122,46 @@ def test_md_killed_mid_run_resumes_its_step_counter_energy_and_trajectory(
     final, expected = np.load(out / "final.npz"), np.load(reference_out / "final.npz")
     assert np.array_equal(final["positions"], expected["positions"])
     assert np.array_equal(final["velocities"], expected["velocities"])
+
+
+def test_md_asked_to_stop_saves_that_step_and_resumes_bit_for_bit(
+    tmp_path: Path, system: Path
+) -> None:
+    """SIGTERM (`m27 cancel`, a timeout, preemption) between two periodic checkpoints: md.py
+    saves at the step it reached (m27.watch_stop) and exits 75; run again, it goes on from
+    exactly that step, and ends where an uninterrupted run ends, bit for bit."""
+    reference_out, out = tmp_path / "reference", tmp_path / "stopped"
+    command = md_command(system, out)
+    command[command.index("--checkpoint-every-steps") + 1] = str(STEPS)  # none periodic
+    reference = subprocess.run(
+        md_command(system, reference_out),
+        env=child_env(tmp_path, tmp_path / "reference-checkpoints"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert reference.returncode == 0, reference.stderr
+
+    env = child_env(tmp_path, tmp_path / "checkpoints")
+    victim = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+    wait_until(
+        lambda: last_logged_step(out / "energy.csv") >= KILL_AFTER_STEP,
+        timeout=300,
+        what=f"md.py to log step {KILL_AFTER_STEP}",
+    )
+    victim.send_signal(signal.SIGTERM)
+    said, _ = victim.communicate(timeout=60)
+    assert victim.returncode == 75, said
+    match = re.search(r"stopped at step (\d+) \(asked to\): saved", said)
+    assert match, said
+    stopped = int(match.group(1))
+    assert KILL_AFTER_STEP <= stopped < STEPS
+
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from checkpoint at step {stopped}\n" in resumed.stdout
+    assert (out / "energy.csv").read_text() == (reference_out / "energy.csv").read_text()
+    assert (out / "trajectory.xyz").read_text() == (reference_out / "trajectory.xyz").read_text()
+    final, expected = np.load(out / "final.npz"), np.load(reference_out / "final.npz")
+    assert np.array_equal(final["positions"], expected["positions"])
+    assert np.array_equal(final["velocities"], expected["velocities"])
