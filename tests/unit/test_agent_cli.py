@@ -11,7 +11,7 @@ import pytest
 
 from m27 import events as ev
 from m27.cli.commands import bump, queue
-from m27.store.sqlite import open_store
+from m27.store.sqlite import SqliteEventStore, open_store
 
 GiB = 1024**3
 
@@ -65,6 +65,42 @@ def test_bump_reorders_the_queue(m27_home: Path, capsys: pytest.CaptureFixture[s
         ("run1/a", 5, 5),
         ("run1/b", 1, 0),
     ]
+
+
+def test_bump_of_a_submitted_run_folds_its_own_events_not_the_whole_log(
+    m27_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _log(m27_home)
+    store = open_store(m27_home)
+    for i in range(50):  # other runs, whose events bump has no need of
+        store.append([ev.RunSubmitted(at=time.time(), run_id=f"z{i}", pipeline="p",
+                                      spec_path="p.yaml", steps=("s",)),
+                      ev.StepRequested(at=time.time(), run_id=f"z{i}", step="s", type="gpu")])  # fmt: skip
+    store.close()
+
+    def whole_log(*args: object, **kwargs: object) -> None:
+        raise AssertionError("m27 bump read the whole log")
+
+    monkeypatch.setattr(SqliteEventStore, "read", whole_log)
+    assert bump.run(argparse.Namespace(run_id="run1", step="b", delta=2)) == 0
+    assert bump.run(argparse.Namespace(run_id="run", step="b", delta=3)) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "run1/b: priority +2 (bumps now +2)",
+        "run1/b: priority +3 (bumps now +5)",
+    ]
+    assert bump.run(argparse.Namespace(run_id="run1", step="s", delta=1)) == 2  # z0's step
+    assert "m27 bump: run run1 has no step 's'" in capsys.readouterr().err
+
+
+def test_bump_finds_a_run_known_only_by_its_lease_requests(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Steps that asked the agent directly (no `m27 run`, no RunSubmitted)."""
+    store = open_store(m27_home)
+    store.append([ev.StepRequested(at=time.time(), run_id="bare7", step="x", type="gpu")])
+    store.close()
+    assert bump.run(argparse.Namespace(run_id="bare", step="x", delta=1)) == 0
+    assert capsys.readouterr().out == "bare7/x: priority +1 (bumps now +1)\n"
 
 
 def test_bump_of_an_unknown_step_is_bad_input(

@@ -192,3 +192,41 @@ def test_a_stale_snapshot_or_one_from_a_dead_agent_is_not_shown(m27_home: Path) 
     assert read_snapshot(m27_home, now=now) is None  # its pid now names another process
     (m27_home / SNAPSHOT_NAME).write_text("{half a fi")
     assert read_snapshot(m27_home, now=now) is None
+
+
+def test_m27_gpus_without_an_agent_shows_who_holds_each_gpu_from_the_running_runs_alone(
+    m27_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no agent (say it crashed) the steps on each GPU come from the log, and from
+    the events of the runs it has as running only, not the node's whole history."""
+    from m27.store.sqlite import SqliteEventStore, open_store
+
+    monkeypatch.setenv("M27_GPUS", "sim:2")
+    now = time.time()
+    old = [ev.RunSubmitted(at=now, run_id=f"old{i}", pipeline="p", spec_path="p.yaml",
+                           steps=("s",)) for i in range(30)]  # fmt: skip
+    for i in range(30):
+        old += [
+            ev.LeaseGranted(at=now, run_id=f"old{i}", step="s", gpus=(i % 2,), tier="immediate"),
+            ev.LeaseReleased(at=now, run_id=f"old{i}", step="s", gpus=(i % 2,)),
+            ev.RunSucceeded(at=now, run_id=f"old{i}", duration_s=1.0),
+        ]
+    store = open_store(m27_home)
+    store.append(old)
+    store.append(
+        [
+            ev.RunSubmitted(at=now, run_id="r1", pipeline="p", spec_path="p.yaml",
+                            steps=("md", "light")),
+            ev.LeaseGranted(at=now, run_id="r1", step="md", gpus=(1,), tier="immediate"),
+            ev.LeaseGranted(at=now, run_id="r1", step="light", gpus=(1,), tier="ready"),
+            ev.GuestStarted(at=now, run_id="r1", step="light", gpu=1),
+        ]
+    )  # fmt: skip
+    store.close()
+
+    def whole_log(*args: object, **kwargs: object) -> None:
+        raise AssertionError("m27 gpus read the whole log")
+
+    monkeypatch.setattr(SqliteEventStore, "read", whole_log)
+    rows = _gpus_json(capsys)
+    assert [(r["primary"], r["guests"]) for r in rows] == [([], []), (["r1/md"], ["r1/light"])]

@@ -367,6 +367,8 @@ def test_gpus_command_shows_primary_and_guests_from_the_log(
     store = open_store(tmp_path)
     store.append(
         [
+            ev.RunSubmitted(at=0.0, run_id="r1", pipeline="p", spec_path="p.yaml", steps=("md",)),
+            ev.RunSubmitted(at=0.0, run_id="r2", pipeline="q", spec_path="q.yaml", steps=("fit",)),
             ev.LeaseGranted(at=1.0, run_id="r1", step="md", gpus=(1,)),
             ev.GuestStarted(at=2.0, run_id="r2", step="fit", gpu=1),
         ]

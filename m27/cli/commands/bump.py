@@ -8,10 +8,11 @@ import time
 
 from m27.cli.commands import _common
 from m27.cli.commands._options import add_command
-from m27.events import PriorityBumped
+from m27.events import PriorityBumped, Recorded
 from m27.events.state import fold
 from m27.node.book import fold_book
-from m27.runids import resolve
+from m27.runids import RunIdError, resolve
+from m27.store.sqlite import SqliteEventStore
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,14 +26,11 @@ def run(args: argparse.Namespace) -> int:
     """Add N (may be negative) to STEP's priority in RUN. The agent uses the new effective
     priority at its next tick; `m27 queue` shows it."""
     st = _common.store()
-    records = st.read()
+    run_id, records = _run_records(st, args.run_id)
     state = fold(records)
     book = fold_book(records)
-    keys = [*book.requests, *book.held]
-    known = list(state.runs) + [k[0] for k in keys if k[0] not in state.runs]
-    run_id = resolve(args.run_id, known)
     steps = set(state.runs[run_id].steps) if run_id in state.runs else set()
-    steps |= {s for r, s in keys if r == run_id}
+    steps |= {s for r, s in [*book.requests, *book.held] if r == run_id}
     if args.step not in steps:
         print(f"m27 bump: run {run_id} has no step {args.step!r}", file=sys.stderr)
         return 2
@@ -48,3 +46,19 @@ def run(args: argparse.Namespace) -> int:
     total = book.bumps.get((run_id, args.step), 0) + args.delta
     print(f"{run_id}/{args.step}: priority {args.delta:+d} (bumps now {total:+d})")
     return 0
+
+
+def _run_records(st: SqliteEventStore, prefix: str) -> tuple[str, list[Recorded]]:
+    """The run `prefix` names and its events (with every run's outline and the node's own):
+    all that its steps, leases and bumps fold from, without the rest of the log (480k
+    events took 1.3 s to fold). A run the log knows only by its lease requests (steps that
+    asked the agent directly, no `m27 run`) is looked for in the whole log."""
+    submitted = list(_common.outline(st).runs)
+    try:
+        run_id = resolve(prefix, submitted)
+    except RunIdError:
+        records = st.read()
+        book = fold_book(records)
+        others = [r for r, _ in [*book.requests, *book.held] if r not in submitted]
+        return resolve(prefix, [*submitted, *dict.fromkeys(others)]), records
+    return run_id, st.read_runs((run_id,), outline=True)

@@ -144,7 +144,13 @@ def _table(rows: list[dict[str, Any]], live_from: int | None, interval: float | 
 
 
 def _occupancy() -> tuple[dict[int, list[str]], dict[int, list[str]]]:
-    """Steps on each GPU from the node's event log; empty if there is no readable log."""
+    """Steps on each GPU from the node's event log; empty if there is no readable log.
+
+    Only the runs the log has as running are folded in full (`_common.in_full`), not the
+    whole history: a lease is released before its run ends, by the run or, when its
+    process died, by the crash watcher (`LeaseReleased`, then `RunCrashed`). Steps that
+    asked the agent for a lease outside any run (tests, benchmarks) are not listed here;
+    the agent's snapshot shows them."""
     primaries: dict[int, list[str]] = {}
     guests: dict[int, list[str]] = {}
     try:
@@ -153,7 +159,11 @@ def _occupancy() -> tuple[dict[int, list[str]], dict[int, list[str]]]:
 
         if not (m27_home() / "events.db").exists():
             return primaries, guests  # no run yet; do not create a log just to read it
-        state = _common.load_state()
+        st = _common.store()
+        try:
+            state = _common.in_full(st, _common.outline(st), ())
+        finally:
+            st.close()
     except (M27Error, OSError, ImportError):
         return primaries, guests
     for (run_id, step), gpus in state.leases.items():
