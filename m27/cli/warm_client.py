@@ -127,8 +127,8 @@ def _die_like(signum: int, pid: int) -> int:
 
 
 def _run_of(pid: int) -> str | None:
-    """The newest run whose flow process was `pid`, from the node's log (a fold of it: on
-    this rare path its cost does not matter); None when it cannot be told."""
+    """The newest run whose flow process was `pid`, from the node's log (every run's
+    outline: its process, not its steps); None when it cannot be told."""
     from m27 import M27Error
     from m27.events.state import fold
     from m27.paths import m27_home
@@ -137,7 +137,8 @@ def _run_of(pid: int) -> str | None:
     try:
         store = open_store(m27_home())
         try:
-            runs = [r.run_id for r in fold(store.read()).runs.values() if pid and r.pid == pid]
+            outline = fold(store.read_runs((), outline=True))
+            runs = [r.run_id for r in outline.runs.values() if pid and r.pid == pid]
         finally:
             store.close()
     except M27Error:  # no readable log: the message names no run

@@ -296,7 +296,8 @@ class M27Worker(HookedProcessWorker):
         )
         deadline = time.monotonic() + CANCEL_GRACE_S
         while time.monotonic() < deadline:
-            state = await anyio.to_thread.run_sync(lambda: fold(store.read()))
+            # the run's own events: its status, without folding the node's whole history
+            state = await anyio.to_thread.run_sync(lambda: fold(store.read_runs((run_id,))))
             run = state.runs.get(run_id)
             if run is None or run.status != "running":
                 return

@@ -23,12 +23,6 @@ def store() -> SqliteEventStore:
     return open_store(m27_home())
 
 
-def load_state(st: SqliteEventStore | None = None) -> NodeState:
-    """The whole log folded: for what needs every step of every run (few commands do)."""
-    st = st or store()
-    return fold(st.read())
-
-
 def outline(st: SqliteEventStore) -> NodeState:
     """Every run as a whole (status, times, process, vars), the node's own facts, and no
     step's progress: what finding or listing runs needs, from a few events per run rather

@@ -22,7 +22,6 @@ from m27.cli.commands import SUMMARY, _common
 from m27.cli.warm import runner_pid
 from m27.config import load_settings, m27_home
 from m27.events import Event, RunSubmitted
-from m27.events.state import fold
 from m27.node.serve import serve
 from m27.node.service import ServiceInfo, find_service, stop_service
 from m27.policy import Decision, Reserve, key_text
@@ -183,7 +182,7 @@ def _stop(home: Path) -> int:
     print(f"node service (pid {info.pid}) stopped")
     store = open_store(home)
     try:
-        state = fold(store.read())
+        state = _common.outline(store)  # every run as a whole: status and process
     finally:
         store.close()
     live = [r.run_id for r in state.runs.values() if _common.shown_status(r) == "running"]
