@@ -58,6 +58,27 @@ def energy_table(path: Path) -> np.ndarray:
     return np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
 
 
+def run_uninterrupted(tmp_path: Path, system: Path, out: Path) -> None:
+    """The reference: the same run, never stopped."""
+    reference = subprocess.run(
+        md_command(system, out),
+        env=child_env(tmp_path, tmp_path / "reference-checkpoints"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert reference.returncode == 0, reference.stderr
+
+
+def assert_same_run(out: Path, reference_out: Path) -> None:
+    """Logs, trajectory and final state are the uninterrupted run's, bit for bit."""
+    assert (out / "energy.csv").read_text() == (reference_out / "energy.csv").read_text()
+    assert (out / "trajectory.xyz").read_text() == (reference_out / "trajectory.xyz").read_text()
+    final, expected = np.load(out / "final.npz"), np.load(reference_out / "final.npz")
+    assert np.array_equal(final["positions"], expected["positions"])
+    assert np.array_equal(final["velocities"], expected["velocities"])
+
+
 @pytest.fixture
 def system(tmp_path: Path) -> Path:
     (tmp_path / "small.in").write_text("cells = 3\ndensity = 0.8442\ntemperature = 1.5\nseed = 9\n")
@@ -72,14 +93,7 @@ def test_md_killed_mid_run_resumes_its_step_counter_energy_and_trajectory(
     tmp_path: Path, system: Path
 ) -> None:
     reference_out, out = tmp_path / "reference", tmp_path / "killed"
-    reference = subprocess.run(
-        md_command(system, reference_out),
-        env=child_env(tmp_path, tmp_path / "reference-checkpoints"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert reference.returncode == 0, reference.stderr
+    run_uninterrupted(tmp_path, system, reference_out)
 
     env = child_env(tmp_path, tmp_path / "checkpoints")
     victim = subprocess.Popen(
@@ -117,11 +131,7 @@ def test_md_killed_mid_run_resumes_its_step_counter_energy_and_trajectory(
     usual = np.max(np.abs(np.diff(total[: at + 1])))
     assert abs(total[at + 1] - total[at]) <= 2 * usual
     # And the run is the uninterrupted one, bit for bit.
-    assert (out / "energy.csv").read_text() == (reference_out / "energy.csv").read_text()
-    assert (out / "trajectory.xyz").read_text() == (reference_out / "trajectory.xyz").read_text()
-    final, expected = np.load(out / "final.npz"), np.load(reference_out / "final.npz")
-    assert np.array_equal(final["positions"], expected["positions"])
-    assert np.array_equal(final["velocities"], expected["velocities"])
+    assert_same_run(out, reference_out)
 
 
 def test_md_asked_to_stop_saves_that_step_and_resumes_bit_for_bit(
@@ -133,14 +143,7 @@ def test_md_asked_to_stop_saves_that_step_and_resumes_bit_for_bit(
     reference_out, out = tmp_path / "reference", tmp_path / "stopped"
     command = md_command(system, out)
     command[command.index("--checkpoint-every-steps") + 1] = str(STEPS)  # none periodic
-    reference = subprocess.run(
-        md_command(system, reference_out),
-        env=child_env(tmp_path, tmp_path / "reference-checkpoints"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert reference.returncode == 0, reference.stderr
+    run_uninterrupted(tmp_path, system, reference_out)
 
     env = child_env(tmp_path, tmp_path / "checkpoints")
     victim = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
@@ -160,8 +163,4 @@ def test_md_asked_to_stop_saves_that_step_and_resumes_bit_for_bit(
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from checkpoint at step {stopped}\n" in resumed.stdout
-    assert (out / "energy.csv").read_text() == (reference_out / "energy.csv").read_text()
-    assert (out / "trajectory.xyz").read_text() == (reference_out / "trajectory.xyz").read_text()
-    final, expected = np.load(out / "final.npz"), np.load(reference_out / "final.npz")
-    assert np.array_equal(final["positions"], expected["positions"])
-    assert np.array_equal(final["velocities"], expected["velocities"])
+    assert_same_run(out, reference_out)
