@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from m27.cli.commands import validate
-from m27.executors.engines import plan_checkpoint, uses_checkpointer
+from m27.executors.engines import plan_checkpoint, saves_at_stop, uses_checkpointer
 from m27.executors.engines.gromacs import Gromacs, cpt_step, parse_outputs
 from m27.executors.engines.lammps import Lammps, restart_step
 from m27.spec import SpecError, parse_pipeline
@@ -62,6 +62,35 @@ def test_validate_warns_when_checkpoint_can_mean_nothing(
     assert "warning: a: checkpoint: has no effect" in out
     assert "warning: b:" not in out and "warning: c:" not in out
     assert "files: out/*.chk" in out
+
+
+def test_validate_says_whether_a_python_step_saves_at_a_stop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("M27_CHECKPOINT_GRACE", "90s")
+    (tmp_path / "periodic.py").write_text("import m27\nck = m27.Checkpointer()\n")
+    (tmp_path / "stops.py").write_text(
+        "import m27\nck = m27.Checkpointer()\nstop = m27.watch_stop()\n"
+    )
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "pipeline:\n"
+        "  - {name: a, type: cpu, checkpoint: 10s, command: python periodic.py}\n"
+        "  - {name: b, type: cpu, checkpoint: 10s, command: python stops.py}\n"
+    )
+    out = _validate(path, capsys).split("b: checkpoint every")
+    assert "stop: SIGTERM (a cancel, timeout or preemption) ends it unsaved" in out[0]
+    assert "it calls m27.watch_stop, so it can save at SIGTERM" in out[1]
+    assert "SIGKILL 1m30s later" in out[1]
+
+
+def test_stop_heuristic_reads_python_c_scripts_and_modules(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text("from m27.executors.slurm import watch_preemption\n")
+    assert saves_at_stop(["python", "-m", "pkg.train"], tmp_path)
+    assert saves_at_stop(["python", "-c", "import m27; m27.watch_stop()"], tmp_path)
+    assert not saves_at_stop(["python", "-c", "import m27; m27.Checkpointer()"], tmp_path)
+    assert not saves_at_stop(["python", "missing.py"], tmp_path)
 
 
 def test_checkpoint_mapping_is_read_with_its_fields() -> None:

@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from m27.executors.engines import CheckpointPlan, plan_for_step, uses_checkpointer
+from m27.config import load_settings
+from m27.executors.engines import (
+    CheckpointPlan,
+    plan_for_step,
+    saves_at_stop,
+    uses_checkpointer,
+)
 from m27.spec import Step
 from m27.units import format_duration
 
@@ -19,6 +25,8 @@ class Explained:
     plan: CheckpointPlan | None
     checkpointer: bool = False
     warnings: tuple[str, ...] = field(default=())
+    #: its Python notices a stop signal (m27.watch_stop) and can save first
+    saves_at_stop: bool = False
 
     def to_dict(self) -> dict[str, Any] | None:
         if self.plan is None:
@@ -33,6 +41,7 @@ class Explained:
             "signal": p.signal,
             "notes": list(p.notes),
             "checkpointer": self.checkpointer,
+            "saves_at_stop": self.saves_at_stop,
             "warnings": list(self.warnings),
         }
 
@@ -56,6 +65,14 @@ class Explained:
             out.append(f"  signal: SIG{p.signal} before a stop, then a bounded grace")
         elif self.checkpointer:
             out.append("  m27.Checkpointer: M27_CHECKPOINT_INTERVAL and M27_RESUME_FROM")
+            grace = format_duration(load_settings().checkpoint_grace)
+            out.append(
+                f"  stop: it calls m27.watch_stop, so it can save at SIGTERM (a cancel, timeout"
+                f" or preemption) or Slurm's SIGUSR1; SIGKILL {grace} later"
+                if self.saves_at_stop
+                else "  stop: SIGTERM (a cancel, timeout or preemption) ends it unsaved, as it "
+                "does not call m27.watch_stop: a resume starts from its last periodic save"
+            )
         out += [f"warning: {name}: {w}" for w in self.warnings]
         return out
 
@@ -66,6 +83,7 @@ def explain_checkpoint(step: Step, workdir: Path) -> Explained:
         return Explained(None)
     base = Path(step.workdir) if step.workdir else workdir
     checkpointer = not plan.files and uses_checkpointer(step.argv, base)
+    stop = checkpointer and saves_at_stop(step.argv, base)
     warnings: list[str] = []
     if not plan.files and not checkpointer:
         program = step.argv[0] if step.argv else "?"
@@ -73,4 +91,4 @@ def explain_checkpoint(step: Step, workdir: Path) -> Explained:
             f"checkpoint: has no effect: no recipe knows {program!r}, there is no "
             "checkpoint.files, and the command does not appear to use m27.Checkpointer"
         )
-    return Explained(plan, checkpointer, tuple(warnings))
+    return Explained(plan, checkpointer, tuple(warnings), stop)

@@ -14,7 +14,7 @@ Python programs need no recipe: `m27.Checkpointer` reads `M27_CHECKPOINT_INTERVA
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -127,6 +127,7 @@ def plan_for_step(step: StepLike) -> CheckpointPlan | None:
 
 
 _CHECKPOINTER = re.compile(r"\bCheckpointer\b")
+_WATCH_STOP = re.compile(r"\b(?:watch_stop|watch_preemption)\b")
 
 
 def uses_checkpointer(argv: Sequence[str], workdir: Path) -> bool:
@@ -135,9 +136,21 @@ def uses_checkpointer(argv: Sequence[str], workdir: Path) -> bool:
     Looks at `python -c` code, `.py` files named in the command and the modules of
     `python -m`; a program it cannot read counts as not using it.
     """
+    return any(_CHECKPOINTER.search(code) for code in _python_code(argv, workdir))
+
+
+def saves_at_stop(argv: Sequence[str], workdir: Path) -> bool:
+    """The same heuristic for `m27.watch_stop()` (or Slurm's `watch_preemption()`): does
+    the Python the command runs notice a stop signal, so that it can save first?"""
+    return any(_WATCH_STOP.search(code) for code in _python_code(argv, workdir))
+
+
+def _python_code(argv: Sequence[str], workdir: Path) -> Iterator[str]:
+    """The Python source the command runs, as far as it can be read: `-c` code, `.py`
+    files, the modules of `-m`, and `/bin/sh -c` text."""
     for i, arg in enumerate(argv):
-        if _CHECKPOINTER.search(arg) and i > 0 and argv[i - 1] == "-c":
-            return True
+        if i > 0 and argv[i - 1] == "-c":
+            yield arg
         candidates: list[Path] = []
         if arg.endswith(".py"):
             candidates.append(Path(arg))
@@ -147,11 +160,9 @@ def uses_checkpointer(argv: Sequence[str], workdir: Path) -> bool:
         for candidate in candidates:
             path = candidate if candidate.is_absolute() else workdir / candidate
             try:
-                if _CHECKPOINTER.search(path.read_text(encoding="utf-8", errors="replace")):
-                    return True
+                yield path.read_text(encoding="utf-8", errors="replace")
             except OSError:
                 continue
-    return any(_CHECKPOINTER.search(a) for a in argv[2:3]) if argv[:1] == ("/bin/sh",) else False
 
 
 __all__ = [
@@ -165,5 +176,6 @@ __all__ = [
     "plan_for_step",
     "recipe_named",
     "register",
+    "saves_at_stop",
     "uses_checkpointer",
 ]
