@@ -290,19 +290,19 @@ class M27Worker(HookedProcessWorker):
         """Ask the run to stop through the node's log and wait for it to record its end."""
         run_id = runids.from_flow_run(str(flow_run_id))
         store = self.store
-        after = await anyio.to_thread.run_sync(store.last_seq)
         await anyio.to_thread.run_sync(
             store.append, [CancelRequested(at=time.time(), run_id=run_id, by="prefect")]
         )
         deadline = time.monotonic() + CANCEL_GRACE_S
         while time.monotonic() < deadline:
-            # the run's own events: its status, without folding the node's whole history
+            # The log's end first, then the run's own events (its status, without folding
+            # the node's whole history): whatever comes after is waited for below.
+            after = await anyio.to_thread.run_sync(store.last_seq)
             state = await anyio.to_thread.run_sync(lambda: fold(store.read_runs((run_id,))))
             run = state.runs.get(run_id)
             if run is None or run.status != "running":
                 return
             await anyio.to_thread.run_sync(functools.partial(store.follow, after, timeout=0.25))
-            after = state.last_seq
 
     async def teardown(self, *exc_info: Any) -> None:
         await super().teardown(*exc_info)
