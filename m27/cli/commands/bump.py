@@ -49,10 +49,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_records(st: SqliteEventStore, prefix: str) -> tuple[str, list[Recorded]]:
-    """The run `prefix` names and its events (with every run's outline and the node's own):
-    all that its steps, leases and bumps fold from, without the rest of the log (480k
-    events took 1.3 s to fold). A run the log knows only by its lease requests (steps that
-    asked the agent directly, no `m27 run`) is looked for in the whole log."""
+    """The run `prefix` names (found in every run's outline) and its own events: all that
+    its steps, leases and bumps fold from, without the rest of the log (480k events took
+    1.3 s to fold). A run the log knows only by its lease requests (steps that asked the
+    agent directly, no `m27 run`) is looked for in the whole log."""
     submitted = list(_common.outline(st).runs)
     try:
         run_id = resolve(prefix, submitted)
@@ -61,4 +61,4 @@ def _run_records(st: SqliteEventStore, prefix: str) -> tuple[str, list[Recorded]
         book = fold_book(records)
         others = [r for r, _ in [*book.requests, *book.held] if r not in submitted]
         return resolve(prefix, [*submitted, *dict.fromkeys(others)]), records
-    return run_id, st.read_runs((run_id,), outline=True)
+    return run_id, st.read_runs((run_id,))
