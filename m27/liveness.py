@@ -15,18 +15,89 @@ macOS ``sysctl``) so m27 parses no ``/proc/<pid>/stat`` of its own.
 
 A zombie (exited, not yet reaped) counts as gone: its work has ended, only its parent has
 not collected the exit status.
+
+Start times survive a stepped wall clock. On Linux psutil's ``create_time`` is the process's
+start tick since boot plus the kernel's boot time, and the kernel moves that boot time
+whenever the wall clock is stepped (NTP or chrony correcting a VM's clock, a resume from
+suspend): a step of 10 s made every recorded process look like a stranger, so the node
+service declared live runs crashed and stopped their steps. :func:`start_time` adds the
+start tick to this boot's time as the first m27 process of the boot read it, kept in a small
+file named after the kernel's boot id (:data:`ANCHOR_DIR`), so every process of the boot gets
+the same value for the same process however the clock moves later, and a process of another
+boot (after a power cut) never matches. Where that file cannot be kept (no ``/dev/shm``, not
+Linux), the value is psutil's as it is.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import psutil
 
 #: How far a start time read now may differ from the recorded one for the same process.
-#: psutil derives it from the boot time and the process's start tick (1/100 s), and the
-#: boot time moves when the wall clock is stepped; a pid reused within a second is rare.
+#: Both come from the same start tick (1/100 s) and boot anchor; a pid reused within a
+#: second is rare.
 START_TOLERANCE_S = 1.0
+
+#: Where the boot anchor lives: a tmpfs every process of the machine sees, emptied at boot.
+ANCHOR_DIR = Path("/dev/shm")
+
+_ANCHOR: dict[str, float] = {}
+
+
+def _boot_id() -> str | None:
+    """The kernel's id of this boot, None where there is none (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        path = Path(psutil.PROCFS_PATH) / "sys" / "kernel" / "random" / "boot_id"
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _boot_anchor() -> float | None:
+    """This boot's start (epoch seconds) as the first m27 process of the boot read it: the
+    same in every process of the boot, unmoved by later clock steps. None when no anchor can
+    be read or kept."""
+    boot = _boot_id()
+    if boot is None:
+        return None
+    if boot in _ANCHOR:
+        return _ANCHOR[boot]
+    path = ANCHOR_DIR / f"m27-boot-{boot}"
+    try:
+        if not path.exists():
+            # written whole under a private name, then linked: a reader never sees it half
+            # written, and of two first processes one links and the other reads its value
+            tmp = ANCHOR_DIR / f".m27-boot-{boot}.{os.getpid()}"
+            tmp.write_text(f"{psutil.boot_time()!r}\n")
+            tmp.chmod(0o644)  # every user's m27 reads the same anchor
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+        anchor = float(path.read_text())
+    except (OSError, ValueError):
+        return None
+    _ANCHOR[boot] = anchor
+    return anchor
+
+
+def _started(proc: psutil.Process) -> float:
+    """`proc`'s start time on the boot anchor's clock (see the module's docstring)."""
+    if (anchor := _boot_anchor()) is None:
+        return float(proc.create_time())
+    while True:  # the start tick since boot: create_time less the boot time it added
+        boot = psutil.boot_time()
+        since_boot = proc.create_time() - boot
+        if psutil.boot_time() == boot:  # no clock step between the reads
+            return anchor + since_boot
+
 
 #: :func:`status` values of a process stopped by a signal (SIGSTOP, a tracer).
 STOPPED = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
@@ -43,7 +114,7 @@ def start_time(pid: int | None) -> float | None:
     if pid is None or pid <= 0:
         return None
     try:
-        return float(psutil.Process(pid).create_time())
+        return _started(psutil.Process(pid))
     except (psutil.Error, OSError):
         return None
 
@@ -73,7 +144,7 @@ def status(pid: int | None, started: float | None = None) -> str | None:
             state = str(proc.status())
             if state in _GONE:
                 return None
-            if started is not None and abs(proc.create_time() - started) > START_TOLERANCE_S:
+            if started is not None and abs(_started(proc) - started) > START_TOLERANCE_S:
                 return None
             return state
     except psutil.NoSuchProcess:

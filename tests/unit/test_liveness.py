@@ -6,6 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
+
+import psutil
+import pytest
 
 from m27 import liveness
 from tests.waiting import wait_until
@@ -56,3 +60,66 @@ def test_a_stopped_process_reports_stopped_and_stays_alive() -> None:
         proc.kill()
         proc.wait()
     assert not liveness.alive(proc.pid)
+
+
+def _procfs_with_boot_time_moved(root: Path, by: float) -> float:
+    """A /proc at `root` that is the real one except for `stat`, whose boot time is `by`
+    seconds later: what the kernel reports after the wall clock is stepped forward. psutil
+    reads the procfs at ``psutil.PROCFS_PATH``. Returns the moved boot time."""
+    root.mkdir()
+    for entry in os.listdir("/proc"):
+        if entry != "stat":
+            (root / entry).symlink_to(f"/proc/{entry}")
+    lines = Path("/proc/stat").read_text().splitlines()
+    btime = next(int(line.split()[1]) for line in lines if line.startswith("btime "))
+    moved = [f"btime {btime + int(by)}" if line.startswith("btime ") else line for line in lines]
+    (root / "stat").write_text("\n".join(moved) + "\n")
+    return float(btime + int(by))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the boot-time step is Linux's")
+def test_a_stepped_wall_clock_leaves_live_processes_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NTP stepping the clock 10 s moved psutil's start time of every process by 10 s, and
+    the node service declared live runs crashed and stopped their steps (seen in CI)."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(liveness, "ANCHOR_DIR", shm)
+    monkeypatch.setattr(liveness, "_ANCHOR", {})
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = liveness.start_time(proc.pid)
+        assert started is not None
+        moved = _procfs_with_boot_time_moved(tmp_path / "proc", by=10)
+        monkeypatch.setattr(psutil, "PROCFS_PATH", str(tmp_path / "proc"))
+        assert psutil.boot_time() == moved  # psutil sees the step ...
+        assert liveness.alive(proc.pid, started)  # ... m27 still knows the process
+        assert liveness.start_time(proc.pid) == pytest.approx(started, abs=0.01)
+        assert not liveness.alive(proc.pid, started - 5.0)  # a stranger is still told apart
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the boot anchor is Linux's")
+def test_every_process_of_the_boot_reads_the_same_start_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The boot anchor is one file per boot: another process (with no cache of its own)
+    gets the very value this one records for the same pid."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(liveness, "ANCHOR_DIR", shm)
+    monkeypatch.setattr(liveness, "_ANCHOR", {})
+    mine = liveness.start_time(os.getpid())
+    assert [p.name for p in shm.iterdir()] == [f"m27-boot-{liveness._boot_id()}"]
+    code = (
+        "import sys; from pathlib import Path; from m27 import liveness; "
+        f"liveness.ANCHOR_DIR = Path({str(shm)!r}); "
+        f"print(repr(liveness.start_time({os.getpid()})))"
+    )
+    theirs = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert float(theirs) == mine
