@@ -97,8 +97,8 @@ def _stop_group(pgid: int, pid: int, grace_s: float, clock: Clock) -> int | None
             return sent
         except PermissionError:
             return sent
-        deadline = clock.now() + grace_s
-        while clock.now() < deadline and liveness.alive(pid):
+        deadline = clock.monotonic() + grace_s
+        while clock.monotonic() < deadline and liveness.alive(pid):
             clock.sleep(0.05)
         if not liveness.alive(pid):
             return sent
