@@ -47,15 +47,23 @@ ANCHOR_DIR = Path("/dev/shm")
 _ANCHOR: dict[str, float] = {}
 
 
+_BOOT_ID: list[str | None] = []
+
+
 def _boot_id() -> str | None:
-    """The kernel's id of this boot, None where there is none (not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        path = Path(psutil.PROCFS_PATH) / "sys" / "kernel" / "random" / "boot_id"
-        return path.read_text().strip() or None
-    except OSError:
-        return None
+    """The kernel's id of this boot (read once: a process lives in one boot), None where
+    there is none (not Linux)."""
+    if not _BOOT_ID:
+        boot: str | None = None
+        if sys.platform.startswith("linux"):
+            try:
+                path = os.path.join(psutil.PROCFS_PATH, "sys/kernel/random/boot_id")
+                with open(path) as f:
+                    boot = f.read().strip() or None
+            except OSError:
+                pass
+        _BOOT_ID.append(boot)
+    return _BOOT_ID[0]
 
 
 def _boot_anchor() -> float | None:
