@@ -193,7 +193,7 @@ class Agent(GuestControl, FollowControl):
             backend=self.backend.kind,
         )
         self.store.append([started, *self._check_lost(now)])
-        self._checked_at = now
+        self._checked_at = self.clock.monotonic()  # (a stepped wall clock must not stall it)
         self.started = True
 
     def run(self, stop: threading.Event) -> None:
@@ -259,8 +259,8 @@ class Agent(GuestControl, FollowControl):
             if s.lost and s.index not in self.book.lost_gpus and s.index not in self._told_lost:
                 self._told_lost.add(s.index)
                 out.append(GpuLost(at=now, gpu=s.index, uuid=s.uuid or "", reason="lost"))
-        if now - self._checked_at >= self.check_every:
-            self._checked_at = now
+        if self.clock.monotonic() - self._checked_at >= self.check_every:
+            self._checked_at = self.clock.monotonic()
             out += self._check_lost(now)
         for key in sorted(self.book.stale):
             h = self.book.held.get(key)
