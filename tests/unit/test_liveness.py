@@ -103,23 +103,27 @@ def test_a_stepped_wall_clock_leaves_live_processes_alive(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the boot anchor is Linux's")
-def test_every_process_of_the_boot_reads_the_same_start_time(
+def test_a_process_started_after_a_clock_step_reads_the_recorded_start_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The boot anchor is one file per boot: another process (with no cache of its own)
-    gets the very value this one records for the same pid."""
+    """The boot anchor is one file per boot: a process that first looks after the clock
+    was stepped (a restarted node service, `m27 status`) gets the very start time this
+    one recorded before the step."""
     shm = tmp_path / "shm"
     shm.mkdir()
     monkeypatch.setattr(liveness, "ANCHOR_DIR", shm)
     monkeypatch.setattr(liveness, "_ANCHOR", {})
     mine = liveness.start_time(os.getpid())
     assert [p.name for p in shm.iterdir()] == [f"m27-boot-{liveness._boot_id()}"]
+    _procfs_with_boot_time_moved(tmp_path / "proc", by=10)
     code = (
-        "import sys; from pathlib import Path; from m27 import liveness; "
+        "from pathlib import Path; import psutil; from m27 import liveness; "
+        f"psutil.PROCFS_PATH = {str(tmp_path / 'proc')!r}; "
         f"liveness.ANCHOR_DIR = Path({str(shm)!r}); "
-        f"print(repr(liveness.start_time({os.getpid()})))"
+        f"print(repr(liveness.start_time({os.getpid()})), psutil.boot_time())"
     )
-    theirs = subprocess.run(
+    out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    assert float(theirs) == mine
+    ).stdout.split()
+    assert float(out[1]) == psutil.boot_time() + 10  # it sees the moved boot time ...
+    assert float(out[0]) == mine  # ... and the start time recorded before the step
