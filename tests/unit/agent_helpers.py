@@ -80,9 +80,12 @@ def end_steps() -> None:
 
 
 def phases(path: Path, kind: str) -> list[tuple[float, float]]:
+    """The (start, end) of each `kind` phase the step has written so far: complete lines
+    only (the step may be writing the last one as we read)."""
     if not path.exists():
         return []
-    rows = [line.split() for line in path.read_text().splitlines()]
+    text = path.read_text()
+    rows = [line.split() for line in text[: text.rfind("\n") + 1].splitlines()]
     return [(float(a), float(b)) for k, a, b in rows if k == kind]
 
 
