@@ -44,7 +44,8 @@ START_TOLERANCE_S = 1.0
 #: Where the boot anchor lives: a tmpfs every process of the machine sees, emptied at boot.
 ANCHOR_DIR = Path("/dev/shm")
 
-_ANCHOR: dict[str, float] = {}
+#: boot id -> anchor, or None once it could not be read or kept (not tried on every check)
+_ANCHOR: dict[str, float | None] = {}
 
 
 _BOOT_ID: list[str | None] = []
@@ -89,9 +90,9 @@ def _boot_anchor() -> float | None:
                 pass
             finally:
                 tmp.unlink(missing_ok=True)
-        anchor = float(path.read_text())
+        anchor: float | None = float(path.read_text())
     except (OSError, ValueError):
-        return None
+        anchor = None
     _ANCHOR[boot] = anchor
     return anchor
 
