@@ -167,7 +167,10 @@ class Checker(Reader):
         if node is None:
             return []
         if not isinstance(node, SequenceNode):
-            self.add(node, key, f"must be a list of steps, got {describe(node)}")
+            hint = ""
+            if isinstance(node, MappingNode):
+                hint = "; write each step as a list item: `- name: <step>` and its keys under it"
+            self.add(node, key, f"must be a list of steps, got {describe(node)}{hint}")
             return []
         if not node.value:
             self.add(node, key, "the pipeline has no steps")
