@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from m27._exceptions import PathError
+from m27._exceptions import ConfigError, PathError
 
 __all__ = [
     "NAME_MAX",
@@ -119,6 +119,25 @@ def _part_problem(part: str) -> str | None:
 def m27_home(env: Mapping[str, str] | None = None) -> Path:
     """The node's home: ``$M27_HOME``, default ``~/.m27`` (not created here)."""
     return _path_from_env(env, "M27_HOME", ".m27")
+
+
+def make_home(env: Mapping[str, str] | None = None) -> Path:
+    """The node's home, created when missing; ConfigError (exit 2) naming M27_HOME when it
+    cannot be, so that a command stops there and not in whichever file it writes first."""
+    home = m27_home(env)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(home_problem(home, exc), file=str(home)) from exc
+    return home
+
+
+def home_problem(home: Path | str, exc: OSError) -> str:
+    """The one line for a home m27 cannot create or write."""
+    return (
+        f"cannot create {home}: {exc.strerror or exc} "
+        "(m27's home, for its event log and locks: set M27_HOME to a folder m27 can write)"
+    )
 
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:

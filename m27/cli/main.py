@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from m27 import __version__
 from m27._exceptions import ConfigError, M27Error, SpecError
@@ -105,7 +107,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 1
+    except OSError as exc:
+        # a file m27 needs cannot be made or read (an unwritable M27_HOME, a full disk):
+        # the path and the reason, never a traceback
+        text, code = _os_error(exc)
+        print(f"m27: {text}", file=sys.stderr)
+        return code
     return code
+
+
+def _os_error(exc: OSError) -> tuple[str, int]:
+    """The line for an OSError and the exit code: 2 (bad configuration) when the path lies
+    in M27_HOME, whose setting is then named; 1 otherwise."""
+    from m27.paths import m27_home
+
+    name = exc.filename
+    if name is None:
+        return str(exc), 1
+    path = os.fsdecode(name) if isinstance(name, str | bytes) else str(name)
+    text = f"cannot use {path}: {exc.strerror or exc}"
+    home = m27_home()
+    if Path(path) == home or home in Path(path).parents:
+        where = "M27_HOME" if "M27_HOME" in os.environ else "m27's home (M27_HOME unset)"
+        return f"{text} ({where} is {home}: set M27_HOME to a folder m27 can write)", 2
+    return text, 1
 
 
 if __name__ == "__main__":

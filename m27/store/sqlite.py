@@ -40,6 +40,7 @@ from m27.events import (
     decode_row,
     encode_positional,
 )
+from m27.paths import home_problem
 from m27.store import _encode
 from m27.store._runs import (
     INDEX,
@@ -482,5 +483,5 @@ def open_store(home: Path | None = None, *, max_poll: float = _MAX_POLL_S) -> Sq
     try:
         home.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StoreError(f"cannot create {home}: {exc}", file=str(home)) from exc
+        raise StoreError(home_problem(home, exc), file=str(home)) from exc
     return SqliteEventStore(home / "events.db", max_poll=max_poll)

@@ -193,3 +193,68 @@ def test_cancel_of_a_crashed_slurm_run_whose_scancel_fails_prints_no_traceback(
     run = fold(store.read()).runs[run_id]
     assert run.status == "cancelled" and run.steps["long"].status == "cancelled"
     store.close()
+
+
+def _home_inside_a_file(m27_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An M27_HOME that cannot be created: its parent is a regular file."""
+    blocker = m27_home.parent / "a-file"
+    blocker.write_text("")
+    home = blocker / "home"
+    monkeypatch.setenv("M27_HOME", str(home))
+    return home
+
+
+def test_a_home_that_cannot_be_made_stops_run_with_one_line_naming_m27_home(
+    m27_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    home = _home_inside_a_file(m27_home, monkeypatch)
+    monkeypatch.setenv("M27_GPUS", "sim:1")
+    spec = tmp_path / "p.yaml"
+    spec.write_text("name: p\npipeline:\n  - name: s\n    type: cpu\n    command: 'true'\n")
+    assert main(["run", "--plain", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"cannot create {home}: Not a directory" in err, err
+    assert "set M27_HOME to a folder m27 can write" in err, err
+    assert not home.exists()
+
+
+def test_an_os_error_in_m27_home_is_one_line_naming_m27_home_exit_2(
+    m27_home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last net under every command: an OSError that escapes a command (here from
+    `m27 runs` reading a home made unreadable) is one line, with the path and M27_HOME."""
+    import m27.cli.commands.runs as runs_cmd
+
+    def unreadable(args: object) -> int:
+        raise PermissionError(13, "Permission denied", str(m27_home / "events.db"))
+
+    monkeypatch.setattr(runs_cmd, "run", unreadable)
+    assert main(["runs"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"m27: cannot use {m27_home / 'events.db'}: Permission denied "
+        f"(M27_HOME is {m27_home}: set M27_HOME to a folder m27 can write)"
+    ]
+
+
+def test_a_home_that_cannot_be_made_is_one_line_for_the_event_log_commands(
+    m27_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = _home_inside_a_file(m27_home, monkeypatch)
+    assert main(["status"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"cannot create {home}: Not a directory" in err and "set M27_HOME" in err, err
+
+
+def test_an_os_error_outside_the_home_names_the_path_and_exits_1(m27_home: Path) -> None:
+    from m27.cli.main import _os_error
+
+    text, code = _os_error(PermissionError(13, "Permission denied", "/data/out/x.pdb"))
+    assert (text, code) == ("cannot use /data/out/x.pdb: Permission denied", 1)
+    text, code = _os_error(OSError(28, "No space left on device"))
+    assert code == 1 and "No space left on device" in text

@@ -22,6 +22,7 @@ from m27.cli.prefect_run import prefect_defaults, quiet_run_loggers, run_setting
 from m27.events import CancelRequested, RunFailed
 from m27.gpu import detect
 from m27.locks import OutputLocks
+from m27.paths import make_home
 from m27.signals import SignalRelay
 from m27.spec import Pipeline, Problem, load_pipeline, parse_set_args
 
@@ -170,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     from m27.config import load_settings
 
     load_settings()  # a bad ~/.m2config or M27_CONFIG: a clean error here, not in the flow
+    make_home()  # likewise an M27_HOME that cannot be made, before the locks and the service
     run_id = runids.new_run_id()
     outputs = _claim_outputs(pipeline, run_id)
     if outputs is None:
