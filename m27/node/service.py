@@ -27,9 +27,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from m27 import liveness
-from m27._exceptions import M27Error
+from m27._exceptions import ConfigError, M27Error
 
 if TYPE_CHECKING:
     import subprocess
@@ -45,6 +46,7 @@ __all__ = [
     "node_port",
     "read_info",
     "remove_info",
+    "same_server",
     "stop_service",
     "touch",
     "write_info",
@@ -270,12 +272,52 @@ def ensure_service(
     """The running node service, started (detached) first when none runs.
 
     Returns it with the seconds this call waited for it (0 when it was already running).
-    Raises M27Error naming ``service.log`` when it does not come up within `timeout`.
+    Raises M27Error naming ``service.log`` when it does not come up within `timeout`, and
+    ConfigError when the caller's ``PREFECT_API_URL`` names another server than the running
+    service uses.
     """
+    env = dict(os.environ if env is None else env)
     try:
-        return _ensure(Path(home), stream, timeout, dict(os.environ if env is None else env))
+        info, waited = _ensure(Path(home), stream, timeout, env)
     except OSError as exc:  # a full disk, a read-only home: say so, no traceback
         raise M27Error(f"cannot start the node service in {home}: {exc}", home=str(home)) from exc
+    _check_server(info, lab_url(env))
+    return info, waited
+
+
+def _check_server(info: ServiceInfo, lab: str | None) -> None:
+    """A caller whose PREFECT_API_URL names another server than the running service's: a
+    ConfigError, not a run sent quietly to the service's server (nor one sent to a server
+    whose killed runs the service's crash watcher could not mark Crashed)."""
+    if lab is None or same_server(lab, info.url):
+        return
+    whose = "its own Prefect server" if info.own_server else "the Prefect server it started with"
+    raise ConfigError(
+        f"PREFECT_API_URL is {lab}, but this node's service (pid {info.pid}) uses {info.url}, "
+        f"{whose}; a run goes to the service's server, where its crash watcher keeps the run's "
+        "state true. Unset PREFECT_API_URL to use that server, or stop the service "
+        "(`m27 agent stop`, when no run is left) so that the next command starts it with "
+        "PREFECT_API_URL's",
+        prefect_api_url=lab,
+        service_url=info.url,
+    )
+
+
+def same_server(a: str, b: str) -> bool:
+    """Whether two Prefect API URLs name one server (``localhost`` is ``127.0.0.1``; a
+    trailing ``/`` and the default port do not count)."""
+
+    def key(url: str) -> tuple[str, str, int | None, str]:
+        parts = urlsplit(url.strip())
+        host = (parts.hostname or "").lower()
+        host = "127.0.0.1" if host in ("localhost", "::1") else host
+        try:
+            port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+        except ValueError:
+            port = None
+        return parts.scheme.lower(), host, port, parts.path.rstrip("/")
+
+    return key(a) == key(b)
 
 
 def _ensure(

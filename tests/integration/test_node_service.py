@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from m27 import liveness
+from m27 import ConfigError, liveness
 from m27.events import AgentStarted, RunSubmitted
-from m27.node.service import find_service, healthy, read_info
+from m27.node.service import ensure_service, find_service, healthy, read_info
 from m27.store.sqlite import SqliteEventStore
 from tests.e2e._helpers import call_m27, m27_env, node_state, start_run, wait_running
 from tests.waiting import wait_until
@@ -303,3 +303,37 @@ def test_a_run_that_died_with_no_service_is_closed_when_the_next_command_starts_
         timeout=60,
         what="the crash watcher closing the run",
     )
+
+
+def test_a_prefect_api_url_other_than_the_services_is_refused_not_ignored(
+    m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run must not go quietly to another server than the one PREFECT_API_URL names."""
+    _lab_env(monkeypatch)  # the service runs with http://127.0.0.1:9/api
+    info, _ = ensure_service(m27_home, stream=None, env=m27_env())
+    # the same server, written another way: accepted, and no second service
+    assert (
+        ensure_service(m27_home, stream=None, env={"PREFECT_API_URL": "http://localhost:9/api/"})[0]
+        == info
+    )
+    with pytest.raises(ConfigError) as caught:
+        ensure_service(m27_home, stream=None, env={"PREFECT_API_URL": "http://127.0.0.1:10/api"})
+    assert caught.value.context == {
+        "prefect_api_url": "http://127.0.0.1:10/api",
+        "service_url": "http://127.0.0.1:9/api",
+    }
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:10/api")
+    quick = _pipeline(
+        tmp_path,
+        "quick",
+        "name: quick\npipeline:\n  - name: t\n    type: cpu\n    command: 'true'\n",
+    )
+    done = call_m27("run", str(quick), "--plain", timeout=240)
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(
+        "m27: PREFECT_API_URL is http://127.0.0.1:10/api, but this node's service"
+    )
+    assert f"(pid {info.pid}) uses http://127.0.0.1:9/api" in line and "m27 agent stop" in line
+    assert "Traceback" not in done.stderr
+    assert node_state(m27_home).runs == {}  # refused before the run was recorded
