@@ -216,7 +216,8 @@ def _load_file(
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {file}: {exc}", file=str(file)) from exc
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read the settings file {shown}: {why}", file=str(file)) from exc
     parser = configparser.ConfigParser(
         inline_comment_prefixes=("#", ";"),
         interpolation=None,

@@ -111,6 +111,16 @@ def test_missing_file_named_by_m27_config_is_an_error(tmp_path: Path) -> None:
     assert set(settings.sources.values()) == {"default"}
 
 
+def test_a_settings_file_that_cannot_be_read_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"M27_CONFIG": str(tmp_path)})  # a folder
+    assert str(caught.value) == f"cannot read the settings file {tmp_path}: Is a directory"
+    binary = tmp_path / "lab.ini"
+    binary.write_bytes(b"[checkpoint]\nkeep_last = \xff\n")
+    with pytest.raises(ConfigError, match=r"cannot read the settings file .*lab\.ini: 'utf-8'"):
+        load_settings({"M27_CONFIG": str(binary)})
+
+
 def test_a_missing_home_m2config_means_defaults(tmp_path: Path) -> None:
     settings = load_settings({"HOME": str(tmp_path / "nohome")})
     assert settings == Settings()
