@@ -144,6 +144,10 @@ class BackendBase:
         raise NotImplementedError
 
 
+#: The most simulated GPUs a node may have: as many as a step may ask for (`gpus:`), where
+#: an agent's idle tick already costs ~20 % of a core; sim:99999 once made it spin.
+SIM_GPUS_MAX = 1024
+
 _SIM = re.compile(r"^sim:(\d+)(?:x(.+))?$", re.IGNORECASE)
 
 
@@ -159,6 +163,12 @@ def parse_gpus_env(value: str) -> tuple[int, int]:
     if count < 1:
         raise ConfigError(
             f"M27_GPUS={value!r}: a node needs at least one simulated GPU", variable="M27_GPUS"
+        )
+    if count > SIM_GPUS_MAX:
+        raise ConfigError(
+            f"M27_GPUS={value!r}: at most {SIM_GPUS_MAX} simulated GPUs (the most a step may "
+            "ask for; the agent samples and places on every one of them each tick)",
+            variable="M27_GPUS",
         )
     memory = DEFAULT_SIM_MEMORY
     if match.group(2) is not None:

@@ -260,6 +260,12 @@ def test_parse_gpus_env_rejects_bad_values(value: str) -> None:
         parse_gpus_env(value)
 
 
+def test_parse_gpus_env_caps_the_simulated_count() -> None:
+    assert parse_gpus_env("sim:1024") == (1024, 80 * GiB)
+    with pytest.raises(ConfigError, match=r"M27_GPUS='sim:99999': at most 1024 simulated GPUs"):
+        parse_gpus_env("sim:99999")
+
+
 def test_detect_sim_from_env() -> None:
     backend = detect({"M27_GPUS": "sim:3x16GiB"})
     assert backend.kind == "sim"
