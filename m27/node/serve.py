@@ -215,9 +215,14 @@ def serve(
             target=agent.run, args=(agent_stop,), name="m27-agent", daemon=True
         )
         agent_thread.start()
+        devices = agent.backend.devices()
         log(
-            f"m27 agent: serving {home} with {len(agent.backend.devices())} "
+            f"m27 agent: serving {home} with {len(devices)} "
             f"{agent.backend.kind} GPU(s), tick {agent.tick_s * 1000:.0f} ms"
+        )
+        sim_memory = devices[0].memory_total if agent.backend.kind == "sim" and devices else 0
+        info = _replace(
+            info, gpu_backend=agent.backend.kind, gpu_count=len(devices), gpu_memory=sim_memory
         )
         if lab is None:
             server = PrefectServer(home / "prefect", port or service.node_port(home), log)

@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 
 from m27 import liveness
 from m27._exceptions import ConfigError, M27Error
+from m27.gpu import parse_gpus_env
+from m27.units import format_size
 
 if TYPE_CHECKING:
     import subprocess
@@ -81,6 +83,11 @@ class ServiceInfo:
     state: str = "starting"
     restarts: int = 0
     host: str = ""
+    #: the agent's GPUs: backend ("sim", "nvml"; "" from an older m27), how many, and a
+    #: simulated GPU's memory (0 for NVML), so a command that set M27_GPUS otherwise is told
+    gpu_backend: str = ""
+    gpu_count: int = 0
+    gpu_memory: int = 0
 
     @property
     def ui_url(self) -> str:
@@ -282,7 +289,36 @@ def ensure_service(
     except OSError as exc:  # a full disk, a read-only home: say so, no traceback
         raise M27Error(f"cannot start the node service in {home}: {exc}", home=str(home)) from exc
     _check_server(info, lab_url(env))
+    _check_gpus(info, env.get("M27_GPUS", ""))
     return info, waited
+
+
+def _check_gpus(info: ServiceInfo, value: str) -> None:
+    """A caller whose M27_GPUS names other GPUs than the running service's agent has: a
+    ConfigError (its steps would wait for, or be checked against, GPUs the agent lacks)."""
+    wanted = value.strip().lower()
+    if wanted in ("", "auto") or not info.gpu_backend:
+        return  # the node's own GPUs, whatever they are (or a service that does not say)
+    if wanted == "nvml":
+        same = info.gpu_backend == "nvml"
+    else:
+        count, memory = parse_gpus_env(value)
+        same = (info.gpu_backend, info.gpu_count, info.gpu_memory) == ("sim", count, memory)
+    if same:
+        return
+    has = (
+        f"{info.gpu_count} simulated GPU(s) of {format_size(info.gpu_memory)}"
+        if info.gpu_backend == "sim"
+        else f"{info.gpu_count} {info.gpu_backend} GPU(s)"
+    )
+    raise ConfigError(
+        f"M27_GPUS is {value}, but this node's service (pid {info.pid}) has {has}; a run's "
+        "steps take the service's GPUs. Unset M27_GPUS to use them, or stop the service "
+        "(`m27 agent stop`, when no run is left) so that the next command starts it with "
+        "M27_GPUS's",
+        variable="M27_GPUS",
+        value=value,
+    )
 
 
 def _check_server(info: ServiceInfo, lab: str | None) -> None:

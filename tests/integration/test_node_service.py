@@ -337,3 +337,34 @@ def test_a_prefect_api_url_other_than_the_services_is_refused_not_ignored(
     assert f"(pid {info.pid}) uses http://127.0.0.1:9/api" in line and "m27 agent stop" in line
     assert "Traceback" not in done.stderr
     assert node_state(m27_home).runs == {}  # refused before the run was recorded
+
+
+def test_m27_gpus_other_than_the_services_is_refused_not_ignored(
+    m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's GPUs are the service's: a command that set M27_GPUS otherwise is told."""
+    _lab_env(monkeypatch)
+    monkeypatch.setenv("M27_GPUS", "sim:2")
+    info, _ = ensure_service(m27_home, stream=None, env=m27_env())
+    assert (info.gpu_backend, info.gpu_count, info.gpu_memory) == ("sim", 2, 80 * 2**30)
+    lab = {"PREFECT_API_URL": "http://127.0.0.1:9/api"}
+    for same in ("sim:2", "SIM:2x80GiB", "auto", ""):
+        assert ensure_service(m27_home, stream=None, env={**lab, "M27_GPUS": same})[0] == info
+    for other in ("sim:3", "sim:2x16GiB", "nvml"):
+        with pytest.raises(ConfigError, match=f"M27_GPUS is {other}, but this node's service"):
+            ensure_service(m27_home, stream=None, env={**lab, "M27_GPUS": other})
+    monkeypatch.setenv("M27_GPUS", "sim:3")
+    quick = _pipeline(
+        tmp_path,
+        "quick",
+        "name: quick\npipeline:\n  - name: t\n    type: cpu\n    command: 'true'\n",
+    )
+    done = call_m27("run", str(quick), "--plain", timeout=240)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"m27: M27_GPUS is sim:3, but this node's service (pid {info.pid}) has 2 simulated "
+        "GPU(s) of 80.0GiB; a run's steps take the service's GPUs. Unset M27_GPUS to use "
+        "them, or stop the service (`m27 agent stop`, when no run is left) so that the next "
+        "command starts it with M27_GPUS's"
+    )
+    assert node_state(m27_home).runs == {}
