@@ -281,7 +281,7 @@ def ensure_service(
     Returns it with the seconds this call waited for it (0 when it was already running).
     Raises M27Error naming ``service.log`` when it does not come up within `timeout`, and
     ConfigError when the caller's ``PREFECT_API_URL`` names another server than the running
-    service uses.
+    service uses, or its ``M27_GPUS`` other GPUs than the service's agent has.
     """
     env = dict(os.environ if env is None else env)
     try:
