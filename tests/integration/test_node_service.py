@@ -305,6 +305,21 @@ def test_a_run_that_died_with_no_service_is_closed_when_the_next_command_starts_
     )
 
 
+def _refused_run(tmp_path: Path, m27_home: Path) -> subprocess.CompletedProcess[str]:
+    """`m27 run` of a one-step pipeline that must be refused (exit 2, no traceback) before
+    the run is recorded."""
+    quick = _pipeline(
+        tmp_path,
+        "quick",
+        "name: quick\npipeline:\n  - name: t\n    type: cpu\n    command: 'true'\n",
+    )
+    done = call_m27("run", str(quick), "--plain", timeout=240)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert node_state(m27_home).runs == {}
+    return done
+
+
 def test_a_prefect_api_url_other_than_the_services_is_refused_not_ignored(
     m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -323,20 +338,12 @@ def test_a_prefect_api_url_other_than_the_services_is_refused_not_ignored(
         "service_url": "http://127.0.0.1:9/api",
     }
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:10/api")
-    quick = _pipeline(
-        tmp_path,
-        "quick",
-        "name: quick\npipeline:\n  - name: t\n    type: cpu\n    command: 'true'\n",
-    )
-    done = call_m27("run", str(quick), "--plain", timeout=240)
-    assert done.returncode == 2, done.stdout + done.stderr
+    done = _refused_run(tmp_path, m27_home)
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith(
         "m27: PREFECT_API_URL is http://127.0.0.1:10/api, but this node's service"
     )
     assert f"(pid {info.pid}) uses http://127.0.0.1:9/api" in line and "m27 agent stop" in line
-    assert "Traceback" not in done.stderr
-    assert node_state(m27_home).runs == {}  # refused before the run was recorded
 
 
 def test_m27_gpus_other_than_the_services_is_refused_not_ignored(
@@ -354,17 +361,10 @@ def test_m27_gpus_other_than_the_services_is_refused_not_ignored(
         with pytest.raises(ConfigError, match=f"M27_GPUS is {other}, but this node's service"):
             ensure_service(m27_home, stream=None, env={**lab, "M27_GPUS": other})
     monkeypatch.setenv("M27_GPUS", "sim:3")
-    quick = _pipeline(
-        tmp_path,
-        "quick",
-        "name: quick\npipeline:\n  - name: t\n    type: cpu\n    command: 'true'\n",
-    )
-    done = call_m27("run", str(quick), "--plain", timeout=240)
-    assert done.returncode == 2, done.stdout + done.stderr
+    done = _refused_run(tmp_path, m27_home)
     assert done.stderr.strip().splitlines()[-1] == (
         f"m27: M27_GPUS is sim:3, but this node's service (pid {info.pid}) has 2 simulated "
         "GPU(s) of 80.0GiB; a run's steps take the service's GPUs. Unset M27_GPUS to use "
         "them, or stop the service (`m27 agent stop`, when no run is left) so that the next "
         "command starts it with M27_GPUS's"
     )
-    assert node_state(m27_home).runs == {}
