@@ -16,6 +16,7 @@ another run's checkpoint), so two guards stand in the way:
 from __future__ import annotations
 
 import os
+import pwd
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -146,9 +147,16 @@ def config_path(env: Mapping[str, str] | None = None) -> Path:
 
 
 def user_home(env: Mapping[str, str]) -> Path:
-    """``$HOME`` of `env`, else the account's home directory."""
+    """``$HOME`` of `env` when set and not empty, else the account's home directory from the
+    password database (``Path.home()`` would give ``/`` for an empty ``HOME``, and m27's home
+    would become ``/.m27``)."""
     home = env.get("HOME")
-    return Path(home) if home else Path.home()
+    if home:
+        return Path(home)
+    try:
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:  # an account without an entry (a container's arbitrary uid)
+        return Path.home()
 
 
 def _path_from_env(env: Mapping[str, str] | None, name: str, default: str) -> Path:

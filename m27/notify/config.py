@@ -29,6 +29,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from m27._exceptions import ConfigError
+from m27.paths import m27_home
 
 DEFAULT_API_URL = "https://api.telegram.org/bot"
 
@@ -163,10 +164,6 @@ class NotifyConfig:
         }
 
 
-def _home(env: Mapping[str, str]) -> Path:
-    return Path(env.get("M27_HOME", "~/.m27")).expanduser()
-
-
 def read_token_file(path: Path) -> Secret:
     """The token in `path`; refused when group or others may read or write the file."""
     try:
@@ -243,8 +240,8 @@ def load_config(env: Mapping[str, str] | None = None) -> NotifyConfig:
         token = Secret(env["M27_TELEGRAM_TOKEN"].strip())
     elif env.get("M27_TELEGRAM_TOKEN_FILE", "").strip():
         token = read_token_file(Path(env["M27_TELEGRAM_TOKEN_FILE"]).expanduser())
-    elif (_home(env) / "telegram.token").exists():
-        token = read_token_file(_home(env) / "telegram.token")
+    elif (m27_home(env) / "telegram.token").exists():
+        token = read_token_file(m27_home(env) / "telegram.token")
     if token is not None and not _TOKEN_SHAPE.fullmatch(token.reveal()):
         # said now, not as "getMe failed: Unauthorized" (or a network error) later
         raise ConfigError(

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from m27 import paths
 from m27.clock import Clock, SystemClock
 from m27.locks import NOTIFY_LOCK, NodeLock
 from m27.notify.config import NotifyConfig
@@ -37,12 +38,8 @@ CURSOR = "notifier"
 
 
 def m27_home() -> Path:
-    try:
-        from m27.config import m27_home as home  # type: ignore[attr-defined,unused-ignore]
-
-        return Path(home())
-    except (ImportError, AttributeError):
-        return Path(os.environ.get("M27_HOME", "~/.m27")).expanduser()
+    """The node's home, as every other command finds it (``m27.paths.m27_home``)."""
+    return paths.m27_home()
 
 
 @dataclass

@@ -114,3 +114,11 @@ def test_a_token_that_is_not_a_bot_token_is_refused_without_showing_it(bad: str)
         load_config({"M27_TELEGRAM_TOKEN": bad, "M27_TELEGRAM_CHAT_IDS": "1"})
     assert "does not look like a bot token" in str(error.value)
     assert bad not in str(error.value)
+
+
+def test_an_empty_m27_home_looks_for_the_token_in_the_default_home(tmp_path: Path) -> None:
+    home = tmp_path / ".m27"
+    home.mkdir()
+    (home / "telegram.token").write_text(TOKEN)
+    (home / "telegram.token").chmod(0o600)
+    assert load_config({"HOME": str(tmp_path), "M27_HOME": ""}).token == Secret(TOKEN)

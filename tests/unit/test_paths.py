@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from m27._exceptions import PathError, SpecError
 from m27.checkpoint import artifact_key
 from m27.node.agent import channel_path
-from m27.paths import NAME_MAX, join_under, name_problem, slug
+from m27.paths import NAME_MAX, join_under, m27_home, name_problem, slug
 from m27.spec import parse_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,3 +98,27 @@ def test_every_place_a_name_becomes_a_path_goes_through_join_under() -> None:
     assert not offenders, "build these paths with m27.paths.join_under:\n" + "\n".join(offenders)
     for rel, count in CALL_SITES.items():
         assert (ROOT / rel).read_text().count("join_under(") >= count, rel
+
+
+def test_an_empty_home_means_the_accounts_home_not_the_root_folder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pwd
+
+    account = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    monkeypatch.setenv("HOME", "")  # Path.home() reads it: "" gives "/"
+    monkeypatch.delenv("M27_HOME", raising=False)
+    assert m27_home() == account / ".m27" != Path("/.m27")
+    assert m27_home({"HOME": ""}) == account / ".m27"
+    assert m27_home({"HOME": "", "M27_HOME": ""}) == account / ".m27"
+    assert m27_home({"HOME": "/srv/u"}) == Path("/srv/u/.m27")
+
+
+def test_the_notifier_finds_the_same_home_as_every_other_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from m27.notify.notifier import m27_home as notifier_home
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("M27_HOME", "")  # set but empty: the default, not the working folder
+    assert notifier_home() == m27_home() == tmp_path / ".m27"
