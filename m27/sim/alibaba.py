@@ -56,23 +56,15 @@ def load_alibaba(
 ) -> list[Job]:
     """GPU pods of the CSV as jobs (arrival = creation_time), in creation order."""
     jobs: list[Job] = []
-    try:
-        with path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as exc:
-        raise SpecError(f"cannot read {path}: {exc}", file=str(path)) from exc
-    rows.sort(key=lambda r: (int(r.get("creation_time") or 0), r.get("name", "")))
-    for n, row in enumerate(rows, 2):
-        try:
-            gpus = int(row["num_gpu"])
-            if gpus < 1:
-                continue
-            created = float(row["creation_time"])
-            start = float(row["scheduled_time"] or created)
-            duration = min(max_duration, float(row["deletion_time"]) - start)
-            milli = int(row["gpu_milli"] or 1000)
-        except (KeyError, ValueError) as exc:
-            raise SpecError(f"bad Alibaba trace row: {exc}", file=str(path), line=n) from exc
+    rows = _rows(path)
+    for n, row in rows:
+        gpus = int(_value(path, n, row, "num_gpu", int))
+        if gpus < 1:
+            continue
+        created = _value(path, n, row, "creation_time", float)
+        start = _value(path, n, row, "scheduled_time", float, default=created)
+        duration = min(max_duration, _value(path, n, row, "deletion_time", float) - start)
+        milli = int(_value(path, n, row, "gpu_milli", int, default=1000))
         if duration <= 0:
             continue
         share = min(1.0, milli / 1000.0) if gpus == 1 else 1.0
@@ -95,6 +87,74 @@ def load_alibaba(
         if limit is not None and len(jobs) >= limit:
             break
     return jobs
+
+
+#: the columns `load_alibaba` reads (``qos`` may be missing: every pod is then best effort)
+COLUMNS = ("name", "num_gpu", "gpu_milli", "creation_time", "scheduled_time", "deletion_time")
+
+
+def _value(
+    path: Path,
+    n: int,
+    row: dict[str, str],
+    column: str,
+    parse: type[int] | type[float],
+    default: float | None = None,
+) -> float:
+    """`column` of the row on line `n` as a finite number (`default` when empty)."""
+    text = (row.get(column) or "").strip()
+    if not text and default is not None:
+        return default
+    try:
+        value = parse(text)
+        if math.isfinite(value):
+            return value
+    except ValueError:
+        pass
+    kind = "a whole number" if parse is int else "a number"
+    raise SpecError(
+        f"{path}:{n}: bad Alibaba trace row: {column} {text!r} is not {kind}",
+        file=str(path),
+        line=n,
+    )
+
+
+def _rows(path: Path) -> list[tuple[int, dict[str, str]]]:
+    """The CSV's rows with the line each starts on, in creation order (then name)."""
+    rows: list[tuple[int, dict[str, str]]] = []
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f, restval="")
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise SpecError(
+                    f"{path}: not an Alibaba openb_pod_list CSV: no column "
+                    f"{', '.join(missing)} (its header: {','.join(reader.fieldnames or ())})",
+                    file=str(path),
+                    line=1,
+                )
+            line = reader.line_num + 1
+            for row in reader:
+                rows.append((line, row))
+                line = reader.line_num + 1
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror or exc}", file=str(path)) from exc
+    except (UnicodeDecodeError, csv.Error) as exc:
+        what = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        raise SpecError(f"{path}: bad Alibaba trace: {what}", file=str(path)) from exc
+    created: dict[int, int] = {}
+    for n, row in rows:
+        try:
+            created[n] = int(row["creation_time"] or 0)
+        except ValueError as exc:
+            raise SpecError(
+                f"{path}:{n}: bad Alibaba trace row: creation_time {row['creation_time']!r} "
+                "is not a whole number of seconds",
+                file=str(path),
+                line=n,
+            ) from exc
+    rows.sort(key=lambda r: (created[r[0]], r[1]["name"]))
+    return rows
 
 
 def scale_to_node(

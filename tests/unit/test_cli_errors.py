@@ -258,3 +258,27 @@ def test_an_os_error_outside_the_home_names_the_path_and_exits_1(m27_home: Path)
     assert (text, code) == ("cannot use /data/out/x.pdb: Permission denied", 1)
     text, code = _os_error(OSError(28, "No space left on device"))
     assert code == 1 and "No space left on device" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["gpus", "--watch", "inf"], "argument --watch: 'inf': give a number of seconds"),
+        (["gpus", "--watch", "nan"], "argument --watch: 'nan': give a number of seconds"),
+        (["gpus", "--watch", "0"], "argument --watch: '0': give a number of seconds from 0.05"),
+        (["cancel", "r", "--wait", "-1"], "argument --wait: '-1': give a number of seconds"),
+        (["simulate", "lab", "--gpus", "0"], "argument --gpus: '0': give a whole number from 1"),
+        (["simulate", "lab", "--jobs", "-5"], "argument --jobs: '-5': give a whole number of 1"),
+        (["simulate", "lab", "--load", "nan"], "argument --load: 'nan': give a finite number"),
+    ],
+)
+def test_a_number_no_wait_or_model_can_use_is_refused_by_argparse(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `m27 gpus --watch inf` died in time.sleep with OverflowError; `nan` and `0` redrew
+    # the table in a loop that spun a core; `simulate --load nan` simulated NaN arrivals
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

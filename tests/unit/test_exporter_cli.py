@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import socket
+from pathlib import Path
 
 import pytest
 
 from m27._exceptions import ConfigError
 from m27.cli.commands import exporter as command
+from m27.cli.main import main
 from m27.monitoring.exporter import DEFAULT_LISTEN
 
 
@@ -43,7 +46,30 @@ def test_once_prints_one_scrape_of_the_nodes_gpus(
     assert 'm27_runs_total{outcome="failed"} 0.0' in out
 
 
-def test_a_negative_interval_is_refused() -> None:
-    args = parse("--interval", "-1", "--once")
-    with pytest.raises(ConfigError, match="interval"):
-        args.func(args)
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "7200", "often"])
+def test_an_interval_that_is_not_a_sane_number_of_seconds_is_argparses_one_line(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `inf` raised OverflowError from Event.wait (a traceback); `nan` waited not at all
+    with pytest.raises(SystemExit) as stopped:
+        parse("--interval", bad, "--once")
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --interval: " in err and repr(bad) in err and "Traceback" not in err
+
+
+def test_an_address_in_use_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("M27_GPUS", "sim:1")
+    monkeypatch.setenv("M27_HOME", str(tmp_path))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["exporter", "--listen", f"127.0.0.1:{port}"]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"m27: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(choose another address with --listen HOST:PORT)\n"
+    )

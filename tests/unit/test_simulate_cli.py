@@ -3,6 +3,7 @@ an event log replayed on the GPU count of the node that wrote it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,19 @@ def test_a_bad_lab_option_is_a_clean_error(
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"bad json', "bad trace line: Invalid control character"),
+        ('{"bad json', "bad trace line: not JSON: Invalid control character"),
         ('{"id": "a"}', "bad trace line: missing field 'phases'"),
+        ("[1]", "bad trace line: a job is a JSON object, not list"),
+        ('{"id": "a", "arrival": 0, "phases": [["compute", -5]]}', "a phase lasts a finite"),
+        ('{"id": "a", "arrival": 0, "phases": [["idle", 5]]}', "unknown phase kind 'idle'"),
+        ('{"id": "a", "arrival": 0, "phases": []}', "job 'a': phases is empty"),
+        ('{"id": "a", "arrival": -1, "phases": [["io", 1]]}', "arrival must be a finite"),
+        ('{"id": "a", "arrival": 0, "phases": [["io", 1]], "type": "tpu"}', "unknown type"),
+        ('{"id": "a", "arrival": 0, "phases": [["io", 1]], "gpus": 0}', "needs at least 1 GPU"),
+        ('{"id": "a", "arrival": 0, "phases": [["io", 1]], "depends_on": "b"}', "a list of"),
+        ('{"trace": {"gpus": 0}}', "trace gpus must be a whole number >= 1, not 0"),
+        ('{"trace": {"gpu": 2}}', "unknown trace field 'gpu'"),
+        ('{"trace": {"window": -1}}', "trace window must be a number of seconds > 0"),
     ],
 )
 def test_a_bad_trace_line_names_its_file_and_line(
@@ -42,7 +54,93 @@ def test_a_bad_trace_line_names_its_file_and_line(
     trace = tmp_path / "t.jsonl"
     trace.write_text(f'{{"trace": {{"gpus": 1}}}}\n\n{line}\n')
     assert main(["simulate", str(trace)]) == 2
-    assert capsys.readouterr().err.startswith(f"m27: {trace}:3: {message}")
+    err = capsys.readouterr().err
+    assert err.startswith(f"m27: {trace}:3: bad trace line: ") and message in err, err
+
+
+def test_a_job_id_used_twice_names_both_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the simulator keys jobs by id: the second would silently never run (1/2 done)
+    job = '{"id": "a", "arrival": 0, "phases": [["compute", 5]]}'
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(f"{job}\n{job}\n")
+    assert main(["simulate", str(trace)]) == 2
+    assert capsys.readouterr().err == (
+        f"m27: {trace}:2: bad trace line: job id 'a' is already used on line 1\n"
+    )
+
+
+def test_a_line_that_is_not_utf8_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(
+        b'{"trace": {"gpus": 1}}\n{"id": "%s", "arrival": 0, "phases": [["io", 1]]}\n\xff\n'
+        % (b"x" * 9000)
+    )
+    assert main(["simulate", str(trace)]) == 2
+    assert capsys.readouterr().err.startswith(f"m27: {trace}:3: bad trace line: not UTF-8")
+
+
+def test_a_job_wider_than_the_simulated_node_is_refused_not_reported_as_never_done(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"id": "wide", "arrival": 0, "phases": [["compute", 5]], "gpus": 3}\n')
+    assert main(["simulate", str(trace), "--gpus", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "1 job asking for more GPUs than the simulated node has (2)" in err
+    assert "job 'wide' asks for 3: simulate a larger node with --gpus 3" in err
+    assert main(["simulate", str(trace), "--gpus", "3", "--policy", "fifo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs_done"] == 1
+
+
+def test_a_dependency_outside_the_trace_is_ignored_as_for_an_event_logs_unfinished_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"id": "r/b", "arrival": 0, "phases": [["compute", 5]], "depends_on": ["r/a"]}\n'
+    )
+    assert main(["simulate", str(trace), "--policy", "fifo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs_done"] == 1
+
+
+HEADER = "name,cpu_milli,num_gpu,gpu_milli,qos,creation_time,deletion_time,scheduled_time"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("a,b\n1,2\n", "not an Alibaba openb_pod_list CSV: no column name, num_gpu"),
+        (f"{HEADER}\np0,1000,1,1000,LS,abc,10,0\n", ":2: bad Alibaba trace row: creation_time"),
+        (
+            f"{HEADER}\np0,1000,1,1000,LS,0,10,0\np1,1000,x,1000,LS,5,9,5\n",
+            ":3: bad Alibaba trace row: num_gpu 'x' is not a whole number",
+        ),
+        (f"{HEADER}\np0,1000,1,1000,LS,0,nan,0\n", "deletion_time 'nan' is not a number"),
+        (f"{HEADER}\np0,1000\n", ":2: bad Alibaba trace row: num_gpu '' is not a whole number"),
+    ],
+)
+def test_a_bad_alibaba_csv_names_the_file_the_line_and_the_column(
+    tmp_path: Path, body: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "openb_pod_list_x.csv"
+    trace.write_text(body)
+    assert main(["simulate", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"m27: {trace}") and message in err, err
+    assert "Traceback" not in err and "invalid literal" not in err
+
+
+def test_an_alibaba_csv_that_is_not_utf8_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "openb_pod_list_x.csv"
+    trace.write_bytes(f"{HEADER}\n".encode() + b"p0,\xff\xfe,1,1000,LS,0,10,0\n")
+    assert main(["simulate", str(trace)]) == 2
+    assert capsys.readouterr().err == f"m27: {trace}: bad Alibaba trace: not UTF-8 text\n"
 
 
 def test_an_event_log_replays_on_its_nodes_gpu_count(tmp_path: Path) -> None:

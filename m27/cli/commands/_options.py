@@ -7,6 +7,7 @@ starts fast).
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 from m27.cli.commands import SUMMARY
@@ -38,3 +39,49 @@ def add_set_option(p: argparse.ArgumentParser, dest: str = "sets") -> None:
         metavar="NAME=VALUE",
         help="give a {{NAME}} variable a value (repeatable; the value is taken verbatim)",
     )
+
+
+def seconds(*, least: float = 0.0, most: float = 86400.0) -> Callable[[str], float]:
+    """An argparse ``type`` for a number of seconds from `least` to `most`: ``nan`` and
+    ``inf`` are refused by name (``time.sleep(inf)`` raises, a ``nan`` wait returns at once
+    and spins a core), so a bad value is argparse's one line, exit 2."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not math.isfinite(value) or not least <= value <= most:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give a number of seconds from {least:g} to {most:g}"
+            )
+        return value
+
+    return parse
+
+
+def whole(*, least: int, most: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type`` for a whole number from `least` (to `most`)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < least or (most is not None and value > most):
+            span = f"from {least} to {most}" if most is not None else f"of {least} or more"
+            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number {span}")
+        return value
+
+    return parse
+
+
+def positive(text: str) -> float:
+    """An argparse ``type`` for a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number above 0")
+    return value

@@ -9,6 +9,7 @@ import time
 
 from m27._exceptions import M27Error
 from m27.cli.commands import SUMMARY, _common
+from m27.cli.commands._options import seconds
 from m27.events import CancelRequested, RunCancelled, StepCancelled
 from m27.store.sqlite import SqliteEventStore
 
@@ -23,7 +24,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("run_id", metavar="RUN")
     p.add_argument(
-        "--wait", type=float, default=30.0, help="seconds to wait for the run to stop (default 30)"
+        "--wait",
+        type=seconds(),
+        default=30.0,
+        help="seconds to wait for the run to stop (default 30)",
     )
     p.set_defaults(func=run)
 

@@ -13,8 +13,9 @@ import argparse
 import signal
 import sys
 
-from m27._exceptions import ConfigError
+from m27._exceptions import ConfigError, M27Error
 from m27.cli.commands import SUMMARY
+from m27.cli.commands._options import seconds
 from m27.signals import stop_event
 
 
@@ -35,7 +36,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--interval",
-        type=float,
+        type=seconds(most=3600),
         default=5.0,
         metavar="SECONDS",
         help="sample between scrapes at least this often, for energy and idle accounting "
@@ -69,8 +70,6 @@ def run(args: argparse.Namespace) -> int:
     from m27.store.sqlite import open_store
 
     host, port = parse_listen(args.listen or DEFAULT_LISTEN)
-    if args.interval < 0:
-        raise ConfigError(f"--interval {args.interval}: must be >= 0")
     store = open_store()
     backend = detect()
     sampler = Sampler(backend, store, node=args.node, record_energy=not args.no_energy_events)
@@ -79,7 +78,15 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             sys.stdout.write(generate_latest(registry).decode())
             return 0
-        server, thread = serve(registry, host, port)
+        try:
+            server, thread = serve(registry, host, port)
+        except OSError as exc:  # in use, not this host's address, an unknown name
+            raise M27Error(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                "(choose another address with --listen HOST:PORT)",
+                host=host,
+                port=port,
+            ) from exc
         print(f"m27 exporter: http://{host}:{port}/metrics ({backend.kind} GPUs)", flush=True)
         stop = stop_event((signal.SIGTERM, signal.SIGINT))
         wait = args.interval if args.interval > 0 else None

@@ -16,7 +16,7 @@ from typing import Any
 
 from m27 import tables
 from m27._exceptions import M27Error
-from m27.cli.commands._options import add_command
+from m27.cli.commands._options import add_command, seconds
 from m27.gpu import GpuBackend, detect
 from m27.tables import Col
 from m27.units import format_size
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--watch",
         nargs="?",
         const=1.0,
-        type=float,
+        type=seconds(least=0.05, most=3600),
         metavar="SECONDS",
         help="refresh every SECONDS (default 1) until Ctrl-C; with --json, one array a line",
     )
@@ -82,9 +82,6 @@ def run(args: argparse.Namespace) -> int:
     simulated GPUs."""
     interval: float | None = getattr(args, "watch", None)
     count: int = getattr(args, "count", 0) or 0
-    if interval is not None and interval < 0:
-        print("m27 gpus: --watch needs a number of seconds >= 0", file=sys.stderr)
-        return 2
     source = _Source()
     shown = 0
     try:

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from m27._exceptions import SpecError
 from m27.cli.commands import SUMMARY
-from m27.units import parse_duration
+from m27.cli.commands._options import positive, whole
+from m27.units import count, parse_duration
 
 if TYPE_CHECKING:
     from m27.sim.trace import Trace
@@ -26,7 +27,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "and JCT per priority class for each policy.",
     )
     p.add_argument("trace", metavar="TRACE")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs of the simulated node")
+    p.add_argument(
+        "--gpus", type=whole(least=1, most=1024), default=None, help="GPUs of the simulated node"
+    )
     p.add_argument(
         "--policy",
         action="append",
@@ -36,8 +39,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--report", type=Path, default=None, help="write an HTML report here")
     p.add_argument("--json", action="store_true", help="one JSON object per policy")
     p.add_argument("--window", default=None, help="window for busy %% and jobs done (72h)")
-    p.add_argument("--jobs", type=int, default=2000, help="Alibaba: GPU pods to take")
-    p.add_argument("--load", type=float, default=0.9, help="Alibaba: offered load on the node")
+    p.add_argument("--jobs", type=whole(least=1), default=2000, help="Alibaba: GPU pods to take")
+    p.add_argument("--load", type=positive, default=0.9, help="Alibaba: offered load on the node")
     p.add_argument("--save-trace", type=Path, default=None, help="also write the trace (JSONL)")
     p.set_defaults(func=run)
 
@@ -58,10 +61,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"m27: {exc}", file=sys.stderr)
         return 2
     if args.gpus is not None:
-        if args.gpus < 1:
-            print("m27: --gpus must be at least 1", file=sys.stderr)
-            return 2
         trace = trace.with_gpus(args.gpus)
+    if wide := [j for j in trace.jobs if j.gpus > trace.gpus]:
+        # no policy could ever start them: the table would count them as never done
+        first = max(wide, key=lambda j: j.gpus)
+        print(
+            f"m27: {trace.name}: {count(len(wide), 'job')} asking for more GPUs than the "
+            f"simulated node has ({trace.gpus}); job {first.id!r} asks for {first.gpus}: "
+            f"simulate a larger node with --gpus {first.gpus}",
+            file=sys.stderr,
+        )
+        return 2
     if args.save_trace:
         save_trace(trace, args.save_trace)
     results = compare(trace, policies, window=window)
