@@ -86,6 +86,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _celsius(text: str) -> float:
+    """A GPU temperature threshold: above 0 and at most 150 C (GPUs shut down near 100 C, so
+    a larger value is a typo such as 800 for 80, and the alert would never fire)."""
+    value = _positive_float(text)
+    if value > 150:
+        raise ValueError("out of range")
+    return value
+
+
 def _positive_duration(text: str) -> float:
     value = parse_duration(text)
     if value <= 0:
@@ -107,7 +116,9 @@ KEYS: dict[str, _Key] = {
         "performance", _positive_duration, "a duration > 0, e.g. 50ms or 0.05", "duration"
     ),
     "cpu_slots": _Key("performance", _int_between(1), "a whole number >= 1, e.g. 8"),
-    "compression_level": _Key("checkpoint", _int_between(1, 22), "a whole number from 1 to 22"),
+    "compression_level": _Key(
+        "checkpoint", _int_between(0, 22), "a whole number from 0 (store raw) to 22"
+    ),
     "diff_threshold": _Key("checkpoint", _positive_size, "a size > 0, e.g. 128KB or 1MiB", "size"),
     "keep_last": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 3"),
     "max_in_flight": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 2"),
@@ -120,7 +131,9 @@ KEYS: dict[str, _Key] = {
     "checkpoint_grace": _Key(
         "checkpoint", _positive_duration, "a duration > 0, e.g. 60s", "duration"
     ),
-    "gpu_temperature": _Key("alerts", _positive_float, "degrees Celsius > 0, e.g. 80", "celsius"),
+    "gpu_temperature": _Key(
+        "alerts", _celsius, "degrees Celsius above 0 and at most 150, e.g. 80", "celsius"
+    ),
     "service_idle": _Key(
         "service", _positive_duration, "a duration > 0, e.g. 30m or 1800", "duration"
     ),

@@ -180,6 +180,20 @@ def test_a_fast_disk_gets_raw_chunks_even_when_zstd_would_gain(tmp_path: Path) -
     assert got is not None and np.array_equal(got[0]["x"], state["x"])
 
 
+def test_the_node_setting_compression_level_0_stores_every_chunk_raw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("M27_COMPRESSION_LEVEL", "0")  # as `compression_level = 0` in ~/.m2config
+    state = {"x": smooth(64 * CHUNK // 4, np.float32)}
+    with Checkpointer(tmp_path / "c", chunk_size=CHUNK) as ck:
+        slow_disk(ck)  # where zstd would otherwise always be chosen
+        ck.save(state, step=1)
+    assert codecs(tmp_path / "c" / "ckpt-0000000001.json", "x") == {CODEC_RAW}
+    with Checkpointer(tmp_path / "c", chunk_size=CHUNK) as ck:
+        got = ck.restore()
+    assert got is not None and np.array_equal(got[0]["x"], state["x"])
+
+
 def test_gathered_writes_put_every_chunk_at_its_offset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -209,8 +209,15 @@ def test_every_bad_entry_is_named_at_once_in_file_order_then_the_environment(
 
 def test_compression_level_range_is_checked(home: Path) -> None:
     write(home, "[checkpoint]\ncompression_level = 23\n")
-    with pytest.raises(ConfigError, match="from 1 to 22"):
+    with pytest.raises(ConfigError, match=r"from 0 \(store raw\) to 22"):
         load_settings({"HOME": str(home)})
+
+
+def test_compression_level_0_is_accepted_as_docs_checkpoints_md_says(home: Path) -> None:
+    write(home, "[checkpoint]\ncompression_level = 0\n")
+    assert load_settings({"HOME": str(home)}).compression_level == 0
+    with pytest.raises(ConfigError, match="compression_level"):
+        load_settings({"HOME": str(home), "M27_COMPRESSION_LEVEL": "-1"})
 
 
 def test_bad_env_value_names_the_variable(home: Path) -> None:
@@ -277,6 +284,12 @@ def test_config_command_reports_bad_file_with_exit_2(
     monkeypatch.delenv("M27_CONFIG", raising=False)
     assert _run_config(monkeypatch) == 2
     assert "did you mean 'gpu_streams'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["800", "0", "-5", "nan", "inf"])
+def test_a_gpu_temperature_no_gpu_reaches_is_refused_not_a_silent_alert(bad: str) -> None:
+    with pytest.raises(ConfigError, match=r"gpu_temperature must be degrees Celsius above 0"):
+        load_settings({"HOME": "/nonexistent", "M27_GPU_TEMPERATURE": bad})
 
 
 def test_the_gpu_temperature_alert_threshold_is_a_setting(home: Path) -> None:
