@@ -35,9 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from m27 import liveness
-from m27._exceptions import M27Error
+from m27._exceptions import M27Error, StoreError
 from m27.clock import Clock, SystemClock
-from m27.config import Settings
 from m27.events import (
     AgentStarted,
     Event,
@@ -53,10 +52,11 @@ from m27.events import (
     StepStarted,
 )
 from m27.gpu import GpuBackend, GpuSample
-from m27.node.book import Book, Held, policy_input
+from m27.node.book import Book, Held, policy_config, policy_input
 from m27.node.follow import FollowControl, IoWatch
 from m27.node.guests import GuestControl
 from m27.node.memory import PeakMemory
+from m27.node.outage import Outage, Repeats
 from m27.node.report import (
     Health,
     Sampler,
@@ -89,20 +89,6 @@ log = logging.getLogger(__name__)
 #: The soonest a changed book is published again (seconds): a busy node's events would
 #: otherwise rewrite ``gpus.json`` at every tick.
 REPUBLISH_S = 0.1
-
-
-def policy_config(settings: Settings, **overrides: object) -> PolicyConfig:
-    """The policy's tuning from the node's settings (``~/.m2config``)."""
-    base = PolicyConfig(
-        memory_overprovision=settings.memory_overprovision,
-        io_timeout=settings.io_timeout,
-        cpu_slots=settings.cpu_slots,
-    )
-    if not overrides:
-        return base
-    from dataclasses import replace
-
-    return replace(base, **overrides)  # type: ignore[arg-type]
 
 
 def channel_path(home: Path, key: StepKey) -> Path:
@@ -171,6 +157,8 @@ class Agent(GuestControl, FollowControl):
         self._armed: dict[int, float] = {}
         self._let_compute: dict[StepKey, float] = {}
         self._detach = getattr(backend, "detach", None)
+        self._outage = Outage(self.clock)
+        self._repeats = Repeats(log.warning, clock=self.clock)
 
     # -- life ---------------------------------------------------------------------------
 
@@ -192,19 +180,34 @@ class Agent(GuestControl, FollowControl):
             gpus=len(self._memory),
             backend=self.backend.kind,
         )
-        self.store.append([started, *self._check_lost(now)])
+        batch = [started, *self._check_lost(now)]
+        try:
+            self.store.append(batch)
+        except StoreError as exc:  # a full disk at start: run() appends it when it can
+            self._outage.keep(batch)
+            self._outage.failed(exc)
         self._checked_at = self.clock.monotonic()  # (a stepped wall clock must not stall it)
         self.started = True
 
     def run(self, stop: threading.Event) -> None:
-        """Tick until `stop` is set (at once after new events, else every ``tick_s``)."""
+        """Tick until `stop` is set (at once after new events, else every ``tick_s``); an
+        event log that cannot be written pauses the decisions, not the agent (outage.py)."""
         if not self.started:
             self.start()
+        outage = self._outage
         while not stop.is_set():
-            self._wait(self.tick_s)
-            if stop.is_set():
-                break
-            self.tick()
+            try:
+                if outage.unsaved:
+                    self.store.append(outage.unsaved)
+                    outage.recovered(len(outage.unsaved))
+                    outage.unsaved = []
+                self._wait(self.tick_s)
+                if stop.is_set():
+                    break
+                self.tick()
+            except StoreError as exc:
+                outage.failed(exc)
+                stop.wait(outage.RETRY_S)
 
     def close(self) -> None:
         if self.snapshot_every is not None:
@@ -270,7 +273,11 @@ class Agent(GuestControl, FollowControl):
         out += done
         out += self._escalate(now, acted, samples)
         if out:
-            self.store.append(out)
+            try:
+                self.store.append(out)
+            except StoreError:
+                self._outage.keep(out)  # done, so recorded later: see run()
+                raise
         if self.snapshot_every is not None and self._publish_due(now):
             self._snapshot_at, self._published_seq = now, self.book.last_seq
             self._publish(samples, now, decision)
@@ -296,7 +303,7 @@ class Agent(GuestControl, FollowControl):
                 self.home, snapshot(samples, self.book, self.backend.kind, now, queue=queue)
             )
         except OSError as exc:
-            log.warning("m27 agent: cannot write the GPU snapshot: %s", exc)
+            self._repeats(f"m27 agent: cannot write the GPU snapshot: {exc}")
 
     # -- events in ----------------------------------------------------------------------
 

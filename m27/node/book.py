@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from m27 import events as ev
+from m27.config import Settings
 from m27.events import Event, Recorded
 from m27.policy import (
     GpuView,
@@ -291,3 +292,13 @@ def policy_input(
         config=config,
         usage_by_owner=dict(usage or {}),
     )
+
+
+def policy_config(settings: Settings, **overrides: object) -> PolicyConfig:
+    """The policy's tuning from the node's settings (``~/.m2config``)."""
+    base = PolicyConfig(
+        memory_overprovision=settings.memory_overprovision,
+        io_timeout=settings.io_timeout,
+        cpu_slots=settings.cpu_slots,
+    )
+    return replace(base, **overrides) if overrides else base  # type: ignore[arg-type]

@@ -42,6 +42,7 @@ from m27.node.crash import (
     with_prefect,
 )
 from m27.node.embed import build_agent, request_handover, withdraw_handover
+from m27.node.outage import Repeats
 from m27.node.prefect_server import PrefectServer
 from m27.node.runner import WarmRunner
 from m27.node.settle import ended_runs, settle
@@ -79,6 +80,7 @@ class _Watcher:
     def __init__(self, home: Path, log: Callable[[str], None], stop: threading.Event) -> None:
         self.home = home
         self.log = log
+        self.failing = Repeats(log)  # a pass that fails every 0.5 s: a line a minute
         self.stop = stop
         self.store = open_store(home)
         self.state = NodeState()
@@ -99,7 +101,7 @@ class _Watcher:
             try:
                 self.step()
             except Exception as exc:  # keep watching: the next pass retries
-                self.log(f"m27 agent: crash watch: {type(exc).__name__}: {exc}")
+                self.failing(f"m27 agent: crash watch: {type(exc).__name__}: {exc}")
             self.stop.wait(0.5)
 
     def step(self) -> None:

@@ -8,6 +8,7 @@ mounted, unless CI=true (then it fails).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +58,9 @@ def test_a_disk_filling_up_during_a_run_ends_it_truthfully(
     assert f"cannot write the step log {full_home}/runs/" in out, out[-3000:]
     assert "No space left on device; the step goes on" in out, out[-3000:]
     assert "Error logging to API" not in out, out[-3000:]
+    # The node service lived through it: its agent keeps what it could not record instead
+    # of ending (the service, and its Prefect server, stopped with it before)
+    service = service_pid()
     (full_home / "filler").unlink()
     runs = m27("runs", timeout=120)  # the next command (the node service closes the run)
     assert runs.returncode == 0, runs.stderr
@@ -68,3 +72,12 @@ def test_a_disk_filling_up_during_a_run_ends_it_truthfully(
     wait_until(closed, timeout=120)
     (run,) = node_state(full_home).runs.values()
     assert all(s.status != "running" for s in run.steps.values()), run.steps
+    assert service_pid() == service, (full_home / "service.log").read_text()[-3000:]
+    assert "ended unexpectedly" not in (full_home / "service.log").read_text()
+
+
+def service_pid() -> int:
+    status = call_m27("agent", "status", "--json", timeout=60)
+    info = json.loads(status.stdout)
+    assert info["running"] and info["state"] == "ready", status.stdout
+    return int(info["pid"])
