@@ -59,6 +59,10 @@ def load_pipeline(path: str | Path, overrides: Mapping[str, str] | None = None) 
         data = Path(path).read_bytes()
     except OSError as exc:
         reason = exc.strerror or str(exc)
+        if str(path) == "-" and not Path(path).exists():
+            # the pipeline's folder is its steps' default workdir and `--resume` reads the
+            # file again: a pipeline from stdin would have neither
+            reason = "m27 reads a pipeline from a file, not from stdin (`-`); save it first"
         problem = Problem(str(path), 0, 0, "", f"cannot read the pipeline file: {reason}")
         raise _error([problem], path) from None
     try:

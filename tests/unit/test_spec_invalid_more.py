@@ -173,3 +173,16 @@ def test_allow_outside_and_absolute_paths_written_in_the_file_are_accepted(
         ("/data/elsewhere/x",),
         ("../inside.txt",),
     ]
+
+
+def test_a_pipeline_from_stdin_is_refused_saying_why_not_no_such_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no file named `-` here
+    assert main(["validate", "-"]) == 2
+    shown = capsys.readouterr()
+    err = shown.out + shown.err
+    assert "-: cannot read the pipeline file: m27 reads a pipeline from a file, not from " in err
+    assert "No such file" not in err
+    (tmp_path / "-").write_text("steps:\n  - {name: a, type: cpu, command: 'true'}\n")
+    assert main(["validate", "-"]) == 0  # a file that is named `-` is still read
