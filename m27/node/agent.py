@@ -424,11 +424,15 @@ class Agent(GuestControl, FollowControl):
                     a.tier == "background" and any(g in primary_of for g in a.gpus)
                 )
                 path = channel_path(self.home, a.key)
-                path.parent.mkdir(parents=True, exist_ok=True)
                 old = self._channels.pop(a.key, None)
                 if old is not None:
                     old.close()
-                self._channels[a.key] = Channel.create(path, gate_open=not as_guest)
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    self._channels[a.key] = Channel.create(path, gate_open=not as_guest)
+                except OSError as exc:  # a full disk: not granted now, decided again next tick
+                    self._repeats(f"m27 agent: cannot create a step's channel: {exc}")
+                    continue
                 run_id, step = a.key
                 out.append(LeaseGranted(now, run_id, step, a.gpus, a.tier, str(path)))
                 if as_guest:

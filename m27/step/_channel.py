@@ -155,8 +155,12 @@ class Channel:
         view[_I_GATE] = 0 if gate_open else 1
         view.release()
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(bytes(page))
-        os.replace(tmp, target)
+        try:
+            tmp.write_bytes(bytes(page))
+            os.replace(tmp, target)
+        except OSError:  # a full disk: leave no half-written file behind
+            tmp.unlink(missing_ok=True)
+            raise
         return cls.open(target)
 
     @classmethod

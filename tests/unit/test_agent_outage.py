@@ -3,6 +3,7 @@ agent: the first failed append used to end its thread and the node service with 
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from pathlib import Path
@@ -14,6 +15,7 @@ from m27 import events as ev
 from m27._exceptions import StoreError
 from m27.clock import FakeClock
 from m27.node.outage import Outage, Repeats
+from m27.step import Channel
 from m27.store.sqlite import SqliteEventStore
 from tests.unit.agent_helpers import make_node, run_step_leased
 from tests.waiting import wait_until
@@ -96,3 +98,32 @@ def test_a_failure_repeated_every_pass_is_one_line_a_minute_with_its_count() -> 
         "crash watch: StoreError (again 1 time(s) in the last 1s)",
         "the log takes writes again",
     ]
+
+
+def test_a_channel_file_the_full_disk_refuses_leaves_the_step_waiting_not_the_agent_dead(
+    m27_home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    full = threading.Event()
+    create = Channel.create.__func__  # type: ignore[attr-defined]
+
+    def on_a_full_disk(cls: type[Channel], path: Any, **kw: Any) -> Channel:
+        if full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return create(cls, path, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Channel, "create", classmethod(on_a_full_disk))
+    caplog.set_level(logging.WARNING, logger="m27.node.agent")
+    node = make_node(m27_home, gpus=1).start()
+    try:
+        full.set()
+        step = run_step_leased(node.lease(), "r", "s", ("true",))
+        wait_until(lambda: "cannot create a step's channel" in caplog.text)
+        assert node.thread is not None and node.thread.is_alive()
+        assert not node.of(ev.LeaseGranted)
+        full.clear()
+        result = step.wait()
+        assert result is not None and result.exit_code == 0
+        assert len(node.of(ev.LeaseGranted)) == 1
+    finally:
+        full.clear()
+        node.close()

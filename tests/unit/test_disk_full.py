@@ -155,3 +155,15 @@ def test_m27_run_with_a_full_home_prints_no_traceback(small_disk: Path) -> None:
     )
     assert done.returncode != 0
     assert "Traceback" not in done.stderr + done.stdout, done.stderr[-2000:]
+
+
+def test_a_channel_the_full_disk_refuses_is_an_oserror_and_leaves_no_half_file(
+    small_disk: Path,
+) -> None:
+    from m27.step import Channel
+
+    _fill(small_disk, leave=0)
+    with pytest.raises(OSError) as refused:
+        Channel.create(small_disk / "s.chan")
+    assert refused.value.errno == 28  # ENOSPC: the agent leaves the step waiting (outage.py)
+    assert not [p for p in small_disk.iterdir() if "chan" in p.name]
