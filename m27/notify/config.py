@@ -26,6 +26,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from m27._exceptions import ConfigError
@@ -164,6 +165,27 @@ class NotifyConfig:
         }
 
 
+def _api_url(text: str) -> str:
+    """The Bot API base the token is appended to. A server's address alone
+    (``http://127.0.0.1:8081``, as a self-hosted telegram-bot-api is started) gets ``/bot``:
+    without it the token became part of the port (``Invalid port: '8081***'``)."""
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        raise ConfigError(
+            f"M27_TELEGRAM_API_URL={text!r} is not a URL: {exc}", key="M27_TELEGRAM_API_URL"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"M27_TELEGRAM_API_URL={text!r} must start with http:// or https:// and a host, "
+            f"e.g. {DEFAULT_API_URL}",
+            key="M27_TELEGRAM_API_URL",
+        )
+    text = text.rstrip("/")
+    return text + "/bot" if parts.path.strip("/") == "" else text
+
+
 def read_token_file(path: Path) -> Secret:
     """The token in `path`; refused when group or others may read or write the file."""
     try:
@@ -259,17 +281,12 @@ def load_config(env: Mapping[str, str] | None = None) -> NotifyConfig:
                 f"unknown time zone {env['M27_TELEGRAM_TZ']!r}", key="M27_TELEGRAM_TZ"
             ) from None
     quiet_text = env.get("M27_TELEGRAM_QUIET_HOURS", "").strip()
-    api_url = env.get("M27_TELEGRAM_API_URL", "").strip() or DEFAULT_API_URL
-    if not api_url.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"M27_TELEGRAM_API_URL={api_url!r} must start with http:// or https://",
-            key="M27_TELEGRAM_API_URL",
-        )
+    api_url = _api_url(env.get("M27_TELEGRAM_API_URL", "").strip() or DEFAULT_API_URL)
     events = env.get("M27_TELEGRAM_EVENTS", "").strip()
     return NotifyConfig(
         token=token,
         chat_ids=parse_chat_ids(env.get("M27_TELEGRAM_CHAT_IDS", "")),
-        api_url=api_url.rstrip("/"),
+        api_url=api_url,
         kinds=parse_kinds(events) if events else frozenset(KINDS),
         quiet=QuietHours.parse(quiet_text, tz) if quiet_text else None,
         max_attempts=_positive_int(env, "M27_TELEGRAM_MAX_ATTEMPTS", 8),

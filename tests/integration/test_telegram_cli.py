@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,6 +55,25 @@ def test_notify_test_with_a_rejected_token_never_prints_it(
     captured = capsys.readouterr()
     assert "rejected the bot token" in captured.err
     assert "wrong-token-also-secret" not in captured.out + captured.err
+
+
+def test_a_bot_api_servers_bare_address_works_and_a_dead_one_is_named(
+    api: FakeBotApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the address a self-hosted server is started on, without /bot (the token went into
+    # the port: `Invalid port: '8081***'`)
+    monkeypatch.setenv("M27_TELEGRAM_API_URL", api.base_url.removesuffix("/bot"))
+    assert main(["notify", "test"]) == 0
+    assert len(api.sent()) == 2
+    capsys.readouterr()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens there once closed
+    monkeypatch.setenv("M27_TELEGRAM_API_URL", f"http://127.0.0.1:{port}")
+    assert main(["notify", "test"]) == 1
+    err = capsys.readouterr().err
+    assert "getMe failed" in err and f"(Bot API http://127.0.0.1:{port}/bot<token>)" in err
+    assert TOKEN not in err
 
 
 def test_a_world_readable_token_file_is_refused(

@@ -70,6 +70,8 @@ def test_token_file_in_home_is_found(tmp_path: Path) -> None:
         {"M27_TELEGRAM_QUIET_HOURS": "late-night"},
         {"M27_TELEGRAM_TZ": "Mars/Olympus"},
         {"M27_TELEGRAM_API_URL": "api.telegram.org"},
+        {"M27_TELEGRAM_API_URL": "http://127.0.0.1:80x81/bot"},
+        {"M27_TELEGRAM_API_URL": "http:///bot"},
         {"M27_TELEGRAM_MAX_ATTEMPTS": "0"},
     ],
 )
@@ -122,3 +124,17 @@ def test_an_empty_m27_home_looks_for_the_token_in_the_default_home(tmp_path: Pat
     (home / "telegram.token").write_text(TOKEN)
     (home / "telegram.token").chmod(0o600)
     assert load_config({"HOME": str(tmp_path), "M27_HOME": ""}).token == Secret(TOKEN)
+
+
+@pytest.mark.parametrize(
+    ("given", "base"),
+    [
+        ("http://127.0.0.1:8081", "http://127.0.0.1:8081/bot"),  # a self-hosted server's address
+        ("http://127.0.0.1:8081/", "http://127.0.0.1:8081/bot"),
+        ("https://api.telegram.org/bot", "https://api.telegram.org/bot"),
+        ("https://proxy.lab/telegram/bot/", "https://proxy.lab/telegram/bot"),
+    ],
+)
+def test_a_bot_api_servers_address_alone_gets_the_bot_path(given: str, base: str) -> None:
+    # without it the token was appended to the port: `Invalid port: '8081***'`
+    assert load_config({"M27_TELEGRAM_API_URL": given}).api_url == base

@@ -79,7 +79,8 @@ def run_test(args: argparse.Namespace) -> int:
         try:
             name = client.get_me()
         except DeliveryError as exc:
-            print(f"m27: {scrub(str(exc))}", file=sys.stderr)
+            # where it asked: a wrong M27_TELEGRAM_API_URL reads like a network fault
+            print(f"m27: {scrub(str(exc))} (Bot API {config.api_url}<token>)", file=sys.stderr)
             return 1
         msg = hello_message(socket.gethostname(), time.strftime("%Y-%m-%d %H:%M:%S"))
         for chat in chats:
