@@ -282,3 +282,10 @@ def test_a_number_no_wait_or_model_can_use_is_refused_by_argparse(
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_simulation_window_of_zero_is_refused_not_taken_as_the_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", "lab", "--window", "0"]) == 2
+    assert capsys.readouterr().err == "m27: --window '0': give a duration above 0, e.g. 72h\n"

@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise SpecError(f"unknown policy {', '.join(unknown)}; use {', '.join(POLICIES)}")
         window = parse_duration(args.window) if args.window else None
+        if window is not None and not 0 < window < float("inf"):
+            raise ValueError(f"--window {args.window!r}: give a duration above 0, e.g. 72h")
         trace = _load(args)
     except ValueError as exc:
         print(f"m27: {exc}", file=sys.stderr)
