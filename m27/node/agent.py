@@ -205,6 +205,8 @@ class Agent(GuestControl, FollowControl):
                 if stop.is_set():
                     break
                 self.tick()
+                if outage.since is not None:  # (a read had failed: nothing was kept)
+                    outage.recovered(0)
             except StoreError as exc:
                 outage.failed(exc)
                 stop.wait(outage.RETRY_S)
