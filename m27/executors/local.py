@@ -251,6 +251,8 @@ def _judge(launch: StepLaunch, outcome: _proc.Outcome) -> AttemptEnd:
                 f" {format_duration(launch.grace)}, so it was killed (SIGKILL)"
             )
         return AttemptEnd(False, why, code, sig)
+    if sig == signal.SIGKILL:  # m27 kills only on a timeout or cancel: most often the OOM killer
+        return AttemptEnd(False, "killed by SIGKILL (out of memory? see `dmesg`)", code, sig)
     if sig is not None:
         return AttemptEnd(False, f"killed by {_signame(sig)}", code, sig)
     if code != 0:

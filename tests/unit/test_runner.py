@@ -58,7 +58,9 @@ def test_death_by_signal_records_the_signal_not_an_exit_code(store: MemoryEventS
     result = run_step(launch("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"), store)
 
     assert (result.exit_code, result.signal) == (None, signal.SIGKILL)
-    assert result.reason == "killed by SIGKILL"
+    # m27 kills only on a timeout or a cancel, which say so: an unexplained SIGKILL is most
+    # often the kernel's out-of-memory killer, and the reason says where to look
+    assert result.reason == "killed by SIGKILL (out of memory? see `dmesg`)"
     (failed,) = of(store, StepFailed)
     assert isinstance(failed, StepFailed) and failed.signal == signal.SIGKILL
 
