@@ -92,7 +92,7 @@ class Repeats:
             return
         if self._held:  # the count of the line held back, said before what comes next
             again = f"again {self._held} time(s) in the last {now - self._at:.0f}s"
-            self.say(f"{self._last} ({again})" if line != self._last else f"{line} ({again})")
+            self.say(f"{self._last} ({again})")
         if line != self._last or not self._held:
             self.say(line)
         self._last, self._at, self._held = line, now, 0

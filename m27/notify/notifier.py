@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from m27 import paths
 from m27.clock import Clock, SystemClock
 from m27.locks import NOTIFY_LOCK, NodeLock
 from m27.notify.config import NotifyConfig
@@ -30,16 +29,12 @@ from m27.notify.facts import NodeFacts
 from m27.notify.messages import render
 from m27.notify.outbox import PENDING, Draft, Outbox, outbox_path
 from m27.notify.telegram import TelegramClient, scrub
+from m27.paths import m27_home
 from m27.store import EventStore
 
 log = logging.getLogger("m27.notify")
 
 CURSOR = "notifier"
-
-
-def m27_home() -> Path:
-    """The node's home, as every other command finds it (``m27.paths.m27_home``)."""
-    return paths.m27_home()
 
 
 @dataclass

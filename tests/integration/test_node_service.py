@@ -53,6 +53,10 @@ def _task_run_states(url: str, flow_run_id: str) -> dict[str, str | None]:
     return {r["name"]: (r.get("state") or {}).get("type") for r in runs}
 
 
+#: a one-step pipeline that does nothing: what a run needs when the run itself is not tested
+QUICK = "name: quick\npipeline:\n  - name: t\n    type: cpu\n    command: 'true'\n"
+
+
 def _pipeline(tmp_path: Path, name: str, body: str) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(textwrap.dedent(body))
@@ -72,11 +76,7 @@ def test_one_service_from_first_run_to_stop(
     m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    quick = _pipeline(
-        tmp_path,
-        "quick",
-        "name: quick\npipeline:\n  - name: t\n    type: cpu\n    command: 'true'\n",
-    )
+    quick = _pipeline(tmp_path, "quick", QUICK)
     # 1. the first run starts the service, says what it waits for, and succeeds
     first = call_m27("run", str(quick), "--plain", timeout=400)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -308,11 +308,7 @@ def test_a_run_that_died_with_no_service_is_closed_when_the_next_command_starts_
 def _refused_run(tmp_path: Path, m27_home: Path) -> subprocess.CompletedProcess[str]:
     """`m27 run` of a one-step pipeline that must be refused (exit 2, no traceback) before
     the run is recorded."""
-    quick = _pipeline(
-        tmp_path,
-        "quick",
-        "name: quick\npipeline:\n  - name: t\n    type: cpu\n    command: 'true'\n",
-    )
+    quick = _pipeline(tmp_path, "quick", QUICK)
     done = call_m27("run", str(quick), "--plain", timeout=240)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr

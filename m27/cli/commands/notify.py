@@ -19,9 +19,10 @@ from m27.locks import BOT_LOCK, NOTIFY_LOCK, NodeLock
 from m27.notify.bot import serve_bot
 from m27.notify.config import NotifyConfig, load_config
 from m27.notify.messages import hello_message
-from m27.notify.notifier import CURSOR, m27_home, open_notifier
+from m27.notify.notifier import CURSOR, open_notifier
 from m27.notify.outbox import Outbox, outbox_path
 from m27.notify.telegram import DeliveryError, TelegramClient, install_scrubber, scrub
+from m27.paths import m27_home
 from m27.signals import stop_event
 from m27.store.sqlite import SqliteEventStore, open_store
 
