@@ -16,13 +16,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import yaml
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import Node
 
 from m27._exceptions import SpecError
 from m27.spec._check import Checker
 from m27.spec._limits import SLURM_KEYS
 from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Problem, Step
 from m27.spec._nodes import MAX_PROBLEMS
+from m27.spec._shape import shape_problem
 from m27.spec._template import VAR_NAME
 
 __all__ = [
@@ -109,10 +110,9 @@ def _parse(text: str, path: str | Path, overrides: Mapping[str, str] | None) -> 
         reason = str(exc).splitlines()[0]
         problem = Problem(str(path), line, column, "", f"YAML syntax error: {reason}")
         raise _error([problem], path) from None
-    if root is not None and (deep := _deepest(root)) is not None:
-        node, depth = deep
+    if root is not None and (bad := shape_problem(root, text, MAX_DEPTH)) is not None:
+        node, message = bad
         where = (node.start_mark.line + 1, node.start_mark.column + 1)
-        message = f"nesting {depth} levels deep; at most {MAX_DEPTH} are allowed"
         raise _error([Problem(str(path), *where, "", message)], path)
     pipeline = checker.pipeline(root)
     if pipeline is None:
@@ -173,22 +173,6 @@ def _compose(text: str) -> Node | None:
         if _LOADER is yaml.SafeLoader or len(text) > _RETRY_LIMIT:
             raise
     return yaml.compose(text, Loader=yaml.SafeLoader)
-
-
-def _deepest(root: Node) -> tuple[Node, int] | None:
-    """The first node nested deeper than MAX_DEPTH, and its depth; walked without recursion."""
-    todo: list[tuple[Node, int]] = [(root, 1)]
-    while todo:
-        node, depth = todo.pop()
-        if depth > MAX_DEPTH:
-            return node, depth
-        if isinstance(node, SequenceNode):
-            todo.extend((child, depth + 1) for child in reversed(node.value))
-        elif isinstance(node, MappingNode):
-            for key, value in reversed(node.value):
-                todo.append((value, depth + 1))
-                todo.append((key, depth + 1))
-    return None
 
 
 def _too_deep(file: str, text: str) -> Problem:

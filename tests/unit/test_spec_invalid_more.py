@@ -186,3 +186,14 @@ def test_a_pipeline_from_stdin_is_refused_saying_why_not_no_such_file(
     assert "No such file" not in err
     (tmp_path / "-").write_text("steps:\n  - {name: a, type: cpu, command: 'true'}\n")
     assert main(["validate", "-"]) == 0  # a file that is named `-` is still read
+
+
+def test_anchors_shared_by_thousands_of_steps_still_validate() -> None:
+    """The alias check counts what aliases expand to, so sharing settings the way people do
+    (one anchored step merged into every other, `&&` in commands) is far inside it."""
+    rows = ["pipeline:", "  - &base {name: s0, type: cpu, command: 'true && true', shell: true}"]
+    rows += [f"  - {{<<: *base, name: s{i}, depends_on: [s{i - 1}]}}" for i in range(1, 5000)]
+    pipeline = parse_pipeline("\n".join(rows) + "\n", "shared.yaml")
+    assert len(pipeline.steps) == 5000
+    last = pipeline.step("s4999")
+    assert (last.shell, last.depends_on) == (True, ("s4998",))
