@@ -40,6 +40,14 @@ PRIORITY_LIMIT = 10**9
 #: Linux refuses to exec a command with one argument this long or longer (MAX_ARG_STRLEN,
 #: 32 pages; E2BIG, "Argument list too long"), whatever ARG_MAX says for the whole list.
 ARG_BYTES_MAX = 32 * 4096
+#: What one field may become once its `{{VARS}}` are put in (characters): no command
+#: line with its environment (ARG_MAX: 2 MiB with Linux's default stack), path or
+#: environment value can use more; so a short placeholder of a long value, repeated, cannot
+#: make a small file take gigabytes to read.
+RENDERED_FIELD_MAX = max(4 * 1024 * 1024, os.sysconf("SC_ARG_MAX"))
+#: ... and every field of one file together: this, or ten characters per character of the
+#: file when that is more.
+RENDERED_TOTAL_MIN = 256 * 1024 * 1024
 
 
 def written_absolute(text: str) -> bool:

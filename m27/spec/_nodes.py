@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from m27.spec._limits import RENDERED_FIELD_MAX, RENDERED_TOTAL_MIN
 from m27.spec._model import Problem
 from m27.spec._template import Placeholder, scan
 from m27.units import parse_duration, parse_size
@@ -84,6 +85,7 @@ class Reader:
     used: set[str] = field(default_factory=set)  # variables some {{placeholder}} names
     source: str = ""  # the file's text: marks index into it (the C loader keeps no buffer)
     dropped: int = 0  # problems found beyond MAX_PROBLEMS, counted and not kept
+    rendered: int = 0  # characters the templated fields so far render to, all together
 
     def __post_init__(self) -> None:
         self._constructor = yaml.constructor.SafeConstructor()
@@ -265,7 +267,34 @@ class Reader:
                     f"`--set {ph.name}=...` or under vars:"
                 )
                 self.add(node, where, message, ph.start)
+        if ok and placeholders and not self._fits(node, where, text, placeholders):
+            ok = False
         return Template(node, where, text, placeholders, ok)
+
+    def _fits(self, node: Node, where: str, text: str, placeholders: list[Placeholder]) -> bool:
+        """Whether `text` with its values put in stays within what one field, and the whole
+        file, may expand to; reported (the file's total once) before anything is built."""
+        size = len(text) + sum(len(self.values[p.name]) - (p.end - p.start) for p in placeholders)
+        if size > RENDERED_FIELD_MAX:
+            message = (
+                f"its variables make it {size:,} characters long; no command, path or "
+                f"environment value can be longer than {RENDERED_FIELD_MAX:,}: pass large "
+                "data in a file"
+            )
+            self.add(node, where, message)
+            return False
+        budget = max(RENDERED_TOTAL_MIN, 10 * len(self.source))
+        before, self.rendered = self.rendered, self.rendered + size
+        if self.rendered > budget:
+            if before <= budget:
+                message = (
+                    f"variables make this file's fields {self.rendered:,} characters long "
+                    f"up to here, more than the {budget:,} a file of this size may expand to: "
+                    "pass large data in a file"
+                )
+                self.add(node, where, message)
+            return False
+        return True
 
     def _unit(self, node: Node, where: str, parse: Callable[[Any], T], what: str) -> T | None:
         if not isinstance(node, ScalarNode) or node.tag in (NULL, BOOL):

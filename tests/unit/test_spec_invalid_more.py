@@ -197,3 +197,35 @@ def test_anchors_shared_by_thousands_of_steps_still_validate() -> None:
     assert len(pipeline.steps) == 5000
     last = pipeline.step("s4999")
     assert (last.shell, last.depends_on) == (True, ("s4998",))
+
+
+def _problems(text: str) -> list[tuple[int, str, str]]:
+    with pytest.raises(SpecError) as caught:
+        parse_pipeline(text, "expand.yaml")
+    return [(p.line, p.field, p.message) for p in caught.value.problems]
+
+
+def test_a_placeholder_repeated_until_a_field_is_megabytes_is_refused_before_it_is_built() -> None:
+    """500 copies of a 10 kB value: 5 MB of command from a 3 kB line (a 100 kB value used
+    5,000 times made a 30 kB file take 5 s and 500 MB before it was refused)."""
+    text = (
+        f"vars: {{V: '{'x' * 10_000}'}}\n"
+        "steps:\n"
+        f"  - {{name: a, type: cpu, command: 'echo{' {{V}}' * 500}'}}\n"
+    )
+    [(line, field, message)] = _problems(text)
+    assert (line, field) == (3, "steps[0].command")
+    assert "its variables make it 5,000,504 characters long" in message
+
+
+def test_fields_that_expand_the_file_past_its_budget_are_refused_once() -> None:
+    """3,000 environment values of 100 kB each, every one within bounds: 300 MB in all from
+    a 200 kB file; one problem, where the budget ran out."""
+    rows = [f"vars: {{V: '{'x' * 100_000}'}}", "steps:"]
+    rows += [
+        f"  - {{name: s{i}, type: cpu, command: 'true', env: {{A: '{{{{V}}}}'}}}}"
+        for i in range(3000)
+    ]
+    [(line, field, message)] = _problems("\n".join(rows) + "\n")
+    assert field.endswith(".env.A") and line == 3 + int(field[len("steps[") : field.index("]")])
+    assert "more than the 268,435,456 a file of this size may expand to" in message
