@@ -36,6 +36,7 @@ from m27.policy import (
     StepKey,
     StepType,
     Tier,
+    bounded,
 )
 
 STEP_TYPES: frozenset[str] = frozenset({"cpu", "gpu", "gpu_light"})
@@ -249,8 +250,8 @@ def policy_input(
         Pending(
             key=key,
             type=cast(StepType, r.type),
-            priority=r.priority,
-            bump=book.bumps.get(key, 0),
+            priority=bounded(r.priority),
+            bump=bounded(book.bumps.get(key, 0)),
             owner=r.owner,
             gpus=0 if r.type == "cpu" else max(1, r.gpus),
             gpu_memory=r.gpu_memory,
@@ -274,8 +275,8 @@ def policy_input(
                 gpus=h.gpus,
                 paused=h.paused if role == "guest" else False,
                 gpu_memory=(req.gpu_memory or book.memory_peaks.get(key[1], 0)) if req else 0,
-                priority=req.priority if req else 0,
-                bump=book.bumps.get(key, 0),
+                priority=bounded(req.priority) if req else 0,
+                bump=bounded(book.bumps.get(key, 0)),
                 owner=req.owner if req else "",
                 queued_at=req.at if req else h.granted_at,
                 started_at=h.started_at if h.started_at is not None else h.granted_at,

@@ -39,7 +39,7 @@ from m27 import liveness
 from m27.events import Event, GpuOverheated, GpuThrottled
 from m27.gpu import GpuBackend, GpuSample, ProcessSample
 from m27.node.book import Book
-from m27.policy import Decision, PolicyConfig, effective_priority, key_text
+from m27.policy import Decision, PolicyConfig, bounded, effective_priority, key_text
 
 __all__ = [
     "ALERT_THROTTLE",
@@ -174,7 +174,8 @@ def queue_rows(book: Book, decision: Decision, now: float, cfg: PolicyConfig) ->
     for key, h in book.held.items():
         req = h.request
         at = req.at if req else h.granted_at
-        prio = effective_priority(req.priority if req else 0, book.bumps.get(key, 0), at, now, cfg)
+        base = bounded(req.priority) if req else 0
+        prio = effective_priority(base, bounded(book.bumps.get(key, 0)), at, now, cfg)
         state = "paused" if h.paused else "running"
         held.append(
             {
@@ -189,8 +190,8 @@ def queue_rows(book: Book, decision: Decision, now: float, cfg: PolicyConfig) ->
     ranked: list[tuple[int, float, dict[str, Any]]] = []
     for r in book.requests.values():
         key = (r.run_id, r.step)
-        bump = book.bumps.get(key, 0)
-        prio = effective_priority(r.priority, bump, r.at, now, cfg)
+        bump = bounded(book.bumps.get(key, 0))
+        prio = effective_priority(bounded(r.priority), bump, r.at, now, cfg)
         row = {
             "step": key_text(key),
             "type": r.type,

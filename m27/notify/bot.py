@@ -35,6 +35,7 @@ from m27.notify.messages import resume_command
 from m27.notify.notifier import NotifierHandle, start_embedded
 from m27.notify.outbox import Outbox, outbox_path
 from m27.notify.telegram import DeliveryError, TelegramClient, scrub
+from m27.policy import PRIORITY_LIMIT
 from m27.store import EventStore
 
 log = logging.getLogger("m27.notify.bot")
@@ -305,6 +306,8 @@ class CommandBot:
             delta = int(amount)
         except ValueError:
             return f"N must be an integer, not <code>{esc(amount)}</code>."
+        if abs(delta) > PRIORITY_LIMIT:
+            return f"N must be from -{PRIORITY_LIMIT:,} to {PRIORITY_LIMIT:,}."
         self.store.append([ev.PriorityBumped(self.clock.now(), found.run_id, step, delta)])
         now_prio = found.steps[step].priority + delta
         log.info("telegram:%s bumped %s/%s by %d", chat_id, found.run_id, step, delta)

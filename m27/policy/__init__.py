@@ -35,6 +35,7 @@ from m27.policy._explain import explain
 from m27.policy._gate import gate, outrank, promote, run_or_pause, yielders
 from m27.policy._hold import nothing_starts, waiting_needs
 from m27.policy._model import (
+    PRIORITY_LIMIT,
     Action,
     Demote,
     GpuView,
@@ -52,6 +53,7 @@ from m27.policy._model import (
     StepKey,
     StepType,
     Tier,
+    bounded,
     key_text,
 )
 from m27.policy._order import order_pending
@@ -66,6 +68,7 @@ from m27.policy._state import (
 )
 
 __all__ = [
+    "PRIORITY_LIMIT",
     "Action",
     "Decision",
     "Demote",
@@ -84,6 +87,7 @@ __all__ = [
     "StepKey",
     "StepType",
     "Tier",
+    "bounded",
     "decide",
     "effective_priority",
     "key_text",

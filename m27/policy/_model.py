@@ -19,6 +19,18 @@ Tier = Literal["immediate", "ready", "background"]
 Role = Literal["primary", "guest", "cpu"]
 
 
+#: The bound of a step's priority, and of the sum of its bumps, each (pipeline files allow
+#: the same for `priority:`): base + bump + aging then stays exact in the int64 arrays that
+#: order long queues. A larger bump (a typo in `m27 bump`, a hand-written event) overflowed
+#: them, and the agent, which folds the same log at every start, stopped each time.
+PRIORITY_LIMIT = 10**9
+
+
+def bounded(value: int) -> int:
+    """`value` held within -PRIORITY_LIMIT..PRIORITY_LIMIT."""
+    return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, value))
+
+
 def key_text(key: StepKey) -> str:
     """``run/step``, the way reasons and the CLI show a step."""
     return f"{key[0]}/{key[1]}"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 from m27._exceptions import SpecError
-from m27.policy import StepKey, StepType
+from m27.policy import PRIORITY_LIMIT, StepKey, StepType
 
 PhaseKind = Literal["compute", "io"]
 GIB = 2**30
@@ -124,6 +124,8 @@ def job_problem(job: Job) -> str | None:
         return "depends_on is a list of job ids"
     if isinstance(job.priority, bool) or not isinstance(job.priority, int):
         return f"priority must be a whole number, not {job.priority!r}"
+    if abs(job.priority) > PRIORITY_LIMIT:
+        return f"priority must be within ±{PRIORITY_LIMIT:,}, not {job.priority}"
     if isinstance(job.gpus, bool) or not isinstance(job.gpus, int) or job.gpus < 0:
         return f"gpus must be a whole number >= 0, not {job.gpus!r}"
     if job.type != "cpu" and job.gpus < 1:

@@ -160,6 +160,11 @@ def test_bump_appends_a_priority_event(
     assert (bump.run_id, bump.step, bump.delta) == ("md-1", "sim", 10)
     assert "no step" in ask(api, bot, "/bump md-1 nosuch 1")[0]
     assert "must be an integer" in ask(api, bot, "/bump md-1 sim lots")[0]
+    assert (
+        "N must be from -1,000,000,000 to 1,000,000,000"
+        in ask(api, bot, "/bump md-1 sim 100000000000000000000")[0]
+    )
+    assert len([r for r in store.read() if isinstance(r.event, ev.PriorityBumped)]) == 1
     before = store.last_seq()
     assert "is succeeded: nothing to bump" in ask(api, bot, "/bump old-1 a 3")[0]
     assert store.last_seq() == before

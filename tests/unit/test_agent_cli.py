@@ -11,6 +11,7 @@ import pytest
 
 from m27 import events as ev
 from m27.cli.commands import bump, queue
+from m27.cli.main import main
 from m27.store.sqlite import SqliteEventStore, open_store
 
 GiB = 1024**3
@@ -141,3 +142,18 @@ def test_queue_table_has_a_row_per_step_with_its_tier_and_why_it_waits(
     assert rows["run1/md"].split()[1:5] == ["immediate", "primary", "0", "0"]
     assert rows["run1/b"].split()[1:5] == ["waiting", "gpu", "1", "1"]
     assert "reserved for run1/a" in rows["run1/b"]
+
+
+def test_a_bump_past_the_priority_limit_is_refused_by_argparse(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`m27 bump R S 99999999999999999999` (a typo) would have stopped the agent at each of
+    its starts: the log keeps the event and the queue's int64 arrays overflowed."""
+    _log(m27_home)
+    before = open_store(m27_home).last_seq()
+    with pytest.raises(SystemExit) as exited:
+        main(["bump", "run1", "b", "99999999999999999999"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "give a whole number from -1000000000 to 1000000000" in err
+    assert open_store(m27_home).last_seq() == before

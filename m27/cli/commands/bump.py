@@ -7,10 +7,11 @@ import sys
 import time
 
 from m27.cli.commands import _common
-from m27.cli.commands._options import add_command
+from m27.cli.commands._options import add_command, whole
 from m27.events import PriorityBumped, Recorded
 from m27.events.state import fold
 from m27.node.book import fold_book
+from m27.policy import PRIORITY_LIMIT
 from m27.runids import RunIdError, resolve
 from m27.store.sqlite import SqliteEventStore
 
@@ -19,7 +20,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_command(sub, "bump", run)
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("step", metavar="STEP")
-    p.add_argument("delta", metavar="N", type=int)
+    p.add_argument(
+        "delta",
+        metavar="N",
+        type=whole(least=-PRIORITY_LIMIT, most=PRIORITY_LIMIT),
+        help=f"points to add (negative lowers); a step's bumps together count up to "
+        f"±{PRIORITY_LIMIT:,}",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
