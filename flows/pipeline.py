@@ -30,9 +30,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
 
-from flows import _logging, summary
+from flows import _logging, _params, summary
 from flows._run import _launch, _PrefectOutput, _Run, _StepLog, _watch_cancel
-from m27 import RunnerError, StoreError, liveness, runids
+from m27 import ConfigError, M27Error, RunnerError, SpecError, StoreError, liveness, runids
 from m27.config import load_settings, m27_home
 from m27.events import (
     Event,
@@ -51,7 +51,7 @@ from m27.executors.slurm import run_slurm_step
 from m27.node.embed import ensure_agent
 from m27.node.lease import AgentLease, Granted, run_leased
 from m27.paths import join_under
-from m27.spec import Pipeline, Step, load_pipeline
+from m27.spec import Pipeline, Step, problem_lines
 from m27.store import EventStore
 from m27.store.sqlite import open_store
 
@@ -235,11 +235,17 @@ def pipeline_flow(
     """Run the pipeline in `spec_path` with `overrides` for its {{VARS}}."""
     from prefect.runtime import flow_run
 
-    pipeline = load_pipeline(spec_path, overrides or {})
+    try:  # the input's problems end the run here, each in one line: no traceback
+        pipeline = _params.pipeline_of(spec_path, overrides)
+        home = m27_home()
+        settings = load_settings()  # a bad ~/.m2config fails the run before anything starts
+        store = open_store(home)
+        if run_id:
+            run_id = _params.fresh_run_id(store, run_id)
+        resume_of = _params.resumed_run(store, resume_of)
+    except (SpecError, ConfigError, StoreError) as exc:
+        return _refused(exc)
     run_id = run_id or runids.from_flow_run(str(flow_run.id))
-    home = m27_home()
-    settings = load_settings()  # a bad ~/.m2config fails the run before anything starts
-    store = open_store(home)
     done, resume_dirs = _previous_successes(store, resume_of)
     # The node's agent: this process embeds one unless another process runs it.
     agent = ensure_agent(home)
@@ -308,6 +314,16 @@ def pipeline_flow(
     if failed:
         return Failed(message=f"run {run_id}: step(s) {', '.join(failed)} failed")
     return {"run_id": run_id, "steps": outcome}
+
+
+def _refused(exc: M27Error) -> State:
+    """The Failed state of a run whose input is wrong, each problem a line in its log."""
+    lines = problem_lines(exc) if isinstance(exc, SpecError) else str(exc).splitlines()
+    logger = get_run_logger()
+    for line in lines:
+        logger.error("%s", line)
+    more = f" (and {len(lines) - 1} more: see the log)" if len(lines) > 1 else ""
+    return Failed(message=f"{lines[0] if lines else exc}{more}")
 
 
 def _finish(run: _Run, end: Event) -> None:

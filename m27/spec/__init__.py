@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
+import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -28,6 +30,7 @@ from m27.spec._template import VAR_NAME
 
 __all__ = [
     "EXECUTORS",
+    "FLOW_PARAMETERS",
     "MAX_DEPTH",
     "MAX_PROBLEMS",
     "PRINTED_PROBLEMS",
@@ -38,6 +41,7 @@ __all__ = [
     "SpecError",
     "Step",
     "load_pipeline",
+    "overrides_from",
     "parse_pipeline",
     "parse_set_args",
     "problem_lines",
@@ -138,6 +142,44 @@ def parse_set_args(items: Sequence[str]) -> dict[str, str]:
         problems.append(Problem("command line", 0, 0, f"--set {item}", message))
     if problems:
         raise _error(problems, "command line")
+    return out
+
+
+#: Where a problem with a flow run's parameters is said to be (Prefect's UI edits them).
+FLOW_PARAMETERS = "flow parameters"
+
+
+def overrides_from(value: object) -> dict[str, str]:
+    """The `{{VAR}}` values of a flow run: its `overrides` parameter, which a deployment
+    holds and Prefect's UI lets a person edit as JSON. Text is taken as it is, a number or
+    true/false as JSON writes it (`5`, `2.5`, `true`); anything else raises SpecError
+    naming the entry, instead of a TypeError deep in validation."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        message = f"must be a mapping of NAME to value, got {type(value).__name__}"
+        raise _error([Problem(FLOW_PARAMETERS, 0, 0, "overrides", message)], FLOW_PARAMETERS)
+    out: dict[str, str] = {}
+    problems = []
+    for name, item in value.items():
+        if isinstance(item, str):
+            out[str(name)] = item
+        elif isinstance(item, bool):
+            out[str(name)] = "true" if item else "false"
+        elif isinstance(item, int | float) and math.isfinite(item):
+            out[str(name)] = json.dumps(item)
+        else:
+            shown = (
+                "null"
+                if item is None
+                else repr(item)
+                if isinstance(item, float)
+                else type(item).__name__
+            )
+            message = f"must be text or a number, got {shown}"
+            problems.append(Problem(FLOW_PARAMETERS, 0, 0, f"overrides.{name}", message))
+    if problems:
+        raise _error(problems, FLOW_PARAMETERS)
     return out
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from m27._exceptions import SpecError
 from m27.cli.commands import validate
-from m27.spec import Pipeline, Step, load_pipeline, parse_pipeline
+from m27.spec import Pipeline, Step, load_pipeline, overrides_from, parse_pipeline
 from tests.seed import SEED
 
 
@@ -357,3 +357,23 @@ def test_output_paths_are_absolute_from_each_steps_workdir(tmp_path: Path) -> No
     pipeline = load_pipeline(spec, {})
     lab = str(spec.parent.resolve())
     assert pipeline.output_paths() == [f"{lab}/out/x.npz", f"{lab}/y.csv", f"{lab}/run/z.log"]
+
+
+def test_flow_overrides_take_text_numbers_and_booleans_and_name_the_rest() -> None:
+    """What Prefect's UI may send as a deployment run's `overrides` (JSON)."""
+    assert overrides_from(None) == {}
+    assert overrides_from({"A": "x", "N": 5, "F": 2.5, "B": True}) == {
+        "A": "x",
+        "N": "5",
+        "F": "2.5",
+        "B": "true",
+    }
+    with pytest.raises(SpecError) as caught:
+        overrides_from({"L": [1], "Z": None, "I": float("inf"), "OK": "y"})
+    assert [str(p) for p in caught.value.problems] == [
+        "flow parameters: overrides.L: must be text or a number, got list",
+        "flow parameters: overrides.Z: must be text or a number, got null",
+        "flow parameters: overrides.I: must be text or a number, got inf",
+    ]
+    with pytest.raises(SpecError, match="overrides: must be a mapping of NAME to value, got str"):
+        overrides_from("A=x")

@@ -1,0 +1,56 @@
+"""A flow run's parameters, checked before the run is recorded.
+
+`m27 run` hands the flow values it made itself, but a deployment's run takes them from
+Prefect, whose UI lets a person edit them as JSON ("Custom run"): `overrides` with a
+number in it, a `run_id` another run already has (its events would mix with that run's),
+a `resume_of` that names no run (every step would start over while the run says it
+resumes). Each is a problem with the run's input, said in one line in the run's log and
+its Failed state, not a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+
+from m27.events import RunSubmitted
+from m27.events.state import fold
+from m27.runids import RunIdError, resolve
+from m27.spec import FLOW_PARAMETERS, Pipeline, Problem, SpecError, load_pipeline, overrides_from
+from m27.store import EventStore
+
+#: What a run id may be: a plain file name (it names folders under $M27_HOME).
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
+
+
+def _refuse(field: str, message: str) -> SpecError:
+    problem = Problem(FLOW_PARAMETERS, 0, 0, field, message)
+    return SpecError(str(problem), problems=[problem], file=FLOW_PARAMETERS, total=1)
+
+
+def pipeline_of(spec_path: object, overrides: object) -> Pipeline:
+    """The validated pipeline; SpecError for a bad parameter or pipeline file."""
+    if not isinstance(spec_path, str) or not spec_path:
+        raise _refuse("spec_path", "must be the path of a pipeline file")
+    return load_pipeline(spec_path, overrides_from(overrides))
+
+
+def fresh_run_id(store: EventStore, run_id: object) -> str:
+    """`run_id` when no run in the log has it yet; SpecError otherwise."""
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise _refuse("run_id", f"{run_id!r} is not a run id (letters, digits, '.', '_', '-')")
+    if any(isinstance(r.event, RunSubmitted) for r in store.read_runs((run_id,))):
+        raise _refuse("run_id", f"run {run_id} is already in the event log; leave run_id empty")
+    return run_id
+
+
+def resumed_run(store: EventStore, resume_of: object) -> str | None:
+    """The run `resume_of` names (an id, a unique prefix or `last`, as `m27 run --resume`
+    takes), or None; SpecError when it names none or several."""
+    if resume_of is None or resume_of == "":
+        return None
+    if not isinstance(resume_of, str):
+        raise _refuse("resume_of", f"must be a run id, got {type(resume_of).__name__}")
+    try:
+        return resolve(resume_of, fold(store.read_runs((), outline=True)).runs)
+    except RunIdError as exc:
+        raise _refuse("resume_of", str(exc)) from None

@@ -1,0 +1,93 @@
+"""A flow run's parameters as Prefect's UI lets a person edit them ("Custom run" of a
+deployment): a number among the overrides runs with its text; anything the run cannot use
+ends it Failed with one line that names the parameter, records no run, and leaves no
+traceback in the run's log (a list among the overrides raised a TypeError from deep in
+validation; a `run_id` another run has mixed both runs' events)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from m27.events import RunSubmitted
+from m27.store.sqlite import open_store
+from tests.e2e._helpers import prefect_log_messages
+from tests.waiting import wait_until
+
+PIPELINE = """\
+name: params
+steps:
+  - name: say
+    type: cpu
+    shell: true
+    command: echo {{MSG}} > said.txt
+"""
+
+
+def _flow(**params: Any) -> Any:
+    from flows.pipeline import pipeline_flow
+
+    return pipeline_flow(**params, return_state=True)
+
+
+@pytest.fixture
+def spec(tmp_path: Path, m27_home: Path, prefect_env: str) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(PIPELINE)
+    return path
+
+
+def _submitted(home: Path) -> list[RunSubmitted]:
+    store = open_store(home)
+    try:
+        return [r.event for r in store.read() if isinstance(r.event, RunSubmitted)]
+    finally:
+        store.close()
+
+
+def test_a_number_among_the_overrides_runs_as_its_text(spec: Path, m27_home: Path) -> None:
+    state = _flow(spec_path=str(spec), overrides={"MSG": 5})
+    assert state.is_completed(), state.message
+    assert (spec.parent / "said.txt").read_text() == "5\n"
+    [submitted] = _submitted(m27_home)
+    assert submitted.vars == {"MSG": "5"}
+
+
+@pytest.mark.parametrize(
+    ("params", "line"),
+    [
+        ({"overrides": {"MSG": [1, 2]}}, "flow parameters: overrides.MSG: must be text or a number, got list"),
+        ({"overrides": "MSG=x"}, "flow parameters: overrides: must be a mapping of NAME to value, got str"),
+        ({"overrides": {"MSG": "x"}, "resume_of": "nope"}, "flow parameters: resume_of: no run matches 'nope'"),
+        ({"overrides": {"MSG": "x"}, "run_id": "../x"}, "flow parameters: run_id: '../x' is not a run id"),
+        ({"overrides": {}}, "steps[0].command: undefined variable 'MSG'"),
+    ],
+    ids=["list", "not-a-mapping", "unknown-resume", "bad-run-id", "bad-pipeline"],
+)  # fmt: skip
+def test_a_parameter_the_run_cannot_use_fails_it_in_one_line(
+    spec: Path, m27_home: Path, prefect_env: str, params: dict[str, Any], line: str
+) -> None:
+    state = _flow(spec_path=str(spec), **params)
+    assert state.is_failed()
+    assert line in state.message
+    assert _submitted(m27_home) == []  # nothing recorded: no run to close or to mix with
+    flow_run_id = str(state.state_details.flow_run_id)
+
+    def logged() -> list[str] | None:
+        messages = prefect_log_messages(prefect_env, flow_run_id)
+        return messages if any(line in m for m in messages) else None
+
+    messages = wait_until(logged, timeout=60, interval=0.3, what="the problem in the run's log")
+    assert not any("Traceback" in m or "Encountered exception" in m for m in messages), messages
+
+
+def test_a_run_id_another_run_has_is_refused(spec: Path, m27_home: Path) -> None:
+    first = _flow(spec_path=str(spec), overrides={"MSG": "one"}, run_id="r-1")
+    assert first.is_completed(), first.message
+    second = _flow(spec_path=str(spec), overrides={"MSG": "two"}, run_id="r-1")
+    assert second.is_failed()
+    assert "run_id: run r-1 is already in the event log" in second.message
+    assert [s.run_id for s in _submitted(m27_home)] == ["r-1"]
+    assert (spec.parent / "said.txt").read_text() == "one\n"
