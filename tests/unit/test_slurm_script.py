@@ -146,6 +146,13 @@ def test_a_gpu_step_gets_its_gpus_from_slurm_unless_an_option_names_gpus() -> No
         ({"tiers": {"x": {"tier": "y"}}}, "unknown key 'tier' in slurm.tiers.x"),
         ({"requeue": "yes"}, "true or false"),
         ({"poll": "0s"}, "positive"),
+        # a line break would end the #SBATCH line and make the rest a command of the job
+        ({"partition": "debug\necho injected"}, r"slurm.partition 'debug\\necho injected' holds"),
+        ({"account": "lab one"}, "slurm.account 'lab one' holds a blank or control character"),
+        ({"constraint": "a\tb"}, "slurm.constraint"),
+        ({"qos": "x\x00"}, "slurm.qos"),
+        ({"extra": ["--comment=a\rb"]}, "sbatch options"),
+        ({"setup": ["module load x\x00"]}, "NUL"),
     ],
 )
 def test_bad_options_fail_with_the_key_named(options: dict[str, object], message: str) -> None:

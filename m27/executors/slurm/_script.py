@@ -41,6 +41,10 @@ DEFAULT_POLL_S = 1.0
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
 #: sbatch --mem: whole units, K/M/G/T (powers of 1024), an optional B, any case.
 _SLURM_MEM = re.compile(r"^\d+([KMGT]B?)?$", re.IGNORECASE)
+#: Characters that end or split an #SBATCH line: blanks and every control character.
+_NOT_IN_DIRECTIVE = re.compile(r"[\s\x00-\x1f\x7f]")
+#: Control characters (an `extra` option may hold blanks, quoted as sbatch reads them).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,15 @@ def _build(m: Mapping[str, Any], tiers: Mapping[str, Mapping[str, Any]], step: s
             return None
         if isinstance(value, bool | Mapping | list):
             raise SpecError(f"slurm.{key} must be a string, not {value!r}", step=step, key=key)
+        if _NOT_IN_DIRECTIVE.search(str(value)):
+            # a line break would end the #SBATCH line and put the rest into the job script
+            # as a command (and sbatch reads no directive after it); a blank splits a value
+            raise SpecError(
+                f"slurm.{key} {str(value)!r} holds a blank or control character; Slurm "
+                "names have none",
+                step=step,
+                key=key,
+            )
         return str(value)
 
     def integer(key: str, low: int, default: int | None = None) -> int | None:
@@ -189,7 +202,7 @@ def _build(m: Mapping[str, Any], tiers: Mapping[str, Mapping[str, Any]], step: s
 
     extra = texts("extra")
     for arg in extra:
-        if not arg.startswith("-") or "\n" in arg:
+        if not arg.startswith("-") or _CONTROL.search(arg):
             raise SpecError(
                 f"slurm.extra items are sbatch options, not {arg!r}", step=step, key="extra"
             )
@@ -207,6 +220,9 @@ def _build(m: Mapping[str, Any], tiers: Mapping[str, Mapping[str, Any]], step: s
         raise SpecError(f"slurm.poll: {exc}", step=step, key="poll") from None
     if poll <= 0:
         raise SpecError("slurm.poll must be positive", step=step, key="poll")
+    setup = texts("setup")
+    if any("\0" in line for line in setup):
+        raise SpecError("slurm.setup lines must not hold a NUL byte", step=step, key="setup")
     tier = m.get("tier")
     return SlurmOptions(
         partition=text("partition"),
@@ -220,7 +236,7 @@ def _build(m: Mapping[str, Any], tiers: Mapping[str, Mapping[str, Any]], step: s
         constraint=text("constraint"),
         nice=nice,
         extra=extra,
-        setup=texts("setup"),
+        setup=setup,
         signal_before=integer("signal_before", 0, DEFAULT_SIGNAL_BEFORE) or 0,
         requeue=requeue,
         max_requeues=integer("max_requeues", 0, DEFAULT_MAX_REQUEUES) or 0,
