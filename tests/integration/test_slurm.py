@@ -107,6 +107,22 @@ def test_pipeline_of_cpu_and_gpu_steps_gets_gpus_from_slurm(tmp_path: Path) -> N
     assert len(of(store, StepSucceeded)) == 2
 
 
+def test_a_step_in_a_folder_with_blanks_hash_and_percent_runs(tmp_path: Path) -> None:
+    """sbatch ends an #SBATCH value at a blank and a comment at `#`: a pipeline in
+    `~/My Project` got `Invalid directive found in batch script: Project`. The folder is
+    the job's --chdir and holds its --output/--error (where `%` is Slurm's pattern)."""
+    folder = tmp_path / 'my project #1 (100%) "q"'
+    folder.mkdir()
+    store = MemoryEventStore()
+    launch = StepLaunch(
+        "r1", "here", (PY, "-c", "import os; print(os.getcwd())"), workdir=folder
+    )  # fmt: skip
+    result = run_slurm_step(launch, store, options=FAST, site={})
+    assert result.ok, result.reason
+    assert result.log_tail == str(folder)
+    assert [e.state for e in of(store, SlurmJobStateChanged)][-1] == "COMPLETED"
+
+
 def test_failing_job_reports_exit_code_slurm_state_and_output(tmp_path: Path) -> None:
     store = MemoryEventStore()
     launch = StepLaunch("r1", "bad", ("sh", "-c", "echo broken >&2; exit 3"), retries=1)

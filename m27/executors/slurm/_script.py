@@ -41,6 +41,8 @@ DEFAULT_POLL_S = 1.0
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
 #: sbatch --mem: whole units, K/M/G/T (powers of 1024), an optional B, any case.
 _SLURM_MEM = re.compile(r"^\d+([KMGT]B?)?$", re.IGNORECASE)
+#: A value sbatch reads from an #SBATCH line as it is written, without quotes.
+_PLAIN_VALUE = re.compile(r"[^\s\"'\\#]*")
 #: Characters that end or split an #SBATCH line: blanks and every control character.
 _NOT_IN_DIRECTIVE = re.compile(r"[\s\x00-\x1f\x7f]")
 #: Control characters (an `extra` option may hold blanks, quoted as sbatch reads them).
@@ -312,13 +314,13 @@ def directives(s: ScriptInput) -> list[str]:
     o = s.options
     out = [
         f"--job-name={job_name(s.run_id, s.step)}",
-        f"--output={s.job_dir / 'stdout'}",
-        f"--error={s.job_dir / 'stderr'}",
+        f"--output={_path_value(s.job_dir / 'stdout', pattern=True)}",
+        f"--error={_path_value(s.job_dir / 'stderr', pattern=True)}",
         # A requeued job appends to the same files instead of truncating them.
         "--open-mode=append",
     ]
     if s.workdir is not None:
-        out.append(f"--chdir={s.workdir}")
+        out.append(f"--chdir={_path_value(s.workdir)}")
     pairs = [
         ("time", o.time),
         ("partition", o.partition),
@@ -341,6 +343,18 @@ def directives(s: ScriptInput) -> list[str]:
     else:
         out.append("--no-requeue")
     return out + list(o.extra)
+
+
+def _path_value(path: Path, pattern: bool = False) -> str:
+    """A path as sbatch reads it from an #SBATCH line: a blank ends the value there and a
+    `#` outside quotes begins a comment (a pipeline in `~/My Project` made sbatch refuse the
+    script: `Invalid directive found in batch script: Project`), so such a path is put in
+    double quotes with `"` and `\\` escaped; in an --output/--error `pattern`, `%` is
+    Slurm's (`%j`: the job id) and a literal one is written `%%`."""
+    text = str(path).replace("%", "%%") if pattern else str(path)
+    if not _PLAIN_VALUE.fullmatch(text):
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
 
 
 def job_name(run_id: str, step: str) -> str:
