@@ -257,9 +257,19 @@ def _syntax_problem(file: str, exc: yaml.MarkedYAMLError, text: str) -> Problem:
             f"; a value that starts with '{{{{' must be quoted, e.g. \"{value}\" "
             "(YAML reads a bare {{...}} as a mapping)"
         )
+    elif exc.problem == "mapping values are not allowed here" and (
+        (keyed := _KEYED_VALUE.match(source)) is not None
+    ):
+        message += (
+            f"; the value of {keyed.group(1)!r} holds ': ', which YAML reads as a new key: put "
+            f"the whole value in quotes, or write `{keyed.group(1)}: >-` and the value on the "
+            "next line, indented"
+        )
     return Problem(file, line, column, "", message)
 
 
+#: `key: value` (or `- key: value`) on a line: the key whose unquoted value holds a `: `.
+_KEYED_VALUE = re.compile(r"\s*(?:-\s+)?([A-Za-z_][\w.-]*):\s+[^\s'\"]")
 #: `key: {{X}}...` or `- {{X}}...` with the template unquoted, as a syntax error's line shows it.
 _BARE_TEMPLATE = re.compile(r"(?:^|:|-)\s+(\{\{[^'\"]*)$")
 
