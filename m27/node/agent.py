@@ -65,11 +65,11 @@ from m27.node.report import (
     snapshot,
     write_snapshot,
 )
+from m27.node.views import ViewControl
 from m27.paths import join_under
 from m27.policy import (
     Decision,
     Demote,
-    GpuView,
     Grant,
     PauseGuest,
     PolicyConfig,
@@ -97,7 +97,7 @@ def channel_path(home: Path, key: StepKey) -> Path:
     return join_under(home, "channels", run, f"{step}.chan")
 
 
-class Agent(GuestControl, FollowControl):
+class Agent(ViewControl, GuestControl, FollowControl):
     """The node loop. ``start()`` replays the log; ``tick()`` is one pass; ``run(stop)``
     loops until `stop` is set. Not thread-safe: one thread drives it."""
 
@@ -142,6 +142,7 @@ class Agent(GuestControl, FollowControl):
         self._low: dict[int, tuple[StepKey, float]] = {}
         self._guest_low: dict[StepKey, float] = {}
         self._pgids: dict[int, int | None] = {}
+        self._recent: dict[int, tuple[int | None, float]] = {}  # pid -> (pgid, last held)
         self._checked_at = -math.inf
         self._memory = {d.index: d.memory_total or 0 for d in backend.devices()}
         self._attach = getattr(backend, "attach", None)
@@ -368,51 +369,6 @@ class Agent(GuestControl, FollowControl):
         """Whether the step says when it waits on I/O (it has used ``io_wait()``)."""
         ch = self._channels.get(key)
         return ch is not None and ch.io_count() > 0
-
-    def _views(self, samples: list[GpuSample], now: float) -> list[GpuView]:
-        primaries = self.book.primaries()
-        views = []
-        for s in samples:
-            h = primaries.get(s.index)
-            util = self._util(s, h) if h is not None and h.pid is not None else None
-            since: float | None = None
-            # a primary waiting at its gate for a guest's phase (yield) is no I/O wait:
-            # the guest already computes, by the primary's leave
-            ch = self._channels.get(h.key) if h is not None else None
-            yielding = ch is not None and ch.yielding()
-            low = util is not None and util < self.config.io_util_threshold and not yielding
-            if h is not None and low:
-                old = self._low.get(s.index)
-                since = old[1] if old is not None and old[0] == h.key else now
-                self._low[s.index] = (h.key, since)
-            else:
-                self._low.pop(s.index, None)
-            total = s.memory_total or self._memory.get(s.index, 0)
-            lost = s.lost or s.index in self.book.lost_gpus
-            views.append(GpuView(s.index, total, s.memory_used, lost, util, since))
-        return views
-
-    def _util(self, s: GpuSample, h: Held) -> float | None:
-        """The primary's own SM utilization on this GPU (its process group's processes)."""
-        if s.utilization_gpu is None:
-            return None
-        total = 0.0
-        for p in s.processes:
-            if p.pid == h.pid or (h.pgid is not None and self._pgid(p.pid) == h.pgid):
-                if p.sm_util is None:
-                    return None
-                total += p.sm_util
-        return total
-
-    def _pgid(self, pid: int) -> int | None:
-        if pid not in self._pgids:
-            try:
-                self._pgids[pid] = os.getpgid(pid)
-            except OSError:
-                self._pgids[pid] = None
-            if len(self._pgids) > 4096:
-                self._pgids.clear()
-        return self._pgids.get(pid)
 
     # -- acting -------------------------------------------------------------------------
 

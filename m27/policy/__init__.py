@@ -35,6 +35,7 @@ from m27.policy._explain import explain
 from m27.policy._gate import gate, outrank, promote, run_or_pause, yielders
 from m27.policy._hold import nothing_starts, waiting_needs
 from m27.policy._model import (
+    OUTSIDE_MEMORY_MIN,
     PRIORITY_LIMIT,
     Action,
     Demote,
@@ -68,6 +69,7 @@ from m27.policy._state import (
 )
 
 __all__ = [
+    "OUTSIDE_MEMORY_MIN",
     "PRIORITY_LIMIT",
     "Action",
     "Decision",
@@ -180,7 +182,7 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
     actions: list[Action] = []
     notes: Notes = {}
     cpu_busy, held = place_leases(inp.running, now, cfg, gpus)
-    usable = [i for i, st in gpus.items() if not st.view.lost]
+    usable = [i for i, st in gpus.items() if not st.view.lost and not st.outside()]
 
     ranked: Sequence[Ranked] = ()
     hold_only = shortcut and nothing_starts(inp, gpus, usable, cpu_busy)

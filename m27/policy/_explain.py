@@ -62,6 +62,8 @@ def explain(
 def _gpu_text(i: int, st: GpuState) -> str:
     if st.view.lost:
         return f"GPU {i} lost"
+    if st.outside():
+        return outside_text(i, st)
     bits = []
     if st.primary is not None:
         bits.append(
@@ -74,6 +76,12 @@ def _gpu_text(i: int, st: GpuState) -> str:
     if st.reserved_for is not None:
         bits.append(f"reserved for {key_text(st.reserved_for)} (gpus: {st.reserved_gpus})")
     return f"GPU {i} " + ", ".join(bits)
+
+
+def outside_text(i: int, st: GpuState) -> str:
+    """`GPU 0 used outside m27 (30.0 GiB by processes m27 did not start)`."""
+    gib = st.view.foreign_memory / 2**30
+    return f"GPU {i} used outside m27 ({gib:.1f} GiB by processes m27 did not start)"
 
 
 def _blocked(
@@ -105,6 +113,8 @@ def _blocked(
     for i, st in gpus.items():
         if st.view.lost:
             parts.append(f"GPU {i} lost")
+        elif st.outside():
+            parts.append(outside_text(i, st))
         elif st.reserved_for is not None and st.reserved_for != key:
             parts.append(
                 f"GPU {i} reserved for {key_text(st.reserved_for)} (gpus: {st.reserved_gpus})"
@@ -112,6 +122,8 @@ def _blocked(
         elif st.primary is not None and st.primary.tier == "background":
             parts.append(f"GPU {i} primary {key_text(st.primary.key)} is background: no guests")
     if not parts:
-        free = sum(1 for st in gpus.values() if st.primary is None and not st.view.lost)
+        free = sum(
+            1 for st in gpus.values() if st.primary is None and not (st.view.lost or st.outside())
+        )
         parts.append(f"needs {k} free GPU{'s' if k > 1 else ''} at once, {free} free")
     return "; ".join(parts)

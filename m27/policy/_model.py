@@ -26,6 +26,12 @@ Role = Literal["primary", "guest", "cpu"]
 PRIORITY_LIMIT = 10**9
 
 
+#: Memory that processes m27 did not start must hold on a GPU before m27 leaves the GPU to
+#: them: more than a CUDA context (~0.3-0.5 GiB) or a desktop's display server, so only
+#: real work counts.
+OUTSIDE_MEMORY_MIN = 2**30
+
+
 def bounded(value: int) -> int:
     """`value` held within -PRIORITY_LIMIT..PRIORITY_LIMIT."""
     return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, value))
@@ -125,7 +131,9 @@ class GpuView:
 
     ``memory_used`` is observed (None when the backend cannot tell). ``util_low_since`` is
     when the primary's per-process utilization last dropped below the threshold and has
-    stayed there (None while it computes or when unknown).
+    stayed there (None while it computes or when unknown). ``foreign_memory`` is what
+    processes m27 did not start hold on it (another user's node, a notebook, a job run by
+    hand): a GPU that holds OUTSIDE_MEMORY_MIN of it and no step of m27's is left to them.
     """
 
     index: int
@@ -134,6 +142,7 @@ class GpuView:
     lost: bool = False
     primary_util: float | None = None
     util_low_since: float | None = None
+    foreign_memory: int = 0
 
 
 @dataclass(frozen=True)

@@ -138,8 +138,11 @@ def _immediate(queue: Iterable[Ranked], pa: Pass) -> None:
 
 def _too_wide_text(k: int, gpus: dict[int, GpuState], usable: list[int]) -> str:
     lost = [str(i) for i, st in gpus.items() if st.view.lost]
+    outside = [str(i) for i, st in gpus.items() if not st.view.lost and st.outside()]
+    why = [f"GPU {', '.join(lost)} lost"] if lost else []
+    why += [f"GPU {', '.join(outside)} used outside m27"] if outside else []
     text = f"needs {k} GPU{'s' if k > 1 else ''}, this node has {len(usable)} usable"
-    return text + (f" (GPU {', '.join(lost)} lost)" if lost else "")
+    return text + (f" ({'; '.join(why)})" if why else "")
 
 
 def _free_at(st: GpuState, free: bool, now: float) -> float:

@@ -11,7 +11,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from m27.policy._model import GpuView, Pending, PolicyConfig, Running, StepKey, Tier
+from m27.policy._model import (
+    OUTSIDE_MEMORY_MIN,
+    GpuView,
+    Pending,
+    PolicyConfig,
+    Running,
+    StepKey,
+    Tier,
+)
 
 
 def aged_points(queued_at: float, now: float, cfg: PolicyConfig) -> int:
@@ -167,6 +175,16 @@ class GpuState:
     reserved_need: int = 0
     #: when the reserved step is expected to have all its GPUs (by declared limits)
     reserved_until: float = math.inf
+
+    def outside(self) -> bool:
+        """Held by work m27 did not start, and by no step of m27's: no step is placed on it
+        (a primary would share it unasked and could run either out of memory) until that
+        work ends; `m27 queue --why` says so."""
+        return (
+            self.primary is None
+            and not self.guests
+            and self.view.foreign_memory >= OUTSIDE_MEMORY_MIN
+        )
 
     def used_memory(self) -> int:
         """The larger of what was observed and what the residents declared."""

@@ -343,3 +343,34 @@ def test_a_real_step_with_a_declared_timeout_backfills_a_gpu_held_for_a_wide_ste
     assert any(isinstance(a, Reserve) and a.key == ("r", "wide") for a in decision.actions)
     assert "reserved for r/wide (gpus: 2)" in decision.why(("r", "long"))
     h.finish("short")
+
+
+def test_a_gpu_held_by_a_process_m27_did_not_start_waits_for_it(
+    hands: Callable[..., Hand], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another user's job on the node's only GPU (a pid no lease has, 60 GiB): the agent
+    grants nothing there and `m27 queue --why` says so; once it is gone the step starts.
+    A step that just ended is not such a process: the next one starts at once."""
+    monkeypatch.setenv("M27_GPUS", "sim:1")
+    h = hands()
+    backend = h.node.agent.backend
+    h.submit("first")
+    h.cycle()
+    h.started("first")
+    h.finish("first")  # its process is gone and its lease back: nothing foreign on GPU 0
+    h.cycle(1)
+    foreign = 4_000_000  # a made-up pid: no step of this node has it
+    backend.attach(0, foreign, memory=60 * GiB)  # type: ignore[attr-defined]
+    backend.set_computing(foreign, True)  # type: ignore[attr-defined]
+    h.submit("mine")
+    h.cycle(1)
+    assert [g.step for g in h.grants()] == ["first"]
+    assert queue.run(argparse.Namespace(why="mine", json=False)) == 0
+    assert "GPU 0 used outside m27 (60.0 GiB by processes m27 did not start)" in (
+        capsys.readouterr().out
+    )
+    backend.detach(0, foreign)  # type: ignore[attr-defined]
+    h.cycle(1)
+    assert [g.step for g in h.grants()] == ["first", "mine"]
+    h.started("mine")
+    h.finish("mine")

@@ -1,0 +1,95 @@
+"""What the policy sees of each GPU, from the agent's samples and its book.
+
+Per GPU: memory, whether it is lost, its primary's own utilization and since when it has
+been low (an I/O wait inferred without a hint), and the memory that processes m27 did not
+start hold on it (:attr:`m27.policy.GpuView.foreign_memory`): another user's node, a
+notebook, a job run by hand, which a GPU is then left to.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from m27.gpu import GpuSample
+from m27.node.book import Book, Held
+from m27.policy import GpuView, PolicyConfig, StepKey
+from m27.step import Channel
+
+#: seconds a step's process still counts as m27's after its lease ended (see _own_processes)
+OWN_PROCESS_GRACE_S = 5.0
+
+
+class ViewControl:
+    """The agent's part that builds :class:`~m27.policy.GpuView` (a mixin of Agent)."""
+
+    book: Book
+    config: PolicyConfig
+    _channels: Mapping[StepKey, Channel]
+    _low: dict[int, tuple[StepKey, float]]
+    _pgids: dict[int, int | None]
+    _recent: dict[int, tuple[int | None, float]]
+    _memory: dict[int, int]
+
+    def _views(self, samples: list[GpuSample], now: float) -> list[GpuView]:
+        primaries = self.book.primaries()
+        mine = self._own_processes(now)
+        views = []
+        for s in samples:
+            h = primaries.get(s.index)
+            util = self._util(s, h) if h is not None and h.pid is not None else None
+            since: float | None = None
+            # a primary waiting at its gate for a guest's phase (yield) is no I/O wait:
+            # the guest already computes, by the primary's leave
+            ch = self._channels.get(h.key) if h is not None else None
+            yielding = ch is not None and ch.yielding()
+            low = util is not None and util < self.config.io_util_threshold and not yielding
+            if h is not None and low:
+                old = self._low.get(s.index)
+                since = old[1] if old is not None and old[0] == h.key else now
+                self._low[s.index] = (h.key, since)
+            else:
+                self._low.pop(s.index, None)
+            total = s.memory_total or self._memory.get(s.index, 0)
+            lost = s.lost or s.index in self.book.lost_gpus
+            foreign = sum(
+                p.memory_used or 0
+                for p in s.processes
+                if p.pid not in mine[0] and self._pgid(p.pid) not in mine[1]
+            )
+            views.append(GpuView(s.index, total, s.memory_used, lost, util, since, foreign))
+        return views
+
+    def _own_processes(self, now: float) -> tuple[set[int], set[int | None]]:
+        """The pids and process groups of m27's steps: those that hold a lease, and for a
+        few seconds those that just gave theirs back (a real GPU lists a process until
+        its memory is freed); any other process on a GPU is someone else's work."""
+        for h in self.book.held.values():
+            if h.pid is not None:
+                self._recent[h.pid] = (h.pgid, now)
+        for pid, (_, seen) in list(self._recent.items()):
+            if now - seen > OWN_PROCESS_GRACE_S:
+                del self._recent[pid]
+        return set(self._recent), {g for g, _ in self._recent.values()} - {None}
+
+    def _util(self, s: GpuSample, h: Held) -> float | None:
+        """The primary's own SM utilization on this GPU (its process group's processes)."""
+        if s.utilization_gpu is None:
+            return None
+        total = 0.0
+        for p in s.processes:
+            if p.pid == h.pid or (h.pgid is not None and self._pgid(p.pid) == h.pgid):
+                if p.sm_util is None:
+                    return None
+                total += p.sm_util
+        return total
+
+    def _pgid(self, pid: int) -> int | None:
+        if pid not in self._pgids:
+            try:
+                self._pgids[pid] = os.getpgid(pid)
+            except OSError:
+                self._pgids[pid] = None
+            if len(self._pgids) > 4096:
+                self._pgids.clear()
+        return self._pgids.get(pid)
