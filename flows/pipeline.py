@@ -290,7 +290,7 @@ def pipeline_flow(
         if agent is not None:
             agent.stop()
     duration = _now() - started
-    failed = tuple(n for n, o in outcome.items() if o == "failed")
+    failed = tuple(s.name for s in pipeline.steps if outcome.get(s.name) == "failed")
     cancelled = run.cancel.is_set()
     if cancelled:
         _finish(run, RunCancelled(at=_now(), run_id=run_id, reason="cancel requested"))
@@ -302,7 +302,7 @@ def pipeline_flow(
                 run_id=run_id,
                 duration_s=duration,
                 failed_steps=failed,
-                reason=f"step {failed[0]} failed",
+                reason=_failed_text(failed),
             ),
         )
     else:
@@ -314,6 +314,15 @@ def pipeline_flow(
     if failed:
         return Failed(message=f"run {run_id}: step(s) {', '.join(failed)} failed")
     return {"run_id": run_id, "steps": outcome}
+
+
+def _failed_text(failed: tuple[str, ...]) -> str:
+    """`step a failed`, `steps a, b failed`, `steps a, b, c and 4 more failed`: every
+    failed step (the first alone said the run failed of it when others had too)."""
+    if len(failed) == 1:
+        return f"step {failed[0]} failed"
+    more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+    return f"steps {', '.join(failed[:3])}{more} failed"
 
 
 def _refused(exc: M27Error) -> State:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from m27.events import RunSubmitted
+from m27.events import RunFailed, RunSubmitted
 from m27.store.sqlite import open_store
 from tests.e2e._helpers import prefect_log_messages
 from tests.waiting import wait_until
@@ -91,3 +91,24 @@ def test_a_run_id_another_run_has_is_refused(spec: Path, m27_home: Path) -> None
     assert "run_id: run r-1 is already in the event log" in second.message
     assert [s.run_id for s in _submitted(m27_home)] == ["r-1"]
     assert (spec.parent / "said.txt").read_text() == "one\n"
+
+
+def test_a_run_whose_steps_fail_names_every_one_in_file_order(
+    tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    """It said `step b failed` when a had failed too (the first to finish, not the list)."""
+    path = tmp_path / "two.yaml"
+    path.write_text(
+        "name: two\nsteps:\n"
+        "  - {name: a, type: cpu, command: 'sh -c \"sleep 0.3; exit 1\"'}\n"
+        "  - {name: b, type: cpu, command: 'false'}\n"
+        "  - {name: c, type: cpu, command: 'true'}\n"
+    )
+    state = _flow(spec_path=str(path))
+    assert state.is_failed()
+    store = open_store(m27_home)
+    try:
+        [failed] = [r.event for r in store.read() if isinstance(r.event, RunFailed)]
+    finally:
+        store.close()
+    assert (failed.failed_steps, failed.reason) == (("a", "b"), "steps a, b failed")
