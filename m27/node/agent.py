@@ -143,6 +143,7 @@ class Agent(ViewControl, GuestControl, FollowControl):
         self._guest_low: dict[StepKey, float] = {}
         self._pgids: dict[int, int | None] = {}
         self._recent: dict[int, tuple[int | None, float]] = {}  # pid -> (pgid, last held)
+        self._foreign: dict[int, int] = {}  # GPU -> bytes held outside m27, as last seen
         self._checked_at = -math.inf
         self._memory = {d.index: d.memory_total or 0 for d in backend.devices()}
         self._attach = getattr(backend, "attach", None)
@@ -303,7 +304,10 @@ class Agent(ViewControl, GuestControl, FollowControl):
         queue = queue_rows(self.book, decision, now, self.config)
         try:
             write_snapshot(
-                self.home, snapshot(samples, self.book, self.backend.kind, now, queue=queue)
+                self.home,
+                snapshot(
+                    samples, self.book, self.backend.kind, now, queue=queue, outside=self._foreign
+                ),
             )
         except OSError as exc:
             self._repeats(f"m27 agent: cannot write the GPU snapshot: {exc}")

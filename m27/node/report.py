@@ -215,9 +215,11 @@ def snapshot(
     at: float,
     pid: int | None = None,
     queue: Mapping[str, Any] | None = None,
+    outside: Mapping[int, int] | None = None,
 ) -> dict[str, Any]:
     """What ``gpus.json`` holds; with `queue` (:func:`queue_rows`) also the queue as of
-    the book's ``last_seq`` (``seq``)."""
+    the book's ``last_seq`` (``seq``), with `outside` each GPU's memory held by processes
+    m27 did not start (``outside_memory``)."""
     primaries, guests = occupancy(book)
     rows = []
     for s in samples:
@@ -225,6 +227,8 @@ def snapshot(
         row.update(
             backend=backend, primary=primaries.get(s.index, []), guests=guests.get(s.index, [])
         )
+        if outside is not None:
+            row["outside_memory"] = outside.get(s.index, 0)
         rows.append(row)
     pid = os.getpid() if pid is None else pid
     return {

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from m27.gpu import GpuSample
 from m27.node.book import Book, Held
-from m27.policy import GpuView, PolicyConfig, StepKey
+from m27.policy import OUTSIDE_MEMORY_MIN, GpuView, PolicyConfig, StepKey
 from m27.step import Channel
 
 #: seconds a step's process still counts as m27's after its lease ended (see _own_processes)
@@ -30,6 +30,9 @@ class ViewControl:
     _pgids: dict[int, int | None]
     _recent: dict[int, tuple[int | None, float]]
     _memory: dict[int, int]
+    #: per GPU, what processes m27 did not start hold when it reaches OUTSIDE_MEMORY_MIN
+    #: (else 0), for ``gpus.json``
+    _foreign: dict[int, int]
 
     def _views(self, samples: list[GpuSample], now: float) -> list[GpuView]:
         primaries = self.book.primaries()
@@ -57,6 +60,7 @@ class ViewControl:
                 for p in s.processes
                 if p.pid not in mine[0] and self._pgid(p.pid) not in mine[1]
             )
+            self._foreign[s.index] = foreign if foreign >= OUTSIDE_MEMORY_MIN else 0
             views.append(GpuView(s.index, total, s.memory_used, lost, util, since, foreign))
         return views
 

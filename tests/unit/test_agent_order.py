@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
-from m27.cli.commands import bump, queue
+from m27.cli.commands import bump, gpus, queue
 from m27.clock import FakeClock
 from m27.executors.local import StepLaunch, StepResult
 from m27.node.lease import AgentLease, run_leased
@@ -369,6 +369,8 @@ def test_a_gpu_held_by_a_process_m27_did_not_start_waits_for_it(
     assert "GPU 0 used outside m27 (60.0 GiB by processes m27 did not start)" in (
         capsys.readouterr().out
     )
+    assert gpus.run(argparse.Namespace(json=False, watch=None)) == 0
+    assert "outside m27 (60.0GiB)" in capsys.readouterr().out  # in the PRIMARY column
     backend.detach(0, foreign)  # type: ignore[attr-defined]
     h.cycle(1)
     assert [g.step for g in h.grants()] == ["first", "mine"]

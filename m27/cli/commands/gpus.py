@@ -107,6 +107,13 @@ def run(args: argparse.Namespace) -> int:
         source.close()
 
 
+def _outside(row: dict[str, Any]) -> str:
+    """`outside m27 (60.0GiB)` for a GPU that work m27 did not start holds (the agent
+    reports it once it is enough to leave the GPU to that work), else `-`."""
+    held = int(row.get("outside_memory") or 0)
+    return f"outside m27 ({format_size(held)})" if held and not row.get("guests") else "-"
+
+
 def _table(rows: list[dict[str, Any]], live_from: int | None, interval: float | None) -> None:
     if interval is not None:
         where = f"live from the agent (pid {live_from})" if live_from else "sampled here"
@@ -131,7 +138,7 @@ def _table(rows: list[dict[str, Any]], live_from: int | None, interval: float | 
             _memory(r),
             _fmt(r.get("temperature_c"), "{:.0f}C"),
             _fmt(r.get("power_w"), "{:.0f}W"),
-            ", ".join(r["primary"]) or "-",
+            ", ".join(r["primary"]) or _outside(r),
             ", ".join(r["guests"]) or "-",
         )
         for r in rows
