@@ -107,7 +107,32 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
         print("m27 run: give a pipeline FILE (or --resume RUN_ID)", file=sys.stderr)
         raise SystemExit(2)
     pipeline = load_pipeline(file, overrides)
+    if (
+        args.resume
+        and old.pipeline
+        and pipeline.name != old.pipeline
+        and not _same_file(str(pipeline.path), old.spec_path)
+    ):
+        # `--resume last` after another pipeline ran: that run's succeeded steps would be
+        # skipped here wherever a step has the same name (prep, train), and their
+        # checkpoints restored into other programs
+        print(
+            f"m27 run: run {old.run_id} is of pipeline {old.pipeline!r} ({old.spec_path}), "
+            f"{file} is pipeline {pipeline.name!r}; resume a run of {pipeline.name!r} (m27 "
+            f"runs), or, if {file} is {old.pipeline!r} renamed, give it `name: "
+            f"{old.pipeline}`",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     return pipeline, overrides, resume_of
+
+
+def _same_file(path: str, other: str | None) -> bool:
+    """Whether two paths name one file (the same pipeline file, its `name:` edited)."""
+    try:
+        return other is not None and os.path.samefile(path, other)
+    except OSError:
+        return False
 
 
 def _claim_outputs(pipeline: Pipeline, run_id: str) -> OutputLocks | None:

@@ -1,0 +1,61 @@
+"""`m27 run FILE --resume RUN` with RUN of another pipeline (`--resume last` after some
+other pipeline ran): its succeeded steps would have been skipped wherever FILE has a step
+of the same name, and their checkpoints restored into other programs."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import pytest
+
+from m27.cli.commands import run
+from m27.events import RunFailed, RunSubmitted, StepSucceeded
+from m27.spec import Pipeline
+from m27.store.sqlite import open_store
+
+STEP = "  - {name: prep, type: cpu, command: 'true'}\n"
+
+
+def _ran(home: Path, spec: Path, pipeline: str) -> None:
+    """A finished run of `pipeline` from `spec` whose step prep succeeded."""
+    now = time.time()
+    store = open_store(home)
+    store.append(
+        [
+            RunSubmitted(now, "r1", pipeline=pipeline, spec_path=str(spec), steps=("prep",)),
+            StepSucceeded(now, "r1", "prep", 1, 0.1),
+            RunFailed(now, "r1", 0.1, reason="stopped"),
+        ]
+    )
+    store.close()
+
+
+def _prepare(file: Path) -> tuple[Pipeline, dict[str, str], str | None]:
+    return run._prepare(argparse.Namespace(sets=[], resume="r1", file=str(file)))
+
+
+def test_a_run_of_another_pipeline_is_refused_with_both_names(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    md = tmp_path / "md.yaml"
+    md.write_text("name: md\nsteps:\n" + STEP)
+    other = tmp_path / "other.yaml"
+    other.write_text("name: other\nsteps:\n" + STEP)
+    _ran(m27_home, md, "md")
+    with pytest.raises(SystemExit) as exited:
+        _prepare(other)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"run r1 is of pipeline 'md' ({md}), {other} is pipeline 'other'" in err
+    assert "give it `name: md`" in err
+
+
+def test_the_same_file_with_its_name_edited_still_resumes(m27_home: Path, tmp_path: Path) -> None:
+    md = tmp_path / "md.yaml"
+    md.write_text("name: md\nsteps:\n" + STEP)
+    _ran(m27_home, md, "md")
+    md.write_text("name: md-v2\nsteps:\n" + STEP)
+    pipeline, _, resume_of = _prepare(md)
+    assert (pipeline.name, resume_of) == ("md-v2", "r1")
