@@ -14,6 +14,7 @@ import re
 
 from m27.events import RunSubmitted
 from m27.events.state import fold
+from m27.paths import same_file
 from m27.runids import RunIdError, resolve
 from m27.spec import FLOW_PARAMETERS, Pipeline, Problem, SpecError, load_pipeline, overrides_from
 from m27.store import EventStore
@@ -43,14 +44,23 @@ def fresh_run_id(store: EventStore, run_id: object) -> str:
     return run_id
 
 
-def resumed_run(store: EventStore, resume_of: object) -> str | None:
+def resumed_run(store: EventStore, resume_of: object, pipeline: Pipeline) -> str | None:
     """The run `resume_of` names (an id, a unique prefix or `last`, as `m27 run --resume`
-    takes), or None; SpecError when it names none or several."""
+    takes), or None; SpecError when it names none or several, or a run of another
+    pipeline (its succeeded steps would be skipped wherever `pipeline` has a step of the
+    same name; the same file with its `name:` edited is the same pipeline)."""
     if resume_of is None or resume_of == "":
         return None
     if not isinstance(resume_of, str):
         raise _refuse("resume_of", f"must be a run id, got {type(resume_of).__name__}")
+    runs = fold(store.read_runs((), outline=True)).runs
     try:
-        return resolve(resume_of, fold(store.read_runs((), outline=True)).runs)
+        found = resolve(resume_of, runs)
     except RunIdError as exc:
         raise _refuse("resume_of", str(exc)) from None
+    old = runs[found]
+    renamed = same_file(pipeline.path, old.spec_path)  # the same file, its `name:` edited
+    if old.pipeline and old.pipeline != pipeline.name and not renamed:
+        message = f"run {found} is of pipeline {old.pipeline!r}, not {pipeline.name!r}"
+        raise _refuse("resume_of", message)
+    return found

@@ -242,7 +242,7 @@ def pipeline_flow(
         store = open_store(home)
         if run_id:
             run_id = _params.fresh_run_id(store, run_id)
-        resume_of = _params.resumed_run(store, resume_of)
+        resume_of = _params.resumed_run(store, resume_of, pipeline)
     except (SpecError, ConfigError, StoreError) as exc:
         return _refused(exc)
     run_id = run_id or runids.from_flow_run(str(flow_run.id))

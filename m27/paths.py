@@ -31,6 +31,7 @@ __all__ = [
     "join_under",
     "m27_home",
     "name_problem",
+    "same_file",
     "slug",
     "user_home",
 ]
@@ -58,6 +59,14 @@ def name_problem(name: str) -> str | None:
             f"letter or digit (pattern {NAME_PATTERN})"
         )
     return None
+
+
+def same_file(path: str | os.PathLike[str], other: str | os.PathLike[str] | None) -> bool:
+    """Whether two paths name one existing file (links and `..` resolved by the kernel)."""
+    try:
+        return other is not None and str(other) != "" and os.path.samefile(path, other)
+    except OSError:
+        return False
 
 
 def slug(text: str) -> str:

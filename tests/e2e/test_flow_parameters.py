@@ -112,3 +112,17 @@ def test_a_run_whose_steps_fail_names_every_one_in_file_order(
     finally:
         store.close()
     assert (failed.failed_steps, failed.reason) == (("a", "b"), "steps a, b failed")
+
+
+def test_resume_of_a_run_of_another_pipeline_is_refused(
+    spec: Path, m27_home: Path, tmp_path: Path
+) -> None:
+    """Its succeeded `say` would have been skipped in a pipeline with a step `say` too."""
+    first = _flow(spec_path=str(spec), overrides={"MSG": "one"}, run_id="r-a")
+    assert first.is_completed(), first.message
+    other = tmp_path / "other.yaml"
+    other.write_text(PIPELINE.replace("name: params", "name: other"))
+    state = _flow(spec_path=str(other), overrides={"MSG": "two"}, resume_of="r-a")
+    assert state.is_failed()
+    assert "resume_of: run r-a is of pipeline 'params', not 'other'" in state.message
+    assert [s.run_id for s in _submitted(m27_home)] == ["r-a"]

@@ -22,7 +22,7 @@ from m27.cli.prefect_run import prefect_defaults, quiet_run_loggers, run_setting
 from m27.events import CancelRequested, RunFailed
 from m27.gpu import detect
 from m27.locks import OutputLocks
-from m27.paths import make_home
+from m27.paths import make_home, same_file
 from m27.signals import SignalRelay
 from m27.spec import Pipeline, Problem, load_pipeline, parse_set_args
 
@@ -111,7 +111,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
         args.resume
         and old.pipeline
         and pipeline.name != old.pipeline
-        and not _same_file(str(pipeline.path), old.spec_path)
+        and not same_file(str(pipeline.path), old.spec_path)
     ):
         # `--resume last` after another pipeline ran: that run's succeeded steps would be
         # skipped here wherever a step has the same name (prep, train), and their
@@ -125,14 +125,6 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
         )
         raise SystemExit(2)
     return pipeline, overrides, resume_of
-
-
-def _same_file(path: str, other: str | None) -> bool:
-    """Whether two paths name one file (the same pipeline file, its `name:` edited)."""
-    try:
-        return other is not None and os.path.samefile(path, other)
-    except OSError:
-        return False
 
 
 def _claim_outputs(pipeline: Pipeline, run_id: str) -> OutputLocks | None:
