@@ -55,14 +55,26 @@ class ViewControl:
                 self._low.pop(s.index, None)
             total = s.memory_total or self._memory.get(s.index, 0)
             lost = s.lost or s.index in self.book.lost_gpus
-            foreign = sum(
-                p.memory_used or 0
-                for p in s.processes
-                if p.pid not in mine[0] and self._pgid(p.pid) not in mine[1]
-            )
+            foreign = self._foreign_memory(s, mine)
             self._foreign[s.index] = foreign if foreign >= OUTSIDE_MEMORY_MIN else 0
             views.append(GpuView(s.index, total, s.memory_used, lost, util, since, foreign))
         return views
+
+    def _foreign_memory(self, s: GpuSample, mine: tuple[set[int], set[int | None]]) -> int:
+        """What processes m27 did not start hold on the GPU of `s`. NVML may not tell a
+        process's memory (another user's, without privileges): then it is what the GPU
+        holds beyond the memory of m27's own processes."""
+        foreign, own, unknown = 0, 0, False
+        for p in s.processes:
+            if p.pid in mine[0] or self._pgid(p.pid) in mine[1]:
+                own += p.memory_used or 0
+            elif p.memory_used is None:
+                unknown = True
+            else:
+                foreign += p.memory_used
+        if unknown and s.memory_used is not None:
+            foreign = max(foreign, s.memory_used - own)
+        return foreign
 
     def _own_processes(self, now: float) -> tuple[set[int], set[int | None]]:
         """The pids and process groups of m27's steps: those that hold a lease, and for a
