@@ -10,17 +10,12 @@ its Failed state, not a traceback.
 
 from __future__ import annotations
 
-import re
-
 from m27.events import RunSubmitted
 from m27.events.state import fold
-from m27.paths import same_file
+from m27.paths import name_problem, same_file
 from m27.runids import RunIdError, resolve
 from m27.spec import FLOW_PARAMETERS, Pipeline, Problem, SpecError, load_pipeline, overrides_from
 from m27.store import EventStore
-
-#: What a run id may be: a plain file name (it names folders under $M27_HOME).
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
 
 
 def _refuse(field: str, message: str) -> SpecError:
@@ -37,8 +32,10 @@ def pipeline_of(spec_path: object, overrides: object) -> Pipeline:
 
 def fresh_run_id(store: EventStore, run_id: object) -> str:
     """`run_id` when no run in the log has it yet; SpecError otherwise."""
-    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
-        raise _refuse("run_id", f"{run_id!r} is not a run id (letters, digits, '.', '_', '-')")
+    if not isinstance(run_id, str):
+        raise _refuse("run_id", f"must be a run id, got {type(run_id).__name__}")
+    if (why := name_problem(run_id)) is not None:  # it names folders under $M27_HOME
+        raise _refuse("run_id", f"{run_id!r} is not a run id: it {why}")
     if any(isinstance(r.event, RunSubmitted) for r in store.read_runs((run_id,))):
         raise _refuse("run_id", f"run {run_id} is already in the event log; leave run_id empty")
     return run_id
