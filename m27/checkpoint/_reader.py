@@ -85,18 +85,34 @@ def _runs(
     return out
 
 
+def _batches(runs: list[_Run]) -> list[list[_Run]]:
+    """`runs` in tasks of about RUN_BYTES each: a big array's runs one per task, small
+    arrays many to a task (10,000 arrays of 4 kB were 10,000 futures: 1.4 s to restore
+    40 MB)."""
+    out: list[list[_Run]] = []
+    total = RUN_BYTES
+    for run in runs:
+        n = run[3] - run[2]
+        if total + n > RUN_BYTES:
+            out.append([])
+            total = 0
+        out[-1].append(run)
+        total += n
+    return out
+
+
 def _read(path: Path, runs: list[_Run], workers: Workers | None) -> None:
     own = workers is None
     pool = Workers(default_threads(), "m27-ckpt-read") if workers is None else workers
     try:
         with PackReader(path.parent) as reader:
 
-            def read(run: _Run) -> None:
-                refs, flat, start, end, size = run
-                dest = flat[start:end] if flat is not None else _scratch(end - start)
-                reader.read_run(refs, dest, size)
+            def read(batch: list[_Run]) -> None:
+                for refs, flat, start, end, size in batch:
+                    dest = flat[start:end] if flat is not None else _scratch(end - start)
+                    reader.read_run(refs, dest, size)
 
-            pool.run_all(read, runs)
+            pool.run_all(read, _batches(runs))
     finally:
         if own:
             pool.close()
