@@ -45,6 +45,7 @@ __all__ = [
     "parse_pipeline",
     "parse_set_args",
     "problem_lines",
+    "yaml_shape_problem",
 ]
 
 #: Problems a person is shown as text; the rest are counted ("... and K more"), so a file
@@ -143,6 +144,20 @@ def parse_set_args(items: Sequence[str]) -> dict[str, str]:
     if problems:
         raise _error(problems, "command line")
     return out
+
+
+def yaml_shape_problem(text: str) -> str | None:
+    """`LINE:COLUMN: why` when a YAML document nests too deep, holds itself through an
+    alias or expands past its limit through aliases (see :mod:`m27.spec._shape`), for
+    other YAML files m27 reads (the site's slurm.yaml); None when it is fine to load."""
+    try:
+        root = _compose(text)
+    except RecursionError:
+        return f"1:1: nesting deeper than {MAX_DEPTH} levels"
+    if root is None or (bad := shape_problem(root, text, MAX_DEPTH)) is None:
+        return None
+    node, message = bad
+    return f"{node.start_mark.line + 1}:{node.start_mark.column + 1}: {message}"
 
 
 #: Where a problem with a flow run's parameters is said to be (Prefect's UI edits them).

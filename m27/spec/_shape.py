@@ -73,7 +73,7 @@ def shape_problem(root: Node, text: str, max_depth: int) -> tuple[Node, str] | N
         node = big
     return node, (
         f"aliases expand this to {size.get(id(node), 1):,} values, more than the {limit:,} a "
-        "pipeline file of this size may hold; write the values out or use fewer aliases"
+        "file of this size may hold; write the values out or use fewer aliases"
     )
 
 

@@ -171,6 +171,19 @@ def test_site_file_is_optional_and_must_be_a_mapping(tmp_path: Path) -> None:
         load_site_options(bad)
 
 
+def test_a_site_file_whose_aliases_explode_is_refused_before_it_is_loaded(tmp_path: Path) -> None:
+    """`<<:` merges of merges of a 9-key mapping: safe_load would copy 9^8 keys."""
+    rows = ["a: &a {k1: v, k2: v, k3: v, k4: v, k5: v, k6: v, k7: v, k8: v, k9: v}"]
+    for n, prev in zip("bcdefg", "abcdef", strict=True):
+        rows.append(f"{n}: &{n} {{<<: [{', '.join(['*' + prev] * 9)}]}}")
+    bomb = tmp_path / "slurm.yaml"
+    bomb.write_text("\n".join(rows) + "\n")
+    with pytest.raises(
+        ConfigError, match=r"slurm.yaml:6:12: aliases expand this to 1,144,072 values"
+    ):
+        load_site_options(bomb)
+
+
 def test_wants_gpus_sees_gpus_gres_and_extra_args() -> None:
     assert parse_options({"gpus": 1}, site={}).wants_gpus
     assert parse_options({"gres": "gpu:a100:2"}, site={}).wants_gpus

@@ -24,7 +24,7 @@ import yaml
 
 from m27._exceptions import ConfigError, SpecError
 from m27.config import m27_home
-from m27.spec import SLURM_KEYS
+from m27.spec import SLURM_KEYS, yaml_shape_problem
 from m27.units import parse_duration, parse_size
 
 #: Keys a ``slurm:`` mapping (or the site file, or a tier's entry) may hold; the table
@@ -99,6 +99,9 @@ def load_site_options(path: Path | None = None) -> Mapping[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc}", file=str(path)) from exc
     try:
+        # aliases of aliases would make safe_load take minutes or all memory
+        if (bad := yaml_shape_problem(text)) is not None:
+            raise ConfigError(f"{path}:{bad}", file=str(path))
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}", file=str(path)) from exc
