@@ -6,6 +6,7 @@ validation; a `run_id` another run has mixed both runs' events)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,16 @@ steps:
 
 
 def _flow(**params: Any) -> Any:
+    """The flow in this process, against the session's Prefect server. Its settings are
+    given here, not only through the environment: Prefect keeps the settings of its first
+    import, and a full test session imports it while collecting, before any test's
+    PREFECT_API_URL (the flow then started an ephemeral server of its own, and timed out)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from flows.pipeline import pipeline_flow
 
-    return pipeline_flow(**params, return_state=True)
+    with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
+        return pipeline_flow(**params, return_state=True)
 
 
 @pytest.fixture
