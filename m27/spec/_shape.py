@@ -5,9 +5,10 @@ of a node holding nine aliases of a node ... (the "billion laughs" file) is a fe
 characters that read as 9^9 values, and `<<:` merges of such mappings copy every value
 again. Anything that walks the tree (the depth check, the merge of `<<:` keys, the
 checker) would then take minutes or all memory, and `&a [*a]` holds itself: a walk never
-ends. So before anything walks it, each distinct node is visited once, with its height
-and its expanded size counted from its children's, and a document that nests too deep,
-expands too far or contains itself is refused with the place it happens.
+ends. So before anything else walks it, one walk with a budget of nodes settles a normal
+file; only a file that exhausts the budget or nests too deep is then measured node by
+node (each distinct node once, its height and expanded size from its children's) to say
+where it nests too deep, expands too far or contains itself.
 """
 
 from __future__ import annotations
