@@ -7,12 +7,14 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.services import free_port, start_prefect_server, wait_http
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,6 +22,31 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("M27_GPUS", "sim:2")
+
+
+#: the threads a flow run in the test process leaves behind (Prefect's log and events clients)
+PREFECT_WORKERS = frozenset({"APILogWorkerThread", "EventsWorkerThread"})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _prefect_workers_drained() -> Iterator[None]:
+    """After each module, stop the workers a flow run in this process left, as Prefect's
+    own test harness does. The events client keeps a websocket whose keepalive pings draw
+    from the global `random` every ten seconds for the rest of the session; Hypothesis
+    reads any change of that state during a draw as a strategy using `random`, and a
+    property test later in the session failed by chance."""
+    yield
+    if not PREFECT_WORKERS & {t.name for t in threading.enumerate()}:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=30)
+    EventsWorker.drain_all(timeout=30)
+    wait_until(
+        lambda: not PREFECT_WORKERS & {t.name for t in threading.enumerate()},
+        timeout=30, what="Prefect's log and events workers to stop",
+    )  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
