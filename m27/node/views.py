@@ -9,7 +9,7 @@ notebook, a job run by hand, which a GPU is then left to.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from m27.gpu import GpuSample
 from m27.node.book import Book, Held
@@ -18,6 +18,47 @@ from m27.step import Channel
 
 #: seconds a step's process still counts as m27's after its lease ended (see _own_processes)
 OWN_PROCESS_GRACE_S = 5.0
+
+
+def foreign_memory(s: GpuSample, own: Callable[[int], bool]) -> int:
+    """What the processes on the GPU of `s` that are not m27's own (`own(pid)` false) hold.
+    NVML may not tell a process's memory (another user's, without privileges): then it is
+    what the GPU holds beyond the memory of m27's own processes."""
+    foreign, mine, unknown = 0, 0, False
+    for p in s.processes:
+        if own(p.pid):
+            mine += p.memory_used or 0
+        elif p.memory_used is None:
+            unknown = True
+        else:
+            foreign += p.memory_used
+    if unknown and s.memory_used is not None:
+        foreign = max(foreign, s.memory_used - mine)
+    return foreign
+
+
+def outside_m27(samples: Iterable[GpuSample], held: Iterable[Held]) -> dict[int, int]:
+    """Per GPU, the memory of processes m27 did not start, once it reaches
+    :data:`~m27.policy.OUTSIDE_MEMORY_MIN` (else 0): what a command without the agent
+    (`m27 queue`, `m27 gpus`) knows of another user's work. The steps of the leases the
+    log holds (`held`, by pid or process group) are m27's own."""
+    held = list(held)
+    pids = {h.pid for h in held if h.pid is not None}
+    groups = {h.pgid for h in held if h.pgid is not None}
+
+    def own(pid: int) -> bool:
+        if pid in pids:
+            return True
+        try:
+            return os.getpgid(pid) in groups
+        except OSError:
+            return False
+
+    out = {}
+    for s in samples:
+        memory = foreign_memory(s, own)
+        out[s.index] = memory if memory >= OUTSIDE_MEMORY_MIN else 0
+    return out
 
 
 class ViewControl:
@@ -61,20 +102,8 @@ class ViewControl:
         return views
 
     def _foreign_memory(self, s: GpuSample, mine: tuple[set[int], set[int | None]]) -> int:
-        """What processes m27 did not start hold on the GPU of `s`. NVML may not tell a
-        process's memory (another user's, without privileges): then it is what the GPU
-        holds beyond the memory of m27's own processes."""
-        foreign, own, unknown = 0, 0, False
-        for p in s.processes:
-            if p.pid in mine[0] or self._pgid(p.pid) in mine[1]:
-                own += p.memory_used or 0
-            elif p.memory_used is None:
-                unknown = True
-            else:
-                foreign += p.memory_used
-        if unknown and s.memory_used is not None:
-            foreign = max(foreign, s.memory_used - own)
-        return foreign
+        """What processes m27 did not start hold on the GPU of `s` (see :func:`foreign_memory`)."""
+        return foreign_memory(s, lambda pid: pid in mine[0] or self._pgid(pid) in mine[1])
 
     def _own_processes(self, now: float) -> tuple[set[int], set[int | None]]:
         """The pids and process groups of m27's steps: those that hold a lease, and for a

@@ -49,6 +49,7 @@ class _Source:
     def rows(self) -> list[dict[str, Any]]:
         from m27.config import m27_home
         from m27.node.report import read_snapshot, sample_row
+        from m27.node.views import outside_m27
 
         snap = read_snapshot(m27_home())
         if snap is not None:
@@ -60,13 +61,17 @@ class _Source:
             self.backend.sample(time.time())  # the first NVML utilization is discarded
         samples = self.backend.sample(time.time())
         primaries, guests = _occupancy()
+        # a GPU without a lease in the log has no process of m27's: all of it is outside
+        outside = outside_m27(samples, ())
         rows = []
         for s in samples:
             row = sample_row(s)
+            mine = s.index in primaries or s.index in guests
             row.update(
                 backend=self.backend.kind,
                 primary=primaries.get(s.index, []),
                 guests=guests.get(s.index, []),
+                outside_memory=0 if mine else outside[s.index],
             )
             rows.append(row)
         return rows

@@ -5,8 +5,8 @@ While the node's agent runs, it is the queue the agent published with its last d
 has. Without a live agent the event log is folded and the agent's own
 :func:`m27.policy.decide` run on it, so the tiers, effective priorities and reasons shown
 are the ones the agent would act on (GPU utilization is not sampled then: a waiting
-step's reason never depends on it). The fold reads the whole log (1.7 s for 480k
-events); the published queue does not.
+step's reason never depends on it; the memory of processes m27 did not start is). The
+fold reads the whole log (1.7 s for 480k events); the published queue does not.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from m27.gpu import detect
 from m27.node.agent import policy_config
 from m27.node.book import BOOK_KINDS, Book, fold_book, policy_input
 from m27.node.report import queue_rows, read_snapshot
+from m27.node.views import outside_m27
 from m27.policy import Decision, GpuView, PolicyConfig
 from m27.tables import Col
 
@@ -36,12 +37,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _views(book: Book) -> list[GpuView]:
+    """The GPUs as the agent would see them, less utilization: memory, lost, and the memory
+    of processes m27 did not start (another user's job leaves its GPU to them)."""
     backend = detect()
     try:
-        devices = backend.devices()
+        samples = backend.sample(time.time())
     finally:
         backend.close()
-    return [GpuView(d.index, d.memory_total or 0, None, d.index in book.lost_gpus) for d in devices]
+    outside = outside_m27(samples, book.held.values())
+    return [
+        GpuView(
+            s.index, s.memory_total or 0, None,
+            s.lost or s.index in book.lost_gpus, foreign_memory=outside[s.index],
+        )
+        for s in samples
+    ]  # fmt: skip
 
 
 def _decide(book: Book, views: list[GpuView], now: float, cfg: PolicyConfig) -> Decision:
