@@ -79,10 +79,31 @@ def stop_event(signals: Iterable[int]) -> threading.Event:
 
     The event is set from the relay thread, microseconds after the handler ran, so a loop
     that checks ``is_set()`` sees it on its next round; waiting on it never misses it.
+    Asked again for the same signals while its handlers are still installed, it returns
+    the same event, set if the stop has come: a library and the program's own loop that
+    both ask both see it (a second relay took the first one's handlers, and the first
+    event was never set).
     """
-    event = threading.Event()
-    SignalRelay(lambda _signum: event.set()).install(signals)
-    return event
+    wanted = frozenset(int(s) for s in signals)
+    with _stops_lock:
+        known = _stops.get(wanted)
+        if known is not None:
+            relay, event = known
+            handlers = [signal.getsignal(s) for s in wanted]
+            if all(h is relay for h in handlers):
+                return event
+            if not any(h is relay for h in handlers):
+                relay.close()  # no signal reaches it any more: end its thread
+        event = threading.Event()
+        relay = SignalRelay(lambda _signum: event.set())
+        relay.install(wanted)
+        _stops[wanted] = (relay, event)
+        return event
+
+
+#: the relay and event :func:`stop_event` made per set of signals
+_stops: dict[frozenset[int], tuple[SignalRelay, threading.Event]] = {}
+_stops_lock = threading.Lock()
 
 
 def watch_stop(signals: Iterable[int] = STOP_SIGNALS) -> threading.Event:

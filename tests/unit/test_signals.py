@@ -117,6 +117,13 @@ def test_stop_event_is_set_by_its_signal(usr1_restored: None) -> None:
     assert stop.wait(10)
 
 
+def _no_watcher() -> None:
+    """TERM and USR1 as a fresh process has them: a stop event an earlier test made (and
+    set) is no longer installed, so watch_stop() makes a new one."""
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
 def test_watch_stop_is_set_by_what_m27_and_slurm_send_a_step(signum: signal.Signals) -> None:
     """TERM (`m27 cancel`, a timeout, preemption, scancel) and USR1 (Slurm's warning before
@@ -125,10 +132,38 @@ def test_watch_stop_is_set_by_what_m27_and_slurm_send_a_step(signum: signal.Sign
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
+        _no_watcher()
         stop = m27.watch_stop()
         assert not stop.is_set()
         os.kill(os.getpid(), signum)
         assert stop.wait(10)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def test_watch_stop_asked_twice_gives_one_event_that_the_signal_sets() -> None:
+    """A library and the program's own loop both call it: both see the stop. A second
+    call made a second relay that took the signals, and the first event was never set.
+    Once someone else takes the signals, the next call installs anew and the old relay's
+    thread ends."""
+    import m27
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        _no_watcher()
+        first, second = m27.watch_stop(), m27.watch_stop()
+        assert first is second
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert first.wait(10)
+        threads = sum(t.name == "m27-signals" for t in threading.enumerate())
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        third = m27.watch_stop()
+        assert third is not first and not third.is_set()
+        assert sum(t.name == "m27-signals" for t in threading.enumerate()) == threads
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert third.wait(10)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
