@@ -1,4 +1,4 @@
-"""Durations (`300s`, `5m`, `1h`, `50ms`) and sizes (`128KB`, `8GiB`) as users write them.
+"""Durations (`300s`, `5m`, `1h30m`, `50ms`) and sizes (`128KB`, `8GiB`) as users write them.
 
 KB/MB/GB are read as powers of 1024, like the seed's `diff_threshold = 128KB` meant; the
 IEC spellings KiB/MiB/GiB mean the same. A bare number is seconds or bytes.
@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import re
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*", re.IGNORECASE)
+#: largest first: the order the parts of a compound duration (`1h30m`) come in
+_DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_DURATION_FORMS = "use e.g. 50ms, 300s, 5m, 1h30m"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
@@ -22,11 +25,29 @@ def parse_duration(text: str | int | float) -> float:
         if text < 0:
             raise ValueError(f"a duration cannot be negative: {text!r}")
         return float(text)
-    match = _DURATION.match(str(text))
-    if not match:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 50ms, 300s, 5m, 1h)")
-    value, unit = match.groups()
-    return float(value) * _DURATION_UNITS[(unit or "s").lower()]
+    text = str(text)
+    bare = _SECONDS.match(text)
+    if bare:
+        return float(bare[1])
+    # parts from days down to milliseconds, as format_duration writes them (`2h03m`)
+    total, pos, last = 0.0, len(text) - len(text.lstrip()), -1
+    order = list(_DURATION_UNITS)
+    while pos < len(text):
+        part = _DURATION_PART.match(text, pos)
+        if part is None:
+            raise ValueError(f"not a duration: {text!r} ({_DURATION_FORMS})")
+        unit = part[2].lower()
+        if order.index(unit) <= last:
+            raise ValueError(
+                f"not a duration: {text!r} (the parts go from days down to milliseconds, "
+                f"each once: {_DURATION_FORMS})"
+            )
+        last = order.index(unit)
+        total += float(part[1]) * _DURATION_UNITS[unit]
+        pos = part.end()
+    if last < 0:
+        raise ValueError(f"not a duration: {text!r} ({_DURATION_FORMS})")
+    return total
 
 
 def parse_size(text: str | int) -> int:

@@ -12,6 +12,7 @@ import pytest
 from m27._exceptions import SpecError
 from m27.cli.commands import validate
 from m27.spec import Pipeline, Step, load_pipeline, overrides_from, parse_pipeline
+from m27.units import format_duration, parse_duration
 from tests.seed import SEED
 
 
@@ -171,7 +172,11 @@ def test_vars_default_is_not_itself_a_template(tmp_path: Path) -> None:
         ("checkpoint", "5m", 300.0),
         ("checkpoint", "1h", 3600.0),
         ("checkpoint", "90", 90.0),
+        ("checkpoint", "5m00s", 300.0),  # as `m27 validate` writes it back
         ("timeout", "1.5", 1.5),
+        ("timeout", "1h30m", 5400.0),
+        ("timeout", "1d 12h", 129600.0),
+        ("timeout", "2h03m", 7380.0),
         ("gpu_memory", "128KB", 128 * 1024),
         ("gpu_memory", "8GiB", 8 * 1024**3),
         ("gpu_memory", "512MiB", 512 * 1024**2),
@@ -183,6 +188,29 @@ def test_durations_and_sizes_are_parsed(
 ) -> None:
     step = _one_step(tmp_path, f"type: gpu\ncommand: x\n{field}: {written}")
     assert getattr(step, field) == expected
+
+
+@pytest.mark.parametrize(
+    ("written", "problem"),
+    [
+        ("30m1h", "the parts go from days down to milliseconds, each once"),
+        ("5m5m", "the parts go from days down to milliseconds, each once"),
+        ("1h30", "use e.g. 50ms, 300s, 5m, 1h30m"),
+        ("5 minutes", "use e.g. 50ms, 300s, 5m, 1h30m"),
+    ],
+)
+def test_a_compound_duration_out_of_order_or_unfinished_is_refused(
+    tmp_path: Path, written: str, problem: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        _one_step(tmp_path, f"type: gpu\ncommand: x\ntimeout: {written}")
+    assert f"p.yaml:5:14: pipeline[0].timeout: not a duration: '{written}' (" in str(caught.value)
+    assert problem in str(caught.value)
+
+
+def test_every_duration_m27_prints_reads_back_as_itself() -> None:
+    for seconds in (0.25, 12.5, 245.0, 3600.0, 7380.0, 90000.0):
+        assert parse_duration(format_duration(seconds)) == seconds
 
 
 def test_plain_scalars_are_taken_as_written_not_as_yaml_types(tmp_path: Path) -> None:
