@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import sys
 from collections.abc import Iterable
@@ -105,6 +107,32 @@ def slurm_problems(pipeline: Pipeline) -> list[Problem]:
                     break
                 del options[exc.context["key"]]
     return problems
+
+
+def missing_programs(pipeline: Pipeline) -> list[str]:
+    """A line for each step run here whose program is on no folder of its PATH (a typo,
+    an environment not activated): the step would fail `command not found` when it starts,
+    which may be hours into the run. Only a bare name is looked up, as the step would look
+    it up; a path (`./sim`) may be what an earlier step builds, a shell command or a
+    container has its own lookup, and a Slurm step runs on another node."""
+    lines = []
+    shown = os.path.relpath(pipeline.path)  # as problems name it: the file as given
+    shown = str(pipeline.path) if shown.startswith("..") else shown
+    for step in pipeline.steps:
+        if step.shell or step.container or step.executor != "local" or not step.argv:
+            continue
+        program = step.argv[0]
+        if "/" in program or program in ("python", "python3"):  # python: m27's own
+            continue
+        path = step.env.get("PATH", os.environ.get("PATH", os.defpath))
+        if shutil.which(program, path=path) is None:
+            where = "its env's PATH" if "PATH" in step.env else "PATH"
+            lines.append(
+                f"{shown}:{step.line}: step {step.name}: {program!r} is not on "
+                f"{where} here; the step fails `command not found: {program}` when it "
+                "starts, unless an earlier step installs it"
+            )
+    return lines
 
 
 def find_run(state: NodeState, prefix: str) -> RunState:

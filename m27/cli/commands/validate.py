@@ -57,7 +57,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check a pipeline file: print 'OK' and the step order, or every problem as
-    file:line:column: field: message (exit status 2)."""
+    file:line:column: field: message (exit status 2). A note names a step whose program
+    is not on PATH here (still OK: an earlier step may install it)."""
     try:
         pipeline = load_pipeline(args.file, parse_set_args(args.set_vars))
     except SpecError as exc:
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{len(problems)} problem(s) found", file=sys.stderr)
         return 2
     order = pipeline.topo_order()
+    notes = _common.missing_programs(pipeline)
     if args.json:
         steps = [
             {
@@ -96,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
             }
             for s in pipeline.steps
         ]
-        result = {"ok": True, "pipeline": pipeline.name, "order": order, "steps": steps}
+        result = {
+            "ok": True, "pipeline": pipeline.name, "order": order, "steps": steps,
+            "notes": notes,
+        }  # fmt: skip
         print(json.dumps(result))
     else:
         print(f"OK: pipeline {pipeline.name!r} ({count(len(pipeline.steps), 'step')})")
@@ -104,4 +109,6 @@ def run(args: argparse.Namespace) -> int:
         for s in pipeline.steps:
             for line in explain_checkpoint(s, pipeline.workdir).lines(s.name):
                 print(line)
+        for note in notes:
+            print(_safe(f"note: {note}"))
     return 0
