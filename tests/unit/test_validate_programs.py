@@ -83,3 +83,26 @@ def test_what_cannot_be_looked_up_here_is_not_noted(
     )
     assert _validate(path) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_many_steps_of_one_missing_program_make_one_note_and_many_programs_a_few(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 5,000-step sweep of one misspelt program printed 5,000 notes."""
+    monkeypatch.chdir(tmp_path)
+    steps = "".join(f"  - {{name: s{i}, type: cpu, command: '{MISSING} {i}'}}\n" for i in range(50))
+    path = _pipeline(tmp_path, steps)
+    assert _validate(path) == 0
+    (note,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert note == (
+        f"note: p.yaml:3: steps s0, s1, s2 and 47 more: '{MISSING}' is not on PATH here; they "
+        f"fail `command not found: {MISSING}` when they start, unless an earlier step installs it"
+    )
+    steps = "".join(f"  - {{name: s{i}, type: cpu, command: '{MISSING}-{i}'}}\n" for i in range(50))
+    path = _pipeline(tmp_path, steps)
+    assert _validate(path) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 11
+    assert notes[-1] == "note: ... and 40 more (`m27 validate --json` lists all)"
+    assert _validate(path, "--json") == 0
+    assert len(json.loads(capsys.readouterr().out)["notes"]) == 50

@@ -110,14 +110,12 @@ def slurm_problems(pipeline: Pipeline) -> list[Problem]:
 
 
 def missing_programs(pipeline: Pipeline) -> list[str]:
-    """A line for each step run here whose program is on no folder of its PATH (a typo,
-    an environment not activated): the step would fail `command not found` when it starts,
-    which may be hours into the run. Only a bare name is looked up, as the step would look
-    it up; a path (`./sim`) may be what an earlier step builds, a shell command or a
-    container has its own lookup, and a Slurm step runs on another node."""
-    lines = []
-    shown = os.path.relpath(pipeline.path)  # as problems name it: the file as given
-    shown = str(pipeline.path) if shown.startswith("..") else shown
+    """A line for each program that steps run here would find on no folder of their PATH
+    (a typo, an environment not activated): such a step fails `command not found` when it
+    starts, which may be hours into the run. Only a bare name is looked up, as the step
+    would look it up; a path (`./sim`) may be what an earlier step builds, a shell command
+    or a container has its own lookup, and a Slurm step runs on another node."""
+    missing: dict[tuple[str, str], list[Step]] = {}
     for step in pipeline.steps:
         if step.shell or step.container or step.executor != "local" or not step.argv:
             continue
@@ -127,12 +125,36 @@ def missing_programs(pipeline: Pipeline) -> list[str]:
         path = step.env.get("PATH", os.environ.get("PATH", os.defpath))
         if shutil.which(program, path=path) is None:
             where = "its env's PATH" if "PATH" in step.env else "PATH"
-            lines.append(
-                f"{shown}:{step.line}: step {step.name}: {program!r} is not on "
-                f"{where} here; the step fails `command not found: {program}` when it "
-                "starts, unless an earlier step installs it"
-            )
+            missing.setdefault((program, where), []).append(step)
+    shown = os.path.relpath(pipeline.path)  # as problems name it: the file as given
+    shown = str(pipeline.path) if shown.startswith("..") else shown
+    lines = []
+    for (program, where), steps in missing.items():
+        names = ", ".join(s.name for s in steps[:MISSING_SHOWN])
+        if len(steps) > MISSING_SHOWN:
+            names += f" and {len(steps) - MISSING_SHOWN} more"
+        fails = "the step fails" if len(steps) == 1 else "they fail"
+        starts = "it starts" if len(steps) == 1 else "they start"
+        lines.append(
+            f"{shown}:{steps[0].line}: {'step' if len(steps) == 1 else 'steps'} {names}: "
+            f"{program!r} is not on {where} here; {fails} `command not found: {program}` "
+            f"when {starts}, unless an earlier step installs it"
+        )
     return lines
+
+
+#: steps named in one note of :func:`missing_programs` (then "and N more")
+MISSING_SHOWN = 3
+#: notes a terminal is shown (`m27 validate --json` has them all)
+NOTES_SHOWN = 10
+
+
+def shown_notes(notes: list[str]) -> list[str]:
+    """The first :data:`NOTES_SHOWN` notes, and how many more there are."""
+    if len(notes) <= NOTES_SHOWN:
+        return notes
+    more = len(notes) - NOTES_SHOWN
+    return [*notes[:NOTES_SHOWN], f"... and {more} more (`m27 validate --json` lists all)"]
 
 
 def find_run(state: NodeState, prefix: str) -> RunState:

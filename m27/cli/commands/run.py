@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     if problems := problems + _container_problems(pipeline):
         print("\n".join(f"m27: {p}" for p in problems), file=sys.stderr)
         return 2
-    for note in _common.missing_programs(pipeline):
+    for note in _common.shown_notes(_common.missing_programs(pipeline)):
         print(f"m27: note: {note}", file=sys.stderr)
     from m27.config import load_settings
 

@@ -109,6 +109,6 @@ def run(args: argparse.Namespace) -> int:
         for s in pipeline.steps:
             for line in explain_checkpoint(s, pipeline.workdir).lines(s.name):
                 print(line)
-        for note in notes:
+        for note in _common.shown_notes(notes):
             print(_safe(f"note: {note}"))
     return 0
