@@ -10,9 +10,11 @@ arguments: see docs/pipelines.md and :mod:`m27.spec._template`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import math
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +24,7 @@ from yaml.nodes import Node
 
 from m27._exceptions import SpecError
 from m27.spec._check import Checker
-from m27.spec._limits import SLURM_KEYS
+from m27.spec._limits import FILE_BYTES_MAX, SLURM_KEYS
 from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Problem, Step
 from m27.spec._nodes import MAX_PROBLEMS
 from m27.spec._shape import shape_problem
@@ -30,6 +32,7 @@ from m27.spec._template import VAR_NAME
 
 __all__ = [
     "EXECUTORS",
+    "FILE_BYTES_MAX",
     "FLOW_PARAMETERS",
     "MAX_DEPTH",
     "MAX_PROBLEMS",
@@ -62,7 +65,7 @@ _RETRY_LIMIT = 256 * 1024
 def load_pipeline(path: str | Path, overrides: Mapping[str, str] | None = None) -> Pipeline:
     """Read, validate and render the pipeline file at `path`; raises SpecError."""
     try:
-        data = Path(path).read_bytes()
+        data = _read(Path(path))
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if str(path) == "-" and not Path(path).exists():
@@ -76,6 +79,29 @@ def load_pipeline(path: str | Path, overrides: Mapping[str, str] | None = None) 
     except UnicodeDecodeError as exc:
         raise _error([_not_utf8(str(path), data, exc)], path) from None
     return parse_pipeline(text, path, overrides)
+
+
+def _read(path: Path) -> bytes:
+    """The file's bytes. A FIFO, `/dev/zero` or a socket is refused before it is opened
+    (opening a FIFO waits for a writer; `/dev/zero` never ends), and a file of more than
+    FILE_BYTES_MAX before it is read whole."""
+    import stat
+
+    mode = path.stat().st_mode  # follows links, as open() does
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+    if not stat.S_ISREG(mode):
+        if stat.S_ISFIFO(mode):  # `<(generate.sh)` too: the file is needed again (above)
+            reason = "it is a pipe; m27 reads a pipeline from a file (save it first)"
+        else:
+            reason = "it is a device or a socket, not a pipeline file"
+        raise OSError(errno.EINVAL, reason)
+    with path.open("rb") as f:
+        data = f.read(FILE_BYTES_MAX + 1)
+    if len(data) > FILE_BYTES_MAX:
+        mib = FILE_BYTES_MAX // (1024 * 1024)
+        raise OSError(errno.EFBIG, f"it is larger than {mib} MiB: not a pipeline file")
+    return data
 
 
 def parse_pipeline(

@@ -33,6 +33,9 @@ SLURM_KEYS = (
     "tier",
     "tiers",
 )
+#: Largest pipeline file read: 100,000 steps take ~6 MB; more is a wrong file (a log, an
+#: image), read whole into memory before anything could say so.
+FILE_BYTES_MAX = 64 * 1024 * 1024
 #: Upper bounds of counts: far above any real use, low enough that nothing overflows.
 RETRIES_MAX = 1000
 GPUS_MAX = 1024
