@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -30,6 +31,16 @@ def load(name: str) -> ModuleType:
 prepare, md, analyze = load("prepare"), load("md"), load("analyze")
 
 SMALL_INPUT = "cells = 3   # 108 atoms\ndensity = 0.8442\ntemperature = 1.5\nseed = 5\n"
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_restored() -> Iterator[None]:
+    """md.main() calls m27.watch_stop(), which takes TERM and USR1 in this process: without
+    this the test session no longer died at SIGTERM (the relay set an event nobody read)."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for s, handler in previous.items():
+        signal.signal(s, handler)
 
 
 @pytest.fixture(autouse=True)
