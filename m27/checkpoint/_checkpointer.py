@@ -199,17 +199,17 @@ class Checkpointer:
             raise CheckpointError(
                 f"state values must be arrays or JSON-able: {exc} (keys {sorted(values)})"
             ) from exc
-        total = sum(
+        sizes = [
             _chunks.changed_bytes(p.plan.changed, p.plan.nbytes, self.chunk_size) for p in pending
-        )
+        ]
+        total = sum(sizes)
         on_device = any(p.on_device for p in pending)
         buffer = staging.reserve(total, gpu.differ().pinned_empty if on_device else None)
         pos = 0
         seen: dict[str, _Seen] = {}
-        for p in pending:
+        for p, size in zip(pending, sizes, strict=True):
             plan = p.plan
             plan.offset = pos
-            size = _chunks.changed_bytes(plan.changed, plan.nbytes, self.chunk_size)
             if p.on_device:
                 with gpu.differ().cp.cuda.Device(plan.device):
                     gpu.differ().copy_changed(

@@ -217,6 +217,9 @@ def runs(indices: npt.NDArray[np.int64]) -> list[tuple[int, int]]:
     """Sorted chunk indices as [first, last] runs of consecutive chunks (one copy per run)."""
     if indices.size == 0:
         return []
+    first, last = int(indices[0]), int(indices[-1])
+    if last - first == indices.size - 1:  # sorted and distinct: one run (a small or dense array)
+        return [(first, last)]
     breaks = np.flatnonzero(np.diff(indices) != 1)
     starts = np.concatenate(([0], breaks + 1))
     ends = np.concatenate((breaks, [indices.size - 1]))

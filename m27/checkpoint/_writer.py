@@ -14,6 +14,7 @@ to it, and the caller starts again with a full save.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import queue
@@ -86,8 +87,10 @@ class ArrayPlan:
     fresh: bool
     hashes: npt.NDArray[np.uint64] | None = None
 
-    @property
+    @functools.cached_property
     def key(self) -> tuple[Any, ...]:
+        """What must match the last save for its fingerprints to apply (computed once: a
+        save asks twice per array, and a state may hold 100,000 small ones)."""
         return (json.dumps(self.dtype), self.shape, self.nbytes, self.chunk_size, self.device)
 
 

@@ -235,3 +235,18 @@ def test_neighbouring_chunks_from_different_packs_are_read_from_their_own_pack(
     with Checkpointer(tmp_path, chunk_size=CHUNK) as ck:
         got = ck.restore()
     assert got is not None and got[1] == 2 and np.array_equal(got[0]["x"], x)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sets(st.integers(0, 200), max_size=60))
+def test_runs_are_the_stretches_of_consecutive_chunks(chosen: set[int]) -> None:
+    """One (first, last) per stretch of consecutive indices, in order: the copy plan. A
+    single stretch (a small array, or every chunk changed) is found without a pass."""
+    indices = np.array(sorted(chosen), dtype=np.int64)
+    expected: list[tuple[int, int]] = []
+    for i in sorted(chosen):
+        if expected and expected[-1][1] == i - 1:
+            expected[-1] = (expected[-1][0], i)
+        else:
+            expected.append((i, i))
+    assert _chunks.runs(indices) == expected
