@@ -269,7 +269,7 @@ def test_an_os_error_outside_the_home_names_the_path_and_exits_1(m27_home: Path)
         (["cancel", "r", "--wait", "-1"], "argument --wait: '-1': give a number of seconds"),
         (["simulate", "lab", "--gpus", "0"], "argument --gpus: '0': give a whole number from 1"),
         (["simulate", "lab", "--jobs", "-5"], "argument --jobs: '-5': give a whole number of 1"),
-        (["simulate", "lab", "--load", "nan"], "argument --load: 'nan': give a finite number"),
+        (["simulate", "lab", "--load", "nan"], "argument --load: 'nan': give a number from 0.01"),
     ],
 )
 def test_a_number_no_wait_or_model_can_use_is_refused_by_argparse(

@@ -4,6 +4,7 @@ an event log replayed on the GPU count of the node that wrote it."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ from m27.store.sqlite import SqliteEventStore
     [
         ("lab:seed=x", "lab:seed=x: seed must be a whole number, e.g. lab:seed=3, not 'x'"),
         ("lab:sed=1", "unknown option 'sed'; did you mean 'seed'?"),
-        ("lab:load=0", "load must be a number > 0"),
+        ("lab:load=0", "load must be a number above 0 and at most 100"),
+        # 10^11 jobs: the command never returned
+        ("lab:load=1e9", "lab:load=1e9: load must be a number above 0 and at most 100"),
     ],
 )
 def test_a_bad_lab_option_is_a_clean_error(
@@ -28,6 +31,29 @@ def test_a_bad_lab_option_is_a_clean_error(
     assert main(["simulate", trace]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and "invalid literal" not in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_a_trace_that_is_not_a_file_is_refused_at_once(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reading a FIFO waited forever for a writer; /dev/zero never ended."""
+    trace = tmp_path / "t.jsonl"
+    if kind == "fifo":
+        os.mkfifo(trace)
+    else:
+        trace = Path(kind)
+    assert main(["simulate", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"m27: {trace} is a pipe or a device (save the trace first), not a trace file\n"
+
+
+def test_an_alibaba_load_out_of_range_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """--load 1e-300 printed a makespan of 10^300 hours."""
+    with pytest.raises(SystemExit) as exited:
+        main(["simulate", "x.csv", "--load", "1e-300"])
+    assert exited.value.code == 2
+    assert "argument --load: '1e-300': give a number from 0.01 to 100" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -76,12 +76,16 @@ def whole(*, least: int, most: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def positive(text: str) -> float:
-    """An argparse ``type`` for a finite number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number above 0")
-    return value
+def number(*, least: float, most: float) -> Callable[[str], float]:
+    """An argparse ``type`` for a finite number from `least` to `most`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a number from {least:g} to {most:g}")
+        return value
+
+    return parse

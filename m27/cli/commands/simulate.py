@@ -10,11 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 from m27._exceptions import SpecError
 from m27.cli.commands import SUMMARY
-from m27.cli.commands._options import positive, whole
+from m27.cli.commands._options import number, whole
 from m27.units import count, parse_duration
 
 if TYPE_CHECKING:
     from m27.sim.trace import Trace
+
+
+#: Highest offered load (the lab week's, Alibaba's --load): the lab week's jobs grow with it
+#: (~118 per unit; 100: ~12,000 jobs); lab:load=1e9 asked for 10^11 jobs and never returned.
+LOAD_MAX = 100.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,7 +45,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per policy")
     p.add_argument("--window", default=None, help="window for busy %% and jobs done (72h)")
     p.add_argument("--jobs", type=whole(least=1), default=2000, help="Alibaba: GPU pods to take")
-    p.add_argument("--load", type=positive, default=0.9, help="Alibaba: offered load on the node")
+    p.add_argument(
+        "--load",
+        type=number(least=0.01, most=LOAD_MAX),
+        default=0.9,
+        help=f"Alibaba: offered load on the node (0.01 to {LOAD_MAX:g})",
+    )
     p.add_argument("--save-trace", type=Path, default=None, help="also write the trace (JSONL)")
     p.set_defaults(func=run)
 
@@ -103,6 +113,9 @@ def _load(args: argparse.Namespace) -> Trace:
     path = Path(args.trace)
     if not path.exists():
         raise SpecError(f"no such trace: {path}", file=str(path))
+    if not path.is_file():  # a FIFO waited for a writer forever, /dev/zero never ended
+        what = "a folder" if path.is_dir() else "a pipe or a device (save the trace first)"
+        raise SpecError(f"{path} is {what}, not a trace file", file=str(path))
     if kind == "alibaba":
         jobs = load_alibaba(path, limit=args.jobs)
         return scale_to_node(jobs, gpus=args.gpus or 8, load=args.load)
@@ -126,7 +139,10 @@ def _node_gpus(records: list[Any]) -> int | None:
     return counts[-1] if counts and counts[-1] > 0 else None
 
 
-_LAB_KEYS = {"seed": "a whole number, e.g. lab:seed=3", "load": "a number > 0, e.g. lab:load=1.2"}
+_LAB_KEYS = {
+    "seed": "a whole number, e.g. lab:seed=3",
+    "load": f"a number above 0 and at most {LOAD_MAX:g}, e.g. lab:load=1.2",
+}
 
 
 def _lab_options(text: str) -> tuple[int, float]:
@@ -149,7 +165,7 @@ def _lab_options(text: str) -> tuple[int, float]:
                 seed = int(value)
             else:
                 load = float(value)
-                if not load > 0:
+                if not 0 < load <= LOAD_MAX:
                     raise ValueError
         except ValueError:
             raise SpecError(
