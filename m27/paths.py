@@ -55,7 +55,7 @@ def name_problem(name: str) -> str | None:
         return f"is {len(name)} characters long; at most {NAME_MAX} are allowed"
     if not _NAME.match(name):
         return (
-            "may hold only letters, digits, '.', '_' and '-', and must start with a "
+            "may hold only ASCII letters, digits, '.', '_' and '-', and must start with a "
             f"letter or digit (pattern {NAME_PATTERN})"
         )
     return None
