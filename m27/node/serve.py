@@ -226,6 +226,13 @@ def serve(
         info = _replace(
             info, gpu_backend=agent.backend.kind, gpu_count=len(devices), gpu_memory=sim_memory
         )
+        if lab is None and port is not None and not service.can_listen(port):
+            # Prefect's own words in server.log were "Invalid host" and a flag of its CLI
+            warn(
+                f"m27 agent: port {port} on 127.0.0.1 is in use; choose another with --port, "
+                "or leave --port out (the node's last port while free, else a free one)"
+            )
+            return 2
         if lab is None:
             server = PrefectServer(home / "prefect", port or service.node_port(home), log)
             info = _replace(info, url=server.url, port=server.port)

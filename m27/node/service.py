@@ -119,7 +119,7 @@ def node_port(home: Path) -> int:
         last = int(path.read_text())
     except (OSError, ValueError):
         last = 0
-    if 0 < last < 65536 and _can_listen(last):
+    if 0 < last < 65536 and can_listen(last):
         return last
     port = free_port()
     with contextlib.suppress(OSError):  # not remembered: the next start picks another
@@ -128,7 +128,7 @@ def node_port(home: Path) -> int:
     return port
 
 
-def _can_listen(port: int) -> bool:
+def can_listen(port: int) -> bool:
     """Whether a server could listen on 127.0.0.1:`port` now (with SO_REUSEADDR, as
     uvicorn binds: a port in TIME_WAIT after the last server stopped is still usable)."""
     with socket.socket() as s:

@@ -270,13 +270,15 @@ def test_an_os_error_outside_the_home_names_the_path_and_exits_1(m27_home: Path)
         (["simulate", "lab", "--gpus", "0"], "argument --gpus: '0': give a whole number from 1"),
         (["simulate", "lab", "--jobs", "-5"], "argument --jobs: '-5': give a whole number of 1"),
         (["simulate", "lab", "--load", "nan"], "argument --load: 'nan': give a number from 0.01"),
+        (["agent", "--port", "99999"], "argument --port: '99999': give a whole number from 1"),
     ],
 )
 def test_a_number_no_wait_or_model_can_use_is_refused_by_argparse(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # `m27 gpus --watch inf` died in time.sleep with OverflowError; `nan` and `0` redrew
-    # the table in a loop that spun a core; `simulate --load nan` simulated NaN arrivals
+    # the table in a loop that spun a core; `simulate --load nan` simulated NaN arrivals;
+    # `agent --port 99999` started, then stopped with "crash watch: ExceptionGroup"
     with pytest.raises(SystemExit) as stopped:
         main(argv)
     assert stopped.value.code == 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -70,3 +72,23 @@ def test_the_prefect_server_keeps_its_port_across_restarts_while_it_is_free(
         second = service.node_port(tmp_path)
         assert second != first
     assert service.node_port(tmp_path) == second  # the new one is remembered
+
+
+def test_a_port_in_use_given_with_port_is_refused_by_name(tmp_path: Path) -> None:
+    """`m27 agent serve --port P` with another program on P: the service said "the Prefect
+    server did not start; see server.log", whose lines were Prefect's ("Invalid host")."""
+    env = {**os.environ, "M27_HOME": str(tmp_path / "home"), "M27_GPUS": "sim:1"}
+    env.pop("PREFECT_API_URL", None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "m27.cli", "agent", "serve", "--port", str(port)],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"m27 agent: port {port} on 127.0.0.1 is in use; choose another with --port" in (
+        done.stdout + done.stderr
+    )
+    assert not (tmp_path / "home" / "prefect" / "server.log").exists()  # no server tried

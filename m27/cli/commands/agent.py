@@ -19,6 +19,7 @@ from pathlib import Path
 
 from m27._exceptions import ConfigError
 from m27.cli.commands import SUMMARY, _common
+from m27.cli.commands._options import whole
 from m27.cli.warm import runner_pid
 from m27.config import load_settings, m27_home
 from m27.events import Event, RunSubmitted
@@ -52,7 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="status as JSON")
     p.add_argument(
         "--port",
-        type=int,
+        type=whole(least=1, most=65535),
         help="the Prefect server's port (default: the one it had last time, while free)",
     )
     p.add_argument(
