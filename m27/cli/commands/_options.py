@@ -45,19 +45,7 @@ def seconds(*, least: float = 0.0, most: float = 86400.0) -> Callable[[str], flo
     """An argparse ``type`` for a number of seconds from `least` to `most`: ``nan`` and
     ``inf`` are refused by name (``time.sleep(inf)`` raises, a ``nan`` wait returns at once
     and spins a core), so a bad value is argparse's one line, exit 2."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-        if not math.isfinite(value) or not least <= value <= most:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: give a number of seconds from {least:g} to {most:g}"
-            )
-        return value
-
-    return parse
+    return number(least=least, most=most, of="seconds")
 
 
 def whole(*, least: int, most: int | None = None) -> Callable[[str], int]:
@@ -76,16 +64,18 @@ def whole(*, least: int, most: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def number(*, least: float, most: float) -> Callable[[str], float]:
-    """An argparse ``type`` for a finite number from `least` to `most`."""
+def number(*, least: float, most: float, of: str = "") -> Callable[[str], float]:
+    """An argparse ``type`` for a finite number (`of` what: "seconds") from `least` to
+    `most`."""
+    what = f"a number of {of}" if of else "a number"
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
         if not math.isfinite(value) or not least <= value <= most:
-            raise argparse.ArgumentTypeError(f"{text!r}: give a number from {least:g} to {most:g}")
+            raise argparse.ArgumentTypeError(f"{text!r}: give {what} from {least:g} to {most:g}")
         return value
 
     return parse
