@@ -27,7 +27,7 @@ from m27._exceptions import ConfigError
 # (config_path and m27_home live in m27.paths now; re-exported where callers find them)
 from m27.paths import config_path as config_path
 from m27.paths import m27_home as m27_home
-from m27.paths import user_home
+from m27.paths import not_a_file, user_home
 from m27.units import parse_duration, parse_size
 
 
@@ -226,6 +226,11 @@ def _load_file(
 ) -> list[_Problem]:
     """Read `file` into `values`/`sources`; a file that does not parse raises at once,
     a bad section, key or value is returned (with the others) and left at its default."""
+    kind = not_a_file(file)
+    if kind is not None:  # a pipe (`M27_CONFIG=<(...)`) hung; every m27 process reads it
+        raise ConfigError(
+            f"cannot read the settings file {shown}: it is {kind}, not a file", file=str(file)
+        )
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,6 +32,7 @@ __all__ = [
     "join_under",
     "m27_home",
     "name_problem",
+    "not_a_file",
     "same_file",
     "slug",
     "user_home",
@@ -59,6 +61,22 @@ def name_problem(name: str) -> str | None:
             f"letter or digit (pattern {NAME_PATTERN})"
         )
     return None
+
+
+def not_a_file(path: str | os.PathLike[str]) -> str | None:
+    """What `path` is when it is not a regular file: ``"a folder"``, ``"a pipe"`` or ``"a
+    device or a socket"``; None for a regular file or one that cannot be looked at (opening
+    it then says why). A reader asks first because opening a pipe waits for a writer and
+    ``/dev/zero`` never ends: both hung m27 instead of saying what was wrong."""
+    try:
+        mode = os.stat(path).st_mode  # follows links, as open() does
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a pipe" if stat.S_ISFIFO(mode) else "a device or a socket"
 
 
 def same_file(path: str | os.PathLike[str], other: str | os.PathLike[str] | None) -> bool:

@@ -23,6 +23,7 @@ import yaml
 from yaml.nodes import Node
 
 from m27._exceptions import SpecError
+from m27.paths import not_a_file
 from m27.spec._check import Checker
 from m27.spec._limits import FILE_BYTES_MAX, SLURM_KEYS
 from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Problem, Step
@@ -85,17 +86,15 @@ def _read(path: Path) -> bytes:
     """The file's bytes. A FIFO, `/dev/zero` or a socket is refused before it is opened
     (opening a FIFO waits for a writer; `/dev/zero` never ends), and a file of more than
     FILE_BYTES_MAX before it is read whole."""
-    import stat
-
-    mode = path.stat().st_mode  # follows links, as open() does
-    if stat.S_ISDIR(mode):
+    kind = not_a_file(path)
+    if kind == "a folder":
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-    if not stat.S_ISREG(mode):
-        if stat.S_ISFIFO(mode):  # `<(generate.sh)` too: the file is needed again (above)
-            reason = "it is a pipe; m27 reads a pipeline from a file (save it first)"
-        else:
-            reason = "it is a device or a socket, not a pipeline file"
-        raise OSError(errno.EINVAL, reason)
+    if kind == "a pipe":  # `<(generate.sh)` too: the file is needed again (above)
+        raise OSError(
+            errno.EINVAL, "it is a pipe; m27 reads a pipeline from a file (save it first)"
+        )
+    if kind is not None:
+        raise OSError(errno.EINVAL, f"it is {kind}, not a pipeline file")
     with path.open("rb") as f:
         data = f.read(FILE_BYTES_MAX + 1)
     if len(data) > FILE_BYTES_MAX:

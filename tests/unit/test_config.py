@@ -114,11 +114,34 @@ def test_missing_file_named_by_m27_config_is_an_error(tmp_path: Path) -> None:
 def test_a_settings_file_that_cannot_be_read_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings({"M27_CONFIG": str(tmp_path)})  # a folder
-    assert str(caught.value) == f"cannot read the settings file {tmp_path}: Is a directory"
+    assert (
+        str(caught.value) == f"cannot read the settings file {tmp_path}: it is a folder, not a file"
+    )
     binary = tmp_path / "lab.ini"
     binary.write_bytes(b"[checkpoint]\nkeep_last = \xff\n")
     with pytest.raises(ConfigError, match=r"cannot read the settings file .*lab\.ini: 'utf-8'"):
         load_settings({"M27_CONFIG": str(binary)})
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link-to-fifo", "/dev/zero"])
+def test_a_settings_file_that_is_not_a_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """`M27_CONFIG=<(...)` or a FIFO waited for a writer forever in every m27 command (each
+    reads the settings), and `/dev/zero` never ended."""
+    named = tmp_path / "lab.ini"
+    if kind == "/dev/zero":
+        named = Path(kind)
+    else:
+        fifo = tmp_path / "settings.fifo"
+        os.mkfifo(fifo)
+        if kind == "fifo":
+            named = fifo
+        else:
+            named.symlink_to(fifo)
+    what = "a device or a socket" if kind == "/dev/zero" else "a pipe"
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"M27_CONFIG": str(named)})
+    assert str(caught.value) == f"cannot read the settings file {named}: it is {what}, not a file"
+    assert caught.value.file == str(named)
 
 
 def test_a_missing_home_m2config_means_defaults(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from m27._exceptions import SpecError
 from m27.cli.commands import SUMMARY
 from m27.cli.commands._options import number, whole
+from m27.paths import not_a_file
 from m27.units import count, parse_duration
 
 if TYPE_CHECKING:
@@ -113,9 +114,10 @@ def _load(args: argparse.Namespace) -> Trace:
     path = Path(args.trace)
     if not path.exists():
         raise SpecError(f"no such trace: {path}", file=str(path))
-    if not path.is_file():  # a FIFO waited for a writer forever, /dev/zero never ended
-        what = "a folder" if path.is_dir() else "a pipe or a device (save the trace first)"
-        raise SpecError(f"{path} is {what}, not a trace file", file=str(path))
+    what = not_a_file(path)
+    if what is not None:
+        first = " (save the trace first)" if what == "a pipe" else ""
+        raise SpecError(f"{path} is {what}, not a trace file{first}", file=str(path))
     if kind == "alibaba":
         jobs = load_alibaba(path, limit=args.jobs)
         return scale_to_node(jobs, gpus=args.gpus or 8, load=args.load)
