@@ -151,6 +151,35 @@ def test_gromacs_recipe_minutes_deffnm_cpo_and_user_options() -> None:
     assert plan_checkpoint(["/bin/sh", "-c", "gmx mdrun"], 60.0, shell=True).recipe is None
 
 
+@pytest.mark.parametrize(
+    ("cpt", "every", "note"),
+    [
+        ("5", 300.0, "kept, mdrun writes s.cpt every 5 min"),
+        ("0.166667", 10.0, "kept, mdrun writes s.cpt every 0.166667 min"),
+        ("60", 300.0, "kept, mdrun writes s.cpt every 60 min, not every 5m00s as checkpoint: says"),
+        ("60", None, "kept, mdrun writes s.cpt every 60 min"),
+        (
+            "-1",
+            300.0,
+            "mdrun writes no s.cpt while it runs, so a crash loses the run; "
+            "remove it and m27 sets -cpt 5",
+        ),
+        ("inf", None, "mdrun writes no s.cpt while it runs, so a crash loses the run"),
+        ("0", 300.0, "mdrun writes s.cpt at every step it can, which slows a large system"),
+        ("x", 300.0, "not a number of minutes, so mdrun stops at once with an error"),
+    ],
+)
+def test_the_commands_own_cpt_is_kept_and_said_for_what_mdrun_does_with_it(
+    cpt: str, every: float | None, note: str
+) -> None:
+    """`-cpt -1` (mdrun then writes no checkpoint) and `-cpt 60` beside `checkpoint: 300s`
+    were both noted as just "kept": the step's declared interval promised what mdrun would
+    not do. (GROMACS's CheckpointHandler handles nothing when the period is negative.)"""
+    plan = plan_checkpoint(["gmx", "mdrun", "-deffnm", "s", "-cpt", cpt], every)
+    assert plan.argv == ("gmx", "mdrun", "-deffnm", "s", "-cpt", cpt)
+    assert f"-cpt {cpt} is in the command: {note}" in plan.notes
+
+
 def test_lammps_recipe_uses_var_convention() -> None:
     p = plan_checkpoint(["lmp_serial", "-in", "in.md"], 600.0)
     assert p.recipe == "lammps"

@@ -14,6 +14,7 @@ lost, nothing duplicated) when the outputs do not match.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import struct
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m27.executors.engines._base import Argv, Note, Recipe, RecipePlan, minutes, option
+from m27.units import format_duration
 
 #: XDR ints at the start and the end of every complete .cpt (GROMACS's CPT_MAGIC1/2).
 CPT_MAGIC1 = 171817
@@ -58,7 +60,7 @@ class Gromacs(Recipe):
         given = option(argv, "-cpt", at)
         out = argv
         if given is not None:
-            notes.append(f"-cpt {given} is in the command: kept (minutes between checkpoints)")
+            notes.append(_given_interval(given, every, cpt))
         elif every is not None:
             out = (*argv[: at + 1], "-cpt", minutes(every), *argv[at + 1 :])
             notes.append(f"-cpt {minutes(every)}: mdrun writes {cpt} every {minutes(every)} min")
@@ -113,6 +115,26 @@ class Gromacs(Recipe):
             return (*resume, "-noappend")
         note(f"outputs match {cpt}: mdrun appends to {', '.join(r.name for r in records)}")
         return resume
+
+
+def _given_interval(given: str, every: float | None, cpt: str) -> str:
+    """What the command's own `-cpt` means, said plainly: it is kept, and a negative value
+    (mdrun then writes no checkpoint at all) or one far from `checkpoint:` went unnoticed
+    behind "kept" while the step's declared interval promised otherwise."""
+    said = f"-cpt {given} is in the command"
+    try:
+        value = float(given)
+    except ValueError:
+        return f"{said}: not a number of minutes, so mdrun stops at once with an error"
+    instead = f"; remove it and m27 sets -cpt {minutes(every)}" if every is not None else ""
+    if value < 0 or math.isnan(value) or math.isinf(value):
+        return f"{said}: mdrun writes no {cpt} while it runs, so a crash loses the run{instead}"
+    if value == 0:
+        return f"{said}: mdrun writes {cpt} at every step it can, which slows a large system"
+    kept = f"{said}: kept, mdrun writes {cpt} every {given} min"
+    if every is not None and abs(value * 60 - every) >= 1:
+        kept += f", not every {format_duration(every)} as checkpoint: says"
+    return kept
 
 
 def cpt_step(data: bytes | memoryview) -> int | None:
