@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
+import shlex
 import socket
 import threading
 import time
@@ -260,6 +261,7 @@ def pipeline_flow(
             spec_path=str(pipeline.path),
             steps=tuple(s.name for s in pipeline.steps),
             step_types=tuple(s.type for s in pipeline.steps),
+            step_commands=tuple(shlex.join(s.argv) for s in pipeline.steps),
             vars=dict(pipeline.vars),
             owner=getpass.getuser(),
             priority=pipeline.priority,

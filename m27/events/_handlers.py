@@ -92,6 +92,9 @@ def _run_submitted(state: NodeState, e: ev.RunSubmitted) -> None:
     types = e.step_types if len(e.step_types) == len(e.steps) else ("",) * len(e.steps)
     for name, kind in zip(e.steps, types, strict=True):
         run.step(name).type = kind
+    if len(e.step_commands) == len(e.steps):
+        for name, command in zip(e.steps, e.step_commands, strict=True):
+            run.step(name).command = command
     state.runs[e.run_id] = run
 
 

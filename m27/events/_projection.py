@@ -32,6 +32,8 @@ class StepState:
     name: str
     run_id: str = ""
     type: str = ""
+    #: the command the run's file gave it (RunSubmitted.step_commands), "" when not recorded
+    command: str = ""
     status: StepStatus = "pending"
     attempts: int = 0
     pid: int | None = None

@@ -31,6 +31,10 @@ class RunSubmitted(RunEvent):
     #: each step's type (cpu, gpu, gpu_light), in the order of `steps`, so a step that
     #: never queued shows its type; empty in logs written before it was recorded
     step_types: tuple[str, ...] = ()
+    #: each step's command as the file rendered it (shell-quoted, before a recipe's own
+    #: options), in the order of `steps`, so `m27 run --resume` can say that a step which
+    #: succeeded here has another command now; empty in logs written before it was recorded
+    step_commands: tuple[str, ...] = ()
 
 
 @event

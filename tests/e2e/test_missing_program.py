@@ -19,6 +19,7 @@ def test_run_notes_a_missing_program_before_the_run_and_the_step_fails_as_noted(
         "name: p\nsteps:\n"
         "  - {name: prep, type: cpu, command: 'touch prepared'}\n"
         f"  - {{name: md, type: cpu, depends_on: [prep], command: '{MISSING} -v'}}\n"
+        "  - {name: chk, type: cpu, checkpoint: 10s, command: 'touch chk'}\n"
     )
     done = m27("run", str(spec), "--plain", timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]
@@ -27,5 +28,10 @@ def test_run_notes_a_missing_program_before_the_run_and_the_step_fails_as_noted(
         f"`command not found: {MISSING}` when it starts, unless an earlier step installs it"
     )
     assert note in done.stderr.splitlines()
-    assert (tmp_path / "prepared").exists()  # what could run, ran
+    warning = (  # the same warning as `m27 validate`'s, before a run that would save nothing
+        f"m27: warning: {spec}:5: step chk: checkpoint: has no effect: no recipe knows 'touch', "
+        "there is no checkpoint.files, and the command does not appear to use m27.Checkpointer"
+    )
+    assert warning in done.stderr.splitlines()
+    assert (tmp_path / "prepared").exists() and (tmp_path / "chk").exists()  # what could run, ran
     assert f"md: failed (attempt 1): command not found: {MISSING}" in done.stdout

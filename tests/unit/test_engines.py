@@ -188,6 +188,52 @@ def test_lammps_recipe_uses_var_convention() -> None:
     assert (p.files, p.resume) == (("m27.restart",), ("-var", "m27_resume", "1"))
 
 
+MELT = Path(__file__).resolve().parents[2] / "examples" / "lammps" / "melt.in"
+
+
+def test_a_lammps_script_without_the_restart_convention_is_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`lmp -in plain.in` with `checkpoint: 60s` validated OK and never checkpointed: the
+    `-var m27_restart` reached a script that never wrote it."""
+    (tmp_path / "plain.in").write_text(
+        'units lj\n# run 10 every 1 "write_restart ${m27_restart}"\nrun 1000\n'
+    )
+    (tmp_path / "half.in").write_text('run 1000 every 10 "write_restart ${m27_restart}" # resume\n')
+    (tmp_path / "inc.in").write_text("units lj\ninclude conv.in\n")
+    (tmp_path / "conv.in").write_text(MELT.read_text())
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "pipeline:\n"
+        "  - {name: a, type: cpu, checkpoint: 60s, command: lmp -in plain.in}\n"
+        "  - {name: b, type: cpu, checkpoint: 60s, command: lmp -i half.in}\n"
+        f"  - {{name: c, type: cpu, checkpoint: 60s, command: lmp -in {MELT}}}\n"
+        "  - {name: d, type: cpu, checkpoint: 60s, command: lmp -in inc.in}\n"
+        "  - {name: e, type: cpu, checkpoint: 60s, command: lmp -in written-by-a-step.in}\n"
+        "  - {name: f, type: cpu, checkpoint: {every: 60s, files: [x.rst]}, command: lmp -in plain.in}\n"
+    )
+    out = _validate(path, capsys)
+    assert (
+        "warning: a: checkpoint: has no effect: plain.in never uses ${m27_restart}; it must run "
+        '`run N upto every M "write_restart ${m27_restart}"` for m27 to capture anything '
+        "(docs/engines.md, LAMMPS)\n"
+    ) in out
+    assert (
+        "warning: b: half.in never reads ${m27_resume}: a resume starts the run over; it must "
+        '`if "${m27_resume} == 1" then "read_restart ${m27_restart}"` (docs/engines.md, LAMMPS)\n'
+    ) in out
+    for quiet in "cdef":  # follows it, includes it, cannot be read yet, names its own files
+        assert f"warning: {quiet}:" not in out
+
+
+def test_a_lammps_include_that_cannot_be_read_claims_nothing(tmp_path: Path) -> None:
+    (tmp_path / "vars.in").write_text("units lj\ninclude ${setup}.in\n")
+    assert Lammps().warnings(("lmp", "-in", "vars.in"), tmp_path) == ()
+    (tmp_path / "loop.in").write_text("include loop.in\n")  # includes itself: bounded
+    assert Lammps().warnings(("lmp", "-in", "loop.in"), tmp_path) == ()
+    assert Lammps().warnings(("lmp", "-in", str(tmp_path)), tmp_path) == ()  # a folder
+
+
 def test_the_timestep_is_read_from_a_real_lammps_restart_header() -> None:
     assert restart_step(LAMMPS_2021_HEAD) == 20_000
     assert Lammps().recorded_step("m27.restart", LAMMPS_2021_HEAD) == 20_000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -126,8 +127,7 @@ def missing_programs(pipeline: Pipeline) -> list[str]:
         if shutil.which(program, path=path) is None:
             where = "its env's PATH" if "PATH" in step.env else "PATH"
             missing.setdefault((program, where), []).append(step)
-    shown = os.path.relpath(pipeline.path)  # as problems name it: the file as given
-    shown = str(pipeline.path) if shown.startswith("..") else shown
+    shown = shown_path(pipeline)
     lines = []
     for (program, where), steps in missing.items():
         names = ", ".join(s.name for s in steps[:MISSING_SHOWN])
@@ -141,6 +141,40 @@ def missing_programs(pipeline: Pipeline) -> list[str]:
             f"when {starts}, unless an earlier step installs it"
         )
     return lines
+
+
+def changed_commands(st: SqliteEventStore, run_id: str, pipeline: Pipeline) -> list[str]:
+    """A line for each step that succeeded in run `run_id` (or a run it resumed) with
+    another command than `pipeline` now gives it. A resume does not run such a step again,
+    so a fix made to it in the file would otherwise be silently left out."""
+    runs = outline(st).runs
+    chain: list[str] = []
+    current: str | None = run_id
+    while current and current in runs and current not in chain:
+        chain.append(current)
+        current = runs[current].resume_of
+    state = fold(st.read_runs(chain))
+    ran: dict[str, tuple[str, str]] = {}  # step -> (run, command) where it succeeded
+    for rid in chain:  # newest first: where each step last ran
+        for name, done in state.runs[rid].steps.items():
+            if done.status == "succeeded":
+                ran.setdefault(name, (rid, done.command))
+    lines: list[str] = []
+    for step in pipeline.steps:
+        rid, was = ran.get(step.name, ("", ""))
+        if was and (now := shlex.join(step.argv)) != was:
+            lines.append(
+                f"step {step.name} succeeded in run {rid} as `{was}`; the file now says "
+                f"`{now}`, and a resume does not run it again (a new run, without "
+                "--resume, runs every step as the file is)"
+            )
+    return lines
+
+
+def shown_path(pipeline: Pipeline) -> str:
+    """The pipeline file as problems name it: relative to here, unless that climbs out."""
+    shown = os.path.relpath(pipeline.path)
+    return str(pipeline.path) if shown.startswith("..") else shown
 
 
 #: steps named in one note of :func:`missing_programs` (then "and N more")

@@ -11,6 +11,7 @@ from m27.config import load_settings
 from m27.executors.engines import (
     CheckpointPlan,
     plan_for_step,
+    recipe_named,
     saves_at_stop,
     uses_checkpointer,
 )
@@ -85,6 +86,9 @@ def explain_checkpoint(step: Step, workdir: Path) -> Explained:
     checkpointer = not plan.files and uses_checkpointer(step.argv, base)
     stop = checkpointer and saves_at_stop(step.argv, base)
     warnings: list[str] = []
+    recipe = recipe_named(plan.recipe)
+    if recipe is not None and not step.checkpoint_files:
+        warnings += recipe.warnings(plan.argv, base)
     if not plan.files and not checkpointer:
         program = step.argv[0] if step.argv else "?"
         warnings.append(

@@ -124,6 +124,10 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
             file=sys.stderr,
         )
         raise SystemExit(2)
+    if resume_of is not None:
+        changed = _common.changed_commands(_common.store(), resume_of, pipeline)
+        for note in _common.shown_notes(changed):
+            print(f"m27 run: note: {note}", file=sys.stderr)
     return pipeline, overrides, resume_of
 
 
@@ -178,6 +182,20 @@ def _container_problems(pipeline: Pipeline) -> list[Problem]:
     return []
 
 
+def _checkpoint_warnings(pipeline: Pipeline) -> list[str]:
+    """`m27 validate`'s warnings about a `checkpoint:` that will save nothing (no recipe
+    and no m27.Checkpointer; a LAMMPS script off the convention), said before a run of
+    days rather than found after its crash."""
+    from m27.cli.commands._explain import explain_checkpoint
+
+    shown = _common.shown_path(pipeline)
+    return [
+        f"{shown}:{step.line}: step {step.name}: {warning}"
+        for step in pipeline.steps
+        for warning in explain_checkpoint(step, pipeline.workdir).warnings
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     atexit.register(_fast_exit)
     pipeline, overrides, resume_of = _prepare(args)
@@ -187,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for note in _common.shown_notes(_common.missing_programs(pipeline)):
         print(f"m27: note: {note}", file=sys.stderr)
+    for warning in _common.shown_notes(_checkpoint_warnings(pipeline)):
+        print(f"m27: warning: {warning}", file=sys.stderr)
     from m27.config import load_settings
 
     load_settings()  # a bad ~/.m2config or M27_CONFIG: a clean error here, not in the flow

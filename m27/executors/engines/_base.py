@@ -56,6 +56,12 @@ class Recipe(Protocol):
         the program knows how far its own checkpoint got."""
         return None
 
+    def warnings(self, argv: Argv, workdir: Path) -> tuple[str, ...]:
+        """What in the files the command reads (run from `workdir`) keeps its checkpoints
+        from working, for `m27 validate`; nothing when the files cannot be read (an
+        earlier step may write them)."""
+        return ()
+
     def resume_args(self, argv: Argv, workdir: Path, resume: Argv, note: Note) -> Argv:
         """The resume arguments to use now that the capture is back in `workdir`."""
         return resume

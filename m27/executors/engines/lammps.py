@@ -20,7 +20,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from m27.executors.engines._base import Argv, Recipe, RecipePlan
+from m27.executors.engines._base import Argv, Recipe, RecipePlan, option
+from m27.paths import not_a_file
 
 RESTART_FILE = "m27.restart"
 #: the first bytes of a LAMMPS binary restart file (and, since format revision 1, its last)
@@ -45,6 +46,29 @@ class Lammps(Recipe):
         notes.append("on resume: -var m27_resume 1 (the script runs read_restart ${m27_restart})")
         out = (*argv[: index + 1], *extra, *argv[index + 1 :])
         return RecipePlan(out, (RESTART_FILE,), ("-var", "m27_resume", "1"), "TERM", tuple(notes))
+
+    def warnings(self, argv: Argv, workdir: Path) -> tuple[str, ...]:
+        """A script that does not follow the convention gets no checkpoint, silently: the
+        `-var` values reach LAMMPS and nothing uses them."""
+        script = option(argv, "-in") or option(argv, "-i")
+        if script is None:
+            return ()
+        code = _script_code(script, workdir)
+        if code is None:
+            return ()
+        guide = "(docs/engines.md, LAMMPS)"
+        if "m27_restart" not in code:
+            return (
+                f"checkpoint: has no effect: {script} never uses ${{m27_restart}}; it must run "
+                f'`run N upto every M "write_restart ${{m27_restart}}"` for m27 to capture '
+                f"anything {guide}",
+            )
+        if "m27_resume" not in code:
+            return (
+                f"{script} never reads ${{m27_resume}}: a resume starts the run over; it must "
+                f'`if "${{m27_resume}} == 1" then "read_restart ${{m27_restart}}"` {guide}',
+            )
+        return ()
 
     def valid_file(self, path: Path) -> str | None:
         try:
@@ -81,6 +105,45 @@ def _revision(head: bytes) -> int | None:
         return None if order is None else int(struct.unpack_from(f"{order}i", head, 20)[0])
     except struct.error:
         return None
+
+
+def _script_code(script: str, workdir: Path, depth: int = 0) -> str | None:
+    """The code of `script` and of the files it `include`s (LAMMPS reads both relative to
+    its working directory); None when one of them cannot be read, so nothing is claimed."""
+    path = Path(script) if Path(script).is_absolute() else workdir / script
+    if depth > 8 or not_a_file(path) is not None:
+        return None
+    try:
+        code = _code(path.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
+    parts = [code]
+    for line in code.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == "include":
+            included = _script_code(words[1], workdir, depth + 1)
+            if included is None:
+                return None
+            parts.append(included)
+    return "\n".join(parts)
+
+
+def _code(script: str) -> str:
+    """The script without its comments (a `#` outside quotes to the end of the line), so
+    that a commented-out `write_restart ${m27_restart}` does not count."""
+    lines = []
+    for line in script.splitlines():
+        quote = ""
+        for at, char in enumerate(line):
+            if quote:
+                quote = "" if char == quote else quote
+            elif char in "\"'":
+                quote = char
+            elif char == "#":
+                line = line[:at]
+                break
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def restart_step(data: bytes | memoryview) -> int | None:
