@@ -15,6 +15,7 @@ another run's checkpoint), so two guards stand in the way:
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import re
@@ -162,8 +163,11 @@ def make_home(env: Mapping[str, str] | None = None) -> Path:
 
 def home_problem(home: Path | str, exc: OSError) -> str:
     """The one line for a home m27 cannot create or write."""
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.EEXIST:  # not "File exists": something that is no folder is there
+        why = f"it is {not_a_file(home) or 'a file'}"
     return (
-        f"cannot create {home}: {exc.strerror or exc} "
+        f"cannot create {home}: {why} "
         "(m27's home, for its event log and locks: set M27_HOME to a folder m27 can write)"
     )
 

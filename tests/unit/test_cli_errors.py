@@ -222,6 +222,28 @@ def test_a_home_that_cannot_be_made_stops_run_with_one_line_naming_m27_home(
     assert not home.exists()
 
 
+@pytest.mark.parametrize(("kind", "what"), [("file", "a file"), ("fifo", "a pipe")])
+def test_a_home_that_is_a_file_says_so(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+    what: str,
+) -> None:
+    """`M27_HOME=results.txt` said `cannot create results.txt: File exists`."""
+    home = tmp_path / "home"
+    if kind == "fifo":
+        os.mkfifo(home)
+    else:
+        home.write_text("")
+    monkeypatch.setenv("M27_HOME", str(home))
+    assert main(["runs"]) == 1  # as for any home that cannot be made (above)
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"m27: cannot create {home}: it is {what} (m27's home, for its event log and locks: "
+        "set M27_HOME to a folder m27 can write)"
+    ]
+
+
 def test_an_os_error_in_m27_home_is_one_line_naming_m27_home_exit_2(
     m27_home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
