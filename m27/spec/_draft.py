@@ -44,15 +44,15 @@ def cross_check(reader: Reader, drafts: list[Draft], base: str) -> None:
             first[d.name] = d
     graph: dict[str, tuple[str, ...]] = {}
     for d in drafts:
-        deps: list[str] = []
-        for dep, node, path in d.deps:
+        deps: dict[str, None] = {}  # ordered, and a repeat found in O(1): a step of 2,000
+        for dep, node, path in d.deps:  # dependencies made a list's `in` cost seconds
             if dep == d.name:
                 reader.add(node, path, f"step {dep!r} cannot depend on itself")
             elif dep not in first:
                 hint = suggest(dep, first) or (f" (steps: {', '.join(first)})" if first else "")
                 reader.add(node, path, f"unknown dependency {dep!r}{hint}")
-            elif dep not in deps:
-                deps.append(dep)
+            else:
+                deps[dep] = None
         d.values["depends_on"] = tuple(deps)
         if d.name is not None and first.get(d.name) is d:
             graph[d.name] = tuple(deps)
