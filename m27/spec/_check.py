@@ -29,8 +29,8 @@ from m27.spec._limits import (
     under,
     written_absolute,
 )
-from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Problem, Step
-from m27.spec._nodes import Reader, Template, describe, is_null, representable, suggest
+from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Step
+from m27.spec._nodes import Template, describe, is_null, representable, suggest
 from m27.spec._shell import unsafe_placeholders, unshelled
 from m27.spec._template import (
     VAR_NAME,
@@ -39,6 +39,7 @@ from m27.spec._template import (
     split_template,
     substitute,
 )
+from m27.spec._vars import Variables
 
 TOP_KEYS = ("name", "vars", "env", "priority", "workdir", "executor", "pipeline", "steps")
 _STEP_KEYS_TEXT = (
@@ -52,7 +53,7 @@ SHELL = "/bin/sh"
 _ARG_MAX = os.sysconf("SC_ARG_MAX")
 
 
-class Checker(Reader):
+class Checker(Variables):
     def __init__(self, file: str, path: Path, overrides: Mapping[str, str]) -> None:
         super().__init__(file)
         self.path = path
@@ -113,9 +114,6 @@ class Checker(Reader):
             workdir=Path(self.workdir) if self.workdir else self.base,
         )
 
-    def _file_problem(self, message: str) -> Problem:
-        return Problem(self.file, 1, 1, "", message)
-
     def _pipeline_name(self, top: dict[str, tuple[Node, Node]]) -> str | None:
         if "name" not in top:
             return None
@@ -124,35 +122,6 @@ class Checker(Reader):
             self.add(top["name"][1], "name", "must be 1 to 200 characters, not only blanks")
             return None
         return value
-
-    def _vars(self, entry: tuple[Node, Node] | None) -> None:
-        defaults: dict[str, str] = {}
-        mapping = self.mapping(entry[1], "vars") if entry else {}
-        for key, (key_node, value) in (mapping or {}).items():
-            if not VAR_NAME.match(key):
-                self.add(key_node, f"vars.{key}", f"bad variable name {key!r} (use A-Z, 0-9, _)")
-            elif not is_null(value):  # null declares a variable that has no default
-                text = self.text(value, f"vars.{key}")
-                if text is not None:
-                    defaults[key] = text
-                else:
-                    self.broken.add(key)  # reported once here, not again at each use
-        for key in self.overrides:
-            if not VAR_NAME.match(key):
-                self.problems.append(
-                    self._file_problem(f"--set {key}=...: bad variable name {key!r}")
-                )
-        self.values = {**defaults, **self.overrides}
-        self.declared = set(mapping or {})
-
-    def _unused_sets(self) -> None:
-        """`--set STEP=5000` for a pipeline with `STEPS`: an error, not a value ignored."""
-        undefined = self.used - set(self.values)  # those are reported at their use
-        for key in sorted(set(self.overrides) - self.declared - self.used):
-            if VAR_NAME.match(key) and not suggest(key, undefined):
-                hint = suggest(key, self.declared | self.used)
-                message = f"--set {key}=...: the pipeline has no variable {key!r}{hint}"
-                self.problems.append(self._file_problem(message))
 
     def _steps_node(self, root: Node, top: dict[str, tuple[Node, Node]]) -> tuple[Node | None, str]:
         if "pipeline" in top and "steps" in top:

@@ -159,9 +159,40 @@ def test_a_checkpoint_more_often_than_once_a_second_is_refused(
     assert ("(did you mean '5m'?)" in str(caught.value)) == (written == "5ms")
 
 
-def test_vars_default_is_not_itself_a_template(tmp_path: Path) -> None:
-    head = "vars:\n  A: '{{B}}'\n  B: b\n"
-    assert _one_step(tmp_path, "type: cpu\ncommand: echo {{A}}", head).argv == ("echo", "{{B}}")
+def test_a_default_naming_another_variable_is_a_problem_not_literal_text(
+    tmp_path: Path,
+) -> None:
+    """`TPR: "{{OUT}}/sim.tpr"` validated, and the step got `{{OUT}}/sim.tpr` as written (a
+    default is not a template). Now a problem at the default, unless `--set` gives the
+    variable (the default is then not used)."""
+    head = "vars:\n  A: 'x/{{ B }}'\n  B: b\n  C:\n  D: '{{C}}'\n"
+    spec = _write(tmp_path, head + "pipeline:\n  - {name: s, type: cpu, command: 'echo {{A}}'}\n")
+    with pytest.raises(SpecError) as caught:
+        load_pipeline(spec, {"C": "c"})
+    assert [(p.line, p.column, p.field, p.message) for p in caught.value.problems] == [
+        (
+            2,
+            6,
+            "vars.A",
+            "its default names {{B}}, but a default is not a template: the steps would get "
+            "'x/{{ B }}' as written; put it in the step's field instead, or write the value out",
+        ),
+        (
+            5,
+            6,
+            "vars.D",
+            "its default names {{C}}, but a default is not a template: the steps would get "
+            "'{{C}}' as written; put it in the step's field instead, or write the value out",
+        ),
+    ]
+    given = load_pipeline(spec, {"A": "{{B}}", "C": "c", "D": "d"})  # --set: never expanded
+    assert given.step("s").argv == ("echo", "{{B}}")
+
+
+def test_a_default_placeholder_naming_no_variable_stays_literal_text(tmp_path: Path) -> None:
+    head = "vars:\n  FMT: '{{.Names}} {{ OTHER }}'\n"
+    step = _one_step(tmp_path, "type: cpu\ncommand: docker ps --format {{FMT}}", head)
+    assert step.argv == ("docker", "ps", "--format", "{{.Names}} {{ OTHER }}")
 
 
 @pytest.mark.parametrize(

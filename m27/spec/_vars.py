@@ -1,0 +1,68 @@
+"""`vars:` and `--set`: the values placeholders take, and the mistakes made with them."""
+
+from __future__ import annotations
+
+from yaml.nodes import Node
+
+from m27.spec._model import Problem
+from m27.spec._nodes import Reader, is_null, suggest
+from m27.spec._template import VAR_NAME, scan
+
+
+class Variables(Reader):
+    """The checker's part that reads `vars:` and checks `--set` against it."""
+
+    overrides: dict[str, str]
+    #: every variable `vars:` names, with or without a default
+    declared: set[str]
+
+    def _file_problem(self, message: str) -> Problem:
+        return Problem(self.file, 1, 1, "", message)
+
+    def _vars(self, entry: tuple[Node, Node] | None) -> None:
+        defaults: dict[str, tuple[str, Node]] = {}
+        mapping = self.mapping(entry[1], "vars") if entry else {}
+        for key, (key_node, value) in (mapping or {}).items():
+            if not VAR_NAME.match(key):
+                self.add(key_node, f"vars.{key}", f"bad variable name {key!r} (use A-Z, 0-9, _)")
+            elif not is_null(value):  # null declares a variable that has no default
+                text = self.text(value, f"vars.{key}")
+                if text is not None:
+                    defaults[key] = (text, value)
+                else:
+                    self.broken.add(key)  # reported once here, not again at each use
+        for key in self.overrides:
+            if not VAR_NAME.match(key):
+                self.problems.append(
+                    self._file_problem(f"--set {key}=...: bad variable name {key!r}")
+                )
+        self.values = {**{k: text for k, (text, _) in defaults.items()}, **self.overrides}
+        self.declared = set(mapping or {})
+        for key, (text, node) in defaults.items():
+            if key not in self.overrides:
+                self._default_names_a_variable(key, text, node)
+
+    def _default_names_a_variable(self, key: str, text: str, node: Node) -> None:
+        """`TPR: "{{OUT}}/sim.tpr"` validated, and the steps got `{{OUT}}/sim.tpr` as
+        written: a default is not a template (substitution is one pass). A placeholder
+        naming none of the file's variables stays literal text, as it always did."""
+        names = self.declared | set(self.overrides)
+        for ph in scan(text)[0]:
+            if ph.name in names:
+                self.add(
+                    node,
+                    f"vars.{key}",
+                    f"its default names {{{{{ph.name}}}}}, but a default is not a template: "
+                    f"the steps would get {text!r} as written; put it in the step's field "
+                    "instead, or write the value out",
+                )
+                return
+
+    def _unused_sets(self) -> None:
+        """`--set STEP=5000` for a pipeline with `STEPS`: an error, not a value ignored."""
+        undefined = self.used - set(self.values)  # those are reported at their use
+        for key in sorted(set(self.overrides) - self.declared - self.used):
+            if VAR_NAME.match(key) and not suggest(key, undefined):
+                hint = suggest(key, self.declared | self.used)
+                message = f"--set {key}=...: the pipeline has no variable {key!r}{hint}"
+                self.problems.append(self._file_problem(message))
