@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shlex
-import shutil
 import socket
 import sys
 from collections.abc import Iterable
@@ -108,87 +105,6 @@ def slurm_problems(pipeline: Pipeline) -> list[Problem]:
                     break
                 del options[exc.context["key"]]
     return problems
-
-
-def missing_programs(pipeline: Pipeline) -> list[str]:
-    """A line for each program that steps run here would find on no folder of their PATH
-    (a typo, an environment not activated): such a step fails `command not found` when it
-    starts, which may be hours into the run. Only a bare name is looked up, as the step
-    would look it up; a path (`./sim`) may be what an earlier step builds, a shell command
-    or a container has its own lookup, and a Slurm step runs on another node."""
-    missing: dict[tuple[str, str], list[Step]] = {}
-    for step in pipeline.steps:
-        if step.shell or step.container or step.executor != "local" or not step.argv:
-            continue
-        program = step.argv[0]
-        if "/" in program or program in ("python", "python3"):  # python: m27's own
-            continue
-        path = step.env.get("PATH", os.environ.get("PATH", os.defpath))
-        if shutil.which(program, path=path) is None:
-            where = "its env's PATH" if "PATH" in step.env else "PATH"
-            missing.setdefault((program, where), []).append(step)
-    shown = shown_path(pipeline)
-    lines = []
-    for (program, where), steps in missing.items():
-        names = ", ".join(s.name for s in steps[:MISSING_SHOWN])
-        if len(steps) > MISSING_SHOWN:
-            names += f" and {len(steps) - MISSING_SHOWN} more"
-        fails = "the step fails" if len(steps) == 1 else "they fail"
-        starts = "it starts" if len(steps) == 1 else "they start"
-        lines.append(
-            f"{shown}:{steps[0].line}: {'step' if len(steps) == 1 else 'steps'} {names}: "
-            f"{program!r} is not on {where} here; {fails} `command not found: {program}` "
-            f"when {starts}, unless an earlier step installs it"
-        )
-    return lines
-
-
-def changed_commands(st: SqliteEventStore, run_id: str, pipeline: Pipeline) -> list[str]:
-    """A line for each step that succeeded in run `run_id` (or a run it resumed) with
-    another command than `pipeline` now gives it. A resume does not run such a step again,
-    so a fix made to it in the file would otherwise be silently left out."""
-    runs = outline(st).runs
-    chain: list[str] = []
-    current: str | None = run_id
-    while current and current in runs and current not in chain:
-        chain.append(current)
-        current = runs[current].resume_of
-    state = fold(st.read_runs(chain))
-    ran: dict[str, tuple[str, str]] = {}  # step -> (run, command) where it succeeded
-    for rid in chain:  # newest first: where each step last ran
-        for name, done in state.runs[rid].steps.items():
-            if done.status == "succeeded":
-                ran.setdefault(name, (rid, done.command))
-    lines: list[str] = []
-    for step in pipeline.steps:
-        rid, was = ran.get(step.name, ("", ""))
-        if was and (now := shlex.join(step.argv)) != was:
-            lines.append(
-                f"step {step.name} succeeded in run {rid} as `{was}`; the file now says "
-                f"`{now}`, and a resume does not run it again (a new run, without "
-                "--resume, runs every step as the file is)"
-            )
-    return lines
-
-
-def shown_path(pipeline: Pipeline) -> str:
-    """The pipeline file as problems name it: relative to here, unless that climbs out."""
-    shown = os.path.relpath(pipeline.path)
-    return str(pipeline.path) if shown.startswith("..") else shown
-
-
-#: steps named in one note of :func:`missing_programs` (then "and N more")
-MISSING_SHOWN = 3
-#: notes a terminal is shown (`m27 validate --json` has them all)
-NOTES_SHOWN = 10
-
-
-def shown_notes(notes: list[str]) -> list[str]:
-    """The first :data:`NOTES_SHOWN` notes, and how many more there are."""
-    if len(notes) <= NOTES_SHOWN:
-        return notes
-    more = len(notes) - NOTES_SHOWN
-    return [*notes[:NOTES_SHOWN], f"... and {more} more (`m27 validate --json` lists all)"]
 
 
 def find_run(state: NodeState, prefix: str) -> RunState:

@@ -15,7 +15,7 @@ from typing import Any
 from m27 import runids
 from m27._exceptions import RunnerError, StoreError
 from m27.cli import warm
-from m27.cli.commands import SUMMARY, _common
+from m27.cli.commands import SUMMARY, _common, _notes
 from m27.cli.commands._options import add_set_option
 from m27.cli.commands._progress import Progress
 from m27.cli.prefect_run import prefect_defaults, quiet_run_loggers, run_settings
@@ -125,8 +125,8 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
         )
         raise SystemExit(2)
     if resume_of is not None:
-        changed = _common.changed_commands(_common.store(), resume_of, pipeline)
-        for note in _common.shown_notes(changed):
+        changed = _notes.changed_commands(_common.store(), resume_of, pipeline)
+        for note in _notes.shown_notes(changed):
             print(f"m27 run: note: {note}", file=sys.stderr)
     return pipeline, overrides, resume_of
 
@@ -188,7 +188,7 @@ def _checkpoint_warnings(pipeline: Pipeline) -> list[str]:
     days rather than found after its crash."""
     from m27.cli.commands._explain import explain_checkpoint
 
-    shown = _common.shown_path(pipeline)
+    shown = _notes.shown_path(pipeline)
     return [
         f"{shown}:{step.line}: step {step.name}: {warning}"
         for step in pipeline.steps
@@ -203,9 +203,9 @@ def run(args: argparse.Namespace) -> int:
     if problems := problems + _container_problems(pipeline):
         print("\n".join(f"m27: {p}" for p in problems), file=sys.stderr)
         return 2
-    for note in _common.shown_notes(_common.missing_programs(pipeline)):
+    for note in _notes.shown_notes(_notes.pipeline_notes(pipeline)):
         print(f"m27: note: {note}", file=sys.stderr)
-    for warning in _common.shown_notes(_checkpoint_warnings(pipeline)):
+    for warning in _notes.shown_notes(_checkpoint_warnings(pipeline)):
         print(f"m27: warning: {warning}", file=sys.stderr)
     from m27.config import load_settings
 

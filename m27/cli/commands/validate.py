@@ -8,7 +8,7 @@ import os
 import sys
 
 from m27._exceptions import SpecError
-from m27.cli.commands import _common
+from m27.cli.commands import _common, _notes
 from m27.cli.commands._explain import explain_checkpoint
 from m27.cli.commands._options import add_command, add_set_option
 from m27.gpu import parse_gpus_env
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{len(problems)} problem(s) found", file=sys.stderr)
         return 2
     order = pipeline.topo_order()
-    notes = _common.missing_programs(pipeline)
+    notes = _notes.pipeline_notes(pipeline)
     if args.json:
         steps = [
             {
@@ -109,6 +109,6 @@ def run(args: argparse.Namespace) -> int:
         for s in pipeline.steps:
             for line in explain_checkpoint(s, pipeline.workdir).lines(s.name):
                 print(line)
-        for note in _common.shown_notes(notes):
+        for note in _notes.shown_notes(notes):
             print(_safe(f"note: {note}"))
     return 0

@@ -1,0 +1,160 @@
+"""Notes about a pipeline that is valid but will likely not do what its author meant:
+`m27 validate` prints them after `OK` (`--json`: `notes`), `m27 run` on stderr before the
+run starts. Notes, not problems: each may be intended (an earlier step may install a
+program), but each found at the start saves a failure hours into a run."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+from typing import TYPE_CHECKING
+
+from m27.events.state import fold
+
+if TYPE_CHECKING:
+    from m27.spec import Pipeline, Step
+    from m27.store.sqlite import SqliteEventStore
+
+
+def pipeline_notes(pipeline: Pipeline) -> list[str]:
+    """Every note about `pipeline` that needs no event log."""
+    return missing_programs(pipeline) + gpu_indexes(pipeline)
+
+
+def missing_programs(pipeline: Pipeline) -> list[str]:
+    """A line for each program that steps run here would find on no folder of their PATH
+    (a typo, an environment not activated): such a step fails `command not found` when it
+    starts, which may be hours into the run. Only a bare name is looked up, as the step
+    would look it up; a path (`./sim`) may be what an earlier step builds, a shell command
+    or a container has its own lookup, and a Slurm step runs on another node."""
+    missing: dict[tuple[str, str], list[Step]] = {}
+    for step in pipeline.steps:
+        if step.shell or step.container or step.executor != "local" or not step.argv:
+            continue
+        program = step.argv[0]
+        if "/" in program or program in ("python", "python3"):  # python: m27's own
+            continue
+        path = step.env.get("PATH", os.environ.get("PATH", os.defpath))
+        if shutil.which(program, path=path) is None:
+            where = "its env's PATH" if "PATH" in step.env else "PATH"
+            missing.setdefault((program, where), []).append(step)
+    shown = shown_path(pipeline)
+    lines = []
+    for (program, where), steps in missing.items():
+        names = ", ".join(s.name for s in steps[:MISSING_SHOWN])
+        if len(steps) > MISSING_SHOWN:
+            names += f" and {len(steps) - MISSING_SHOWN} more"
+        fails = "the step fails" if len(steps) == 1 else "they fail"
+        starts = "it starts" if len(steps) == 1 else "they start"
+        lines.append(
+            f"{shown}:{steps[0].line}: {'step' if len(steps) == 1 else 'steps'} {names}: "
+            f"{program!r} is not on {where} here; {fails} `command not found: {program}` "
+            f"when {starts}, unless an earlier step installs it"
+        )
+    return lines
+
+
+#: `cuda:1`, as PyTorch, JAX and CuPy name a device (`--device cuda:1`, `--device=cuda:1`)
+_CUDA_INDEX = re.compile(r"\bcuda:(\d+)\b")
+#: GROMACS's options whose digits are GPU ids (`-gpu_id 01` is GPUs 0 and 1)
+_GPU_ID_OPTIONS = ("-gpu_id", "-gputasks")
+
+
+def gpu_indexes(pipeline: Pipeline) -> list[str]:
+    """A line for each step whose command names a GPU by an index it will not see. m27
+    sets CUDA_VISIBLE_DEVICES to the step's leased GPUs, which the step sees as 0, 1, ...
+    (a cpu step sees none), so `--device cuda:1` in a one-GPU step, or mdrun's
+    `-gpu_id 1`, fails when it starts (`invalid device ordinal`): the way a job run by
+    hand on the second GPU was written. A CUDA_VISIBLE_DEVICES in the step's `env:` is
+    replaced the same way."""
+    shown = shown_path(pipeline)
+    lines = []
+    for step in pipeline.steps:
+        found = [
+            f"{what}: {_sees(step, index)}"
+            for what, index in _named_gpus(step.argv)
+            if index >= step.gpus
+        ]
+        if "CUDA_VISIBLE_DEVICES" in step.env:
+            found.append(
+                "env CUDA_VISIBLE_DEVICES is replaced by the GPUs m27 leases the step "
+                + ("(choose how many with gpus: N)" if step.gpus else "(a cpu step: none)")
+            )
+        lines += [f"{shown}:{step.line}: step {step.name}: {text}" for text in found]
+    return lines
+
+
+def _named_gpus(argv: tuple[str, ...]) -> list[tuple[str, int]]:
+    """(as written, the highest GPU index it names) for each GPU the command names."""
+    named = []
+    for i, arg in enumerate(argv):
+        if i > 0 and argv[i - 1] in _GPU_ID_OPTIONS:
+            digits = arg.replace(",", "")
+            if digits.isdigit():
+                named.append((f"{argv[i - 1]} {arg}", max(int(d) for d in digits)))
+        named += [(m.group(0), int(m.group(1))) for m in _CUDA_INDEX.finditer(arg)]
+    return named
+
+
+def _sees(step: Step, index: int) -> str:
+    if step.gpus == 0:
+        return (
+            f"a cpu step sees no GPU (m27 sets CUDA_VISIBLE_DEVICES empty), so GPU {index} "
+            "is not there when it starts; make it type: gpu"
+        )
+    first = {1: "GPU 0", 2: "GPUs 0 and 1"}.get(step.gpus, f"GPUs 0 to {step.gpus - 1}")
+    return (
+        f"the step sees its {step.gpus} leased GPU{'s' if step.gpus > 1 else ''} as {first} "
+        f"(m27 sets CUDA_VISIBLE_DEVICES), so GPU {index} is not there when it starts; "
+        f"write {'0' if step.gpus == 1 else 'one of those'}, or ask for more with gpus: N"
+    )
+
+
+def changed_commands(st: SqliteEventStore, run_id: str, pipeline: Pipeline) -> list[str]:
+    """A line for each step that succeeded in run `run_id` (or a run it resumed) with
+    another command than `pipeline` now gives it. A resume does not run such a step again,
+    so a fix made to it in the file would otherwise be silently left out."""
+    runs = fold(st.read_runs((), outline=True)).runs
+    chain: list[str] = []
+    current: str | None = run_id
+    while current and current in runs and current not in chain:
+        chain.append(current)
+        current = runs[current].resume_of
+    state = fold(st.read_runs(chain))
+    ran: dict[str, tuple[str, str]] = {}  # step -> (run, command) where it succeeded
+    for rid in chain:  # newest first: where each step last ran
+        for name, done in state.runs[rid].steps.items():
+            if done.status == "succeeded":
+                ran.setdefault(name, (rid, done.command))
+    lines: list[str] = []
+    for step in pipeline.steps:
+        rid, was = ran.get(step.name, ("", ""))
+        if was and (now := shlex.join(step.argv)) != was:
+            lines.append(
+                f"step {step.name} succeeded in run {rid} as `{was}`; the file now says "
+                f"`{now}`, and a resume does not run it again (a new run, without "
+                "--resume, runs every step as the file is)"
+            )
+    return lines
+
+
+def shown_path(pipeline: Pipeline) -> str:
+    """The pipeline file as problems name it: relative to here, unless that climbs out."""
+    shown = os.path.relpath(pipeline.path)
+    return str(pipeline.path) if shown.startswith("..") else shown
+
+
+#: steps named in one note of :func:`missing_programs` (then "and N more")
+MISSING_SHOWN = 3
+#: notes a terminal is shown (`m27 validate --json` has them all)
+NOTES_SHOWN = 10
+
+
+def shown_notes(notes: list[str]) -> list[str]:
+    """The first :data:`NOTES_SHOWN` notes, and how many more there are."""
+    if len(notes) <= NOTES_SHOWN:
+        return notes
+    more = len(notes) - NOTES_SHOWN
+    return [*notes[:NOTES_SHOWN], f"... and {more} more (`m27 validate --json` lists all)"]
