@@ -32,6 +32,7 @@ from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
 
 from flows import _logging, _params, summary
+from flows._outcomes import Outcomes
 from flows._run import _launch, _PrefectOutput, _Run, _StepLog, _watch_cancel
 from m27 import ConfigError, M27Error, RunnerError, SpecError, StoreError, liveness, runids
 from m27.config import load_settings, m27_home
@@ -349,12 +350,14 @@ def _finish(run: _Run, end: Event) -> None:
 
 def _walk(run: _Run, pipeline: Pipeline, done: set[str]) -> dict[str, str]:
     """Submit each step once its dependencies succeeded; returns step -> outcome."""
-    outcome: dict[str, str] = {}
+    settled = Outcomes((s.name, s.depends_on) for s in pipeline.steps)
+    outcome = settled.outcome  # (read here; written only through settled.settle)
     futures: dict[str, Any] = {}
     order = pipeline.topo_order()
+    steps = {s.name: s for s in pipeline.steps}  # (Pipeline.step looks through them all)
     for name in order:
         if name in done:
-            outcome[name] = "succeeded"
+            settled.settle(name, "succeeded")
             why = StepSkipped.DONE_BEFORE
             run.append(StepSkipped(at=_now(), run_id=run.run_id, step=name, reason=why))
             skipped_task.with_options(name=name, task_run_name=name).submit(why, True).wait()
@@ -362,16 +365,16 @@ def _walk(run: _Run, pipeline: Pipeline, done: set[str]) -> dict[str, str]:
         for name in order:
             if name in outcome or name in futures:
                 continue
-            step = pipeline.step(name)
-            bad = [d for d in step.depends_on if outcome.get(d) in _NOT_DONE]
-            if bad:
-                outcome[name] = "skipped"
-                why = f"upstream step {bad[0]} did not succeed"
+            step = steps[name]
+            bad = settled.first_failed(name)
+            if bad is not None:
+                settled.settle(name, "skipped")
+                why = f"upstream step {bad} did not succeed"
                 run.append(StepSkipped(at=_now(), run_id=run.run_id, step=name, reason=why))
                 skipped_task.with_options(name=name, task_run_name=name).submit(why, False).wait()
-            elif all(outcome.get(d) == "succeeded" for d in step.depends_on):
+            elif settled.ready(name):
                 if run.cancel.is_set():
-                    outcome[name] = "cancelled"
+                    settled.settle(name, "cancelled")
                     run.append(
                         StepCancelled(
                             at=_now(),
@@ -404,17 +407,15 @@ def _walk(run: _Run, pipeline: Pipeline, done: set[str]) -> dict[str, str]:
         for name, fut in futures.items():
             if name not in outcome and fut.wrapped_future.done() and fut.state.is_final():
                 st = fut.state
-                outcome[name] = (
+                settled.settle(
+                    name,
                     "succeeded"
                     if st.is_completed()
                     else "cancelled"
                     if st.is_cancelled()
-                    else "failed"
+                    else "failed",
                 )
     return outcome
-
-
-_NOT_DONE = ("failed", "skipped", "cancelled")
 
 
 def _wait_any(futures: list[Any]) -> None:
