@@ -354,7 +354,6 @@ def _walk(run: _Run, pipeline: Pipeline, done: set[str]) -> dict[str, str]:
     outcome = settled.outcome  # (read here; written only through settled.settle)
     futures: dict[str, Any] = {}
     order = pipeline.topo_order()
-    steps = {s.name: s for s in pipeline.steps}  # (Pipeline.step looks through them all)
     for name in order:
         if name in done:
             settled.settle(name, "succeeded")
@@ -365,7 +364,7 @@ def _walk(run: _Run, pipeline: Pipeline, done: set[str]) -> dict[str, str]:
         for name in order:
             if name in outcome or name in futures:
                 continue
-            step = steps[name]
+            step = pipeline.step(name)
             bad = settled.first_failed(name)
             if bad is not None:
                 settled.settle(name, "skipped")

@@ -6,6 +6,7 @@ no problem at all, so consumers never re-validate.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -96,10 +97,16 @@ class Pipeline:
     workdir: Path = Path(".")
 
     def step(self, name: str) -> Step:
-        for step in self.steps:
-            if step.name == name:
-                return step
-        raise KeyError(f"pipeline {self.name!r} has no step {name!r}")
+        found = self._by_name.get(name)
+        if found is None:
+            raise KeyError(f"pipeline {self.name!r} has no step {name!r}")
+        return found
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, Step]:
+        """Steps by name, made once: a run looks each step up, and looking through them
+        all made that quadratic in a pipeline's length."""
+        return {s.name: s for s in self.steps}
 
     def output_paths(self) -> list[str]:
         """Every step's declared outputs as absolute paths: a step's are relative to its
