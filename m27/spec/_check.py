@@ -7,6 +7,7 @@ dependencies, cycles, outputs). Each part goes on after a problem, so one run of
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -213,7 +214,7 @@ class Checker(Variables):
                 if rendered is not None and self._confined(
                     tpl, rendered, draft.workdir or self.workdir, draft.allow_outside
                 ):
-                    draft.outputs.append((rendered, item, path))
+                    draft.outputs.append((self._literal_values(tpl) or rendered, item, path))
         self._gpus(get("gpus"), get("gpu_memory"), where, v)
         if (n := get("command")) is not None:
             self._command(n, f"{where}.command", v)
@@ -363,6 +364,17 @@ class Checker(Variables):
         if not self._confined(tpl, rendered, None, allow_outside):
             return None
         return os.path.normpath(self.base / Path(rendered).expanduser())
+
+    def _literal_values(self, tpl: Template) -> str | None:
+        """An output with its values' `*`, `?` and `[` escaped (`run[1]` -> `run[[]1]`), or
+        None when no value holds one: an output is a glob pattern only where the file says
+        so, and `--set NAME=run[1]` made `{{NAME}}.pdb` match a stale `run1.pdb`."""
+        values = {p.name: self.values[p.name] for p in tpl.placeholders}
+        if not any(glob.has_magic(v) for v in values.values()):
+            return None
+        return substitute(
+            tpl.text, tpl.placeholders, {k: glob.escape(v) for k, v in values.items()}
+        )
 
     def _confined(self, tpl: Template, rendered: str, folder: str | None, allow: bool) -> bool:
         """True when the rendered path holds no NUL and stays under the pipeline's folder or

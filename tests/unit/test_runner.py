@@ -415,6 +415,31 @@ def test_an_output_pattern_needs_a_match_and_records_what_matched(
     assert not (work / "deep" / "**").exists()  # a pattern's folder is not made as written
 
 
+def test_a_values_glob_characters_are_literal_in_an_output(
+    store: MemoryEventStore, tmp_path: Path
+) -> None:
+    """`output: "{{NAME}}.pdb"` with `--set NAME=run[1]` was the pattern `run[1].pdb`: the
+    step that wrote nothing succeeded on a stale `run1.pdb`. Only the file makes patterns."""
+    from m27.spec import parse_pipeline
+
+    text = (
+        "vars: {NAME: x}\npipeline:\n"
+        "  - {name: a, type: cpu, command: 'true', output: ['{{NAME}}.pdb', 'f*/{{NAME}}']}\n"
+    )
+    outs = parse_pipeline(text, tmp_path / "p.yaml", {"NAME": "run[1]"}).step("a").outputs
+    assert outs == ("run[[]1].pdb", "f*/run[[]1]")
+    (tmp_path / "run1.pdb").touch()
+    (tmp_path / "f0").mkdir()
+    (tmp_path / "f0" / "run1").touch()
+    failed = run_step(launch("pass", workdir=tmp_path, outputs=outs), store)
+    assert not failed.ok and failed.reason == "declared output missing: run[[]1].pdb, f*/run[[]1]"
+    code = "open('run[1].pdb', 'w').close(); open('f0/run[1]', 'w').close()"
+    assert run_step(launch(code, workdir=tmp_path, outputs=outs), store).ok
+    succeeded = of(store, StepSucceeded)[-1]
+    assert isinstance(succeeded, StepSucceeded)
+    assert succeeded.outputs == (str(tmp_path / "run[1].pdb"), str(tmp_path / "f0/run[1]"))
+
+
 def test_a_pattern_matching_many_files_is_recorded_as_the_pattern(
     store: MemoryEventStore, tmp_path: Path
 ) -> None:
