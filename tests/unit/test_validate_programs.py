@@ -1,7 +1,9 @@
-"""`m27 validate` and `m27 run` name a step whose program is on no folder of its PATH:
-a typo (`gmxx`) or an environment not activated validated OK and failed `command not
-found` when the step started, which may be hours into a run. A note, not a problem: an
-earlier step may install the program."""
+"""`m27 validate` and `m27 run` note what a valid file will fail at when a step starts,
+which may be hours into a run: a program on no folder of its PATH (a typo, `gmxx`, or an
+environment not activated), and a GPU named by an index the step will not see (m27 sets
+CUDA_VISIBLE_DEVICES to the step's leased GPUs, seen inside as 0, 1, ..., so a job
+written by hand for the second GPU, `--device cuda:1` or mdrun's `-gpu_id 1`, fails
+`invalid device ordinal`). Notes, not problems: an earlier step may install the program."""
 
 from __future__ import annotations
 
@@ -106,3 +108,33 @@ def test_many_steps_of_one_missing_program_make_one_note_and_many_programs_a_few
     assert notes[-1] == "note: ... and 40 more (`m27 validate --json` lists all)"
     assert _validate(path, "--json") == 0
     assert len(json.loads(capsys.readouterr().out)["notes"]) == 50
+
+
+def test_gpu_indexes_the_step_will_not_see_are_noted_each_with_its_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "name: p\nsteps:\n"
+        "  - {name: md, type: gpu, command: python -m gmx mdrun -gpu_id 01}\n"
+        "  - {name: tr, type: gpu, gpus: 2, command: 'python t.py --device=cuda:2 --b cuda:1'}\n"
+        "  - name: pre\n    type: cpu\n    command: python p.py --device cuda:0\n"
+        "    env: {CUDA_VISIBLE_DEVICES: '1'}\n"
+        "  - {name: fine, type: gpu, gpus: 2, command: 'python x.py cuda:1 -gpu_id 0,1 xcuda:9'}\n"
+    )
+    assert _validate(path) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    sees = "(m27 sets CUDA_VISIBLE_DEVICES), so GPU"
+    assert notes == [
+        f"note: p.yaml:3: step md: -gpu_id 01: the step sees its 1 leased GPU as GPU 0 {sees} 1 "
+        "is not there when it starts; write 0, or ask for more with gpus: N",
+        "note: p.yaml:4: step tr: cuda:2: the step sees its 2 leased GPUs as GPUs 0 and 1 "
+        f"{sees} 2 is not there when it starts; write one of those, or ask for more with gpus: N",
+        "note: p.yaml:5: step pre: cuda:0: a cpu step sees no GPU (m27 sets "
+        "CUDA_VISIBLE_DEVICES empty), so GPU 0 is not there when it starts; make it type: gpu",
+        "note: p.yaml:5: step pre: env CUDA_VISIBLE_DEVICES is replaced by the GPUs m27 leases "
+        "the step (a cpu step: none)",
+    ]
+    assert _validate(path, "--json") == 0
+    assert len(json.loads(capsys.readouterr().out)["notes"]) == 4
