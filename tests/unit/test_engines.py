@@ -64,6 +64,30 @@ def test_validate_warns_when_checkpoint_can_mean_nothing(
     assert "files: out/*.chk" in out
 
 
+def test_validate_warns_when_a_timeout_comes_before_the_first_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`timeout: 30m` with `checkpoint: 1h`: each attempt was stopped before it saved, so
+    every retry started over, and nothing said so."""
+    (tmp_path / "uses.py").write_text("from m27 import Checkpointer\n")
+    (tmp_path / "stops.py").write_text("import m27\nm27.Checkpointer(); m27.watch_stop()\n")
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "pipeline:\n"
+        "  - {name: a, type: cpu, checkpoint: 1h, timeout: 30m, retries: 3, command: python uses.py}\n"
+        "  - {name: b, type: cpu, checkpoint: 1h, timeout: 30m, command: python stops.py}\n"
+        "  - {name: c, type: cpu, checkpoint: 10m, timeout: 30m, command: python uses.py}\n"
+        "  - {name: d, type: cpu, checkpoint: 1h, timeout: 1h, command: gmx mdrun}\n"
+    )
+    out = _validate(path, capsys)
+    assert (
+        "warning: a: timeout: 30m00s stops each attempt before its first checkpoint (every "
+        "1h00m), and it does not save at the stop: every attempt starts over\n"
+    ) in out
+    for fine in "bcd":  # saves at the stop, saves before the timeout, mdrun saves on TERM
+        assert f"warning: {fine}:" not in out
+
+
 def test_validate_says_whether_a_python_step_saves_at_a_stop(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

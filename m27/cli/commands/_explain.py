@@ -89,6 +89,14 @@ def explain_checkpoint(step: Step, workdir: Path) -> Explained:
     recipe = recipe_named(plan.recipe)
     if recipe is not None and not step.checkpoint_files:
         warnings += recipe.warnings(plan.argv, base)
+    unsaved = (checkpointer and not stop) or plan.recipe == "lammps"  # nothing at a stop
+    timeout, every = step.timeout, plan.every
+    if unsaved and timeout is not None and every is not None and every >= timeout:
+        warnings.append(
+            f"timeout: {format_duration(timeout)} stops each attempt before its first "
+            f"checkpoint (every {format_duration(every)}), and it does not save at the stop: "
+            "every attempt starts over"
+        )
     if not plan.files and not checkpointer:
         program = step.argv[0] if step.argv else "?"
         warnings.append(
