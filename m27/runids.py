@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterable
 
 from m27._exceptions import RunError
+from m27.units import quoted
 
 __all__ = ["RunIdError", "from_flow_run", "new_run_id", "resolve"]
 
@@ -56,13 +57,14 @@ def resolve(prefix: str, known: Iterable[str]) -> str:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise RunIdError(f"no run matches {prefix!r} (see `m27 runs`)", run_id=prefix, matches=[])
+        message = f"no run matches {quoted(prefix)} (see `m27 runs`)"
+        raise RunIdError(message, run_id=prefix, matches=[])
     # every match, so the user can pick one (a long list is cut, saying how many are left)
     shown = ", ".join(matches[:SHOWN_MATCHES])
     if len(matches) > SHOWN_MATCHES:
         shown += f" and {len(matches) - SHOWN_MATCHES} more"
     raise RunIdError(
-        f"{prefix!r} matches {len(matches)} runs: {shown}; type more of the id",
+        f"{quoted(prefix)} matches {len(matches)} runs: {shown}; type more of the id",
         run_id=prefix,
         matches=matches,
     )

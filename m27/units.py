@@ -20,10 +20,10 @@ _SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 def parse_duration(text: str | int | float) -> float:
     """Seconds in `text`; raises ValueError with the accepted forms."""
     if isinstance(text, bool):
-        raise ValueError(f"not a duration: {text!r}")
+        raise ValueError(f"not a duration: {quoted(text)}")
     if isinstance(text, int | float):
         if text < 0:
-            raise ValueError(f"a duration cannot be negative: {text!r}")
+            raise ValueError(f"a duration cannot be negative: {quoted(text)}")
         return float(text)
     text = str(text)
     bare = _SECONDS.match(text)
@@ -35,36 +35,36 @@ def parse_duration(text: str | int | float) -> float:
     while pos < len(text):
         part = _DURATION_PART.match(text, pos)
         if part is None:
-            raise ValueError(f"not a duration: {text!r} ({_DURATION_FORMS})")
+            raise ValueError(f"not a duration: {quoted(text)} ({_DURATION_FORMS})")
         unit = part[2].lower()
         if order.index(unit) <= last:
             raise ValueError(
-                f"not a duration: {text!r} (the parts go from days down to milliseconds, "
+                f"not a duration: {quoted(text)} (the parts go from days down to milliseconds, "
                 f"each once: {_DURATION_FORMS})"
             )
         last = order.index(unit)
         total += float(part[1]) * _DURATION_UNITS[unit]
         pos = part.end()
     if last < 0:
-        raise ValueError(f"not a duration: {text!r} ({_DURATION_FORMS})")
+        raise ValueError(f"not a duration: {quoted(text)} ({_DURATION_FORMS})")
     return total
 
 
 def parse_size(text: str | int) -> int:
     """Bytes in `text`; raises ValueError with the accepted forms."""
     if isinstance(text, bool):
-        raise ValueError(f"not a size: {text!r}")
+        raise ValueError(f"not a size: {quoted(text)}")
     if isinstance(text, int):
         if text < 0:
-            raise ValueError(f"a size cannot be negative: {text!r}")
+            raise ValueError(f"a size cannot be negative: {quoted(text)}")
         return text
     match = _SIZE.match(str(text))
     if not match:
-        raise ValueError(f"not a size: {text!r} (use e.g. 128KB, 256MiB, 8GiB)")
+        raise ValueError(f"not a size: {quoted(text)} (use e.g. 128KB, 256MiB, 8GiB)")
     value, unit = match.groups()
     prefix = (unit or "").upper().rstrip("B").rstrip("I")
     if prefix not in _SIZE_UNITS:
-        raise ValueError(f"not a size: {text!r} (use e.g. 128KB, 256MiB, 8GiB)")
+        raise ValueError(f"not a size: {quoted(text)} (use e.g. 128KB, 256MiB, 8GiB)")
     return int(float(value) * _SIZE_UNITS[prefix])
 
 
@@ -91,3 +91,19 @@ def format_size(n: float) -> str:
 def count(n: int, noun: str) -> str:
     """`n` and `noun`, plural unless n is 1: "1 step", "2 steps", "0 steps"."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+#: The most characters of a value that a message quotes.
+QUOTE_MAX = 80
+
+
+def quoted(value: object, most: int = QUOTE_MAX) -> str:
+    """`repr(value)`, cut to its first `most` characters and how long it was when longer.
+
+    Messages quote what the user wrote so it can be found; a 5,000-character value quoted
+    whole buried the message (`not a duration: 'xxxx...` ran on for a screen, once for each
+    field it was in) and the problem said nothing the first characters do not."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= most:
+        return repr(value)
+    return f"{text[:most]!r}... ({len(text):,} characters)"

@@ -30,6 +30,7 @@ from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Problem, Step
 from m27.spec._nodes import MAX_PROBLEMS
 from m27.spec._shape import shape_problem
 from m27.spec._template import VAR_NAME
+from m27.units import quoted
 
 __all__ = [
     "EXECUTORS",
@@ -161,7 +162,7 @@ def parse_set_args(items: Sequence[str]) -> dict[str, str]:
         if not sep:
             message = "expected NAME=VALUE, e.g. --set INPUT_FILE=x.pdb"
         elif not VAR_NAME.match(name):
-            message = f"bad variable name {name!r} (use letters, digits and _)"
+            message = f"bad variable name {quoted(name)} (use letters, digits and _)"
         else:
             out[name] = value
             continue
@@ -301,7 +302,8 @@ def _syntax_problem(file: str, exc: yaml.MarkedYAMLError, text: str) -> Problem:
         (keyed := _KEYED_VALUE.match(source)) is not None
     ):
         message += (
-            f"; the value of {keyed.group(1)!r} holds ': ', which YAML reads as a new key: put "
+            f"; the value of {quoted(keyed.group(1))} holds ': ', which YAML reads as a new "
+            "key: put "
             f"the whole value in quotes, or write `{keyed.group(1)}: >-` and the value on the "
             "next line, indented"
         )

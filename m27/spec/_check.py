@@ -41,6 +41,7 @@ from m27.spec._template import (
     substitute,
 )
 from m27.spec._vars import Variables
+from m27.units import quoted
 
 TOP_KEYS = ("name", "vars", "env", "priority", "workdir", "executor", "pipeline", "steps")
 _STEP_KEYS_TEXT = (
@@ -170,13 +171,13 @@ class Checker(Variables):
             if (why := name_problem(name)) is None:
                 draft.name, draft.name_node = name, n
             else:
-                self.add(n, f"{where}.name", f"bad step name {name[:80]!r}: {why}")
+                self.add(n, f"{where}.name", f"bad step name {quoted(name)}: {why}")
         if (n := get("type")) is not None and (kind := self.text(n, f"{where}.type")) is not None:
             if kind in STEP_TYPES:
                 v["type"] = kind
             else:
                 hint = suggest(kind, STEP_TYPES) or f" (use one of {', '.join(STEP_TYPES)})"
-                self.add(n, f"{where}.type", f"unknown step type {kind!r}{hint}")
+                self.add(n, f"{where}.type", f"unknown step type {quoted(kind)}{hint}")
         if (n := get("shell")) is not None:
             v["shell"] = self.boolean(n, f"{where}.shell") or False
         if (n := get("checkpoint")) is not None:
@@ -416,7 +417,7 @@ class Checker(Variables):
         value = self.text(node, where)
         if value is not None and value not in EXECUTORS:
             hint = suggest(value, EXECUTORS) or f" (use one of {', '.join(EXECUTORS)})"
-            self.add(node, where, f"unknown executor {value!r}{hint}")
+            self.add(node, where, f"unknown executor {quoted(value)}{hint}")
             return None
         return value
 
@@ -425,7 +426,7 @@ class Checker(Variables):
         for key, (key_node, value) in (self.mapping(node, where) or {}).items():
             path = f"{where}.{key}"
             if not ENV_NAME.match(key):
-                self.add(key_node, path, f"bad environment variable name {key!r}")
+                self.add(key_node, path, f"bad environment variable name {quoted(key)}")
                 continue
             text = self.text(value, path)
             if text is None:

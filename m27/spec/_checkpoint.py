@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from m27.spec._nodes import describe, is_null, suggest
-from m27.units import parse_duration
+from m27.units import parse_duration, quoted
 
 if TYPE_CHECKING:
     from m27.spec._check import Checker
@@ -109,10 +109,10 @@ def _duration(checker: Checker, node: Node, where: str) -> float | None:
         try:
             parsed = parse_duration(rendered)
         except ValueError as exc:
-            checker.add(node, where, f"{rendered!r} (from {node.value!r}): {exc}")
+            checker.add(node, where, f"{quoted(rendered)} (from {quoted(node.value)}): {exc}")
             return None
         if not parsed > 0 or parsed == float("inf"):
-            checker.add(node, where, f"must be longer than zero, got {rendered!r}")
+            checker.add(node, where, f"must be longer than zero, got {quoted(rendered)}")
             return None
         text, value = rendered, parsed
     else:
@@ -149,11 +149,11 @@ def _files(checker: Checker, node: Node, where: str) -> list[str]:
         if not value.strip():
             checker.add(item, path, "must not be empty")
         elif pure.is_absolute() or value.startswith("~"):
-            checker.add(
-                item, path, f"{value!r} must be relative to the step's workdir (a glob like *.cpt)"
-            )
+            relative = "must be relative to the step's workdir (a glob like *.cpt)"
+            checker.add(item, path, f"{quoted(value)} {relative}")
         elif ".." in pure.parts:
-            checker.add(item, path, f"{value!r} must stay inside the step's workdir (no '..')")
+            inside = "must stay inside the step's workdir (no '..')"
+            checker.add(item, path, f"{quoted(value)} {inside}")
         else:
             out.append(value)
     return out
@@ -182,6 +182,6 @@ def _signal(checker: Checker, node: Node, where: str) -> str | None:
     name = raw[3:] if raw.startswith("SIG") else raw
     if name not in SIGNALS:
         hint = suggest(name, SIGNALS) or f" (use one of {', '.join(SIGNALS)})"
-        checker.add(node, where, f"unknown signal {node.value!r}{hint}")
+        checker.add(node, where, f"unknown signal {quoted(node.value)}{hint}")
         return None
     return name

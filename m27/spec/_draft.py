@@ -10,6 +10,7 @@ from yaml.nodes import Node
 
 from m27.spec._model import find_cycles
 from m27.spec._nodes import Reader, suggest
+from m27.units import quoted
 
 
 @dataclass
@@ -38,7 +39,7 @@ def cross_check(reader: Reader, drafts: list[Draft], base: str) -> None:
             continue
         if d.name in first:
             line = first[d.name].node.start_mark.line + 1
-            message = f"duplicate step name {d.name!r} (first defined on line {line})"
+            message = f"duplicate step name {quoted(d.name)} (first defined on line {line})"
             reader.add(d.name_node, f"{d.where}.name", message)
         else:
             first[d.name] = d
@@ -47,10 +48,10 @@ def cross_check(reader: Reader, drafts: list[Draft], base: str) -> None:
         deps: dict[str, None] = {}  # ordered, and a repeat found in O(1): a step of 2,000
         for dep, node, path in d.deps:  # dependencies made a list's `in` cost seconds
             if dep == d.name:
-                reader.add(node, path, f"step {dep!r} cannot depend on itself")
+                reader.add(node, path, f"step {quoted(dep)} cannot depend on itself")
             elif dep not in first:
                 hint = suggest(dep, first) or (f" (steps: {', '.join(first)})" if first else "")
-                reader.add(node, path, f"unknown dependency {dep!r}{hint}")
+                reader.add(node, path, f"unknown dependency {quoted(dep)}{hint}")
             else:
                 deps[dep] = None
         d.values["depends_on"] = tuple(deps)
@@ -77,7 +78,7 @@ def _output_clashes(reader: Reader, drafts: list[Draft], base: str) -> None:
                 reader.add(
                     node,
                     path,
-                    f"output {out!r} is also written by step "
+                    f"output {quoted(out)} is also written by step "
                     f"{other.name!r} (line {other_node.start_mark.line + 1}); "
                     "two steps cannot write the same output",
                 )

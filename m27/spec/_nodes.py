@@ -20,7 +20,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from m27.spec._limits import RENDERED_FIELD_MAX, RENDERED_TOTAL_MIN
 from m27.spec._model import Problem
 from m27.spec._template import Placeholder, scan
-from m27.units import parse_duration, parse_size
+from m27.units import QUOTE_MAX, parse_duration, parse_size, quoted
 
 T = TypeVar("T")
 N = TypeVar("N", int, float)
@@ -47,7 +47,7 @@ def describe(node: Node) -> str:
         return "a list"
     if node.tag == NULL:
         return "nothing"
-    return repr(node.value)
+    return quoted(node.value)
 
 
 def closest(word: str, choices: Collection[str]) -> str | None:
@@ -131,7 +131,7 @@ class Reader:
                     self.dropped += 1
                     continue
                 hint = suggest(key.value, known) or f" (known keys: {', '.join(known)})"
-                self.add(key, _join(where, key.value), f"unknown key {key.value!r}{hint}")
+                self.add(key, _join(where, key.value), f"unknown key {quoted(key.value)}{hint}")
                 continue
             out[key.value] = (key, value)
         return out
@@ -217,7 +217,7 @@ class Reader:
     def duration(self, node: Node, where: str) -> float | None:
         value = self._unit(node, where, parse_duration, "a duration like 300s, 5m or 50ms")
         if value is not None and not math.isfinite(value):
-            self.add(node, where, f"must be a finite duration, got {node.value!r}")
+            self.add(node, where, f"must be a finite duration, got {quoted(node.value)}")
             return None
         return self._positive(node, where, value, "longer", MAX_DURATION_S, "366d")
 
@@ -233,10 +233,10 @@ class Reader:
         if value is None:
             return None
         if value <= 0:
-            self.add(node, where, f"must be {more} than zero, got {node.value!r}")
+            self.add(node, where, f"must be {more} than zero, got {quoted(node.value)}")
             return None
         if value > most:
-            self.add(node, where, f"must be at most {most_text}, got {node.value!r}")
+            self.add(node, where, f"must be at most {most_text}, got {quoted(node.value)}")
             return None
         return value
 
@@ -262,9 +262,10 @@ class Reader:
                 ok = False
                 close = closest(ph.name, self.values)
                 hint = f" (did you mean {close!r}?)" if close else ""
+                name = ph.name if len(ph.name) <= QUOTE_MAX else "NAME"
                 message = (
-                    f"undefined variable {ph.name!r}{hint}; define it with "
-                    f"`--set {ph.name}=...` or under vars:"
+                    f"undefined variable {quoted(ph.name)}{hint}; define it with "
+                    f"`--set {name}=...` or under vars:"
                 )
                 self.add(node, where, message, ph.start)
         if ok and placeholders and not self._fits(node, where, text, placeholders):
@@ -310,6 +311,7 @@ class Reader:
 
 
 def _join(where: str, key: str) -> str:
+    key = key if len(key) <= QUOTE_MAX else f"{key[:QUOTE_MAX]}..."
     return f"{where}.{key}" if where else key
 
 

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from m27.spec._template import PIECE, Placeholder, join_lines
+from m27.units import quoted
 
 _CODE = frozenset({"top", "paren", "cmdsub"})
 _BOUNDARY = frozenset(" \t\n;&|()<>")
@@ -290,6 +291,6 @@ def unshelled(text: str) -> tuple[int, str] | None:
         return None
     fix = _SEQUENCE_FIX if found.text in _SEQUENCES else _FIXES.get(found.kind, _DEFAULT_FIX)
     return found.offset, (
-        f"{found.text!r} is shell syntax ({found.kind}), but the command runs without a "
+        f"{quoted(found.text)} is shell syntax ({found.kind}), but the command runs without a "
         f"shell, so nothing acts on it; {fix}"
     )

@@ -18,6 +18,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from m27.units import quoted
+
 VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -59,7 +61,7 @@ def scan(text: str) -> tuple[list[Placeholder], list[TemplateProblem]]:
             problems.append(
                 TemplateProblem(
                     start,
-                    f"bad variable name {name!r} in {text[start : close + 2]!r} "
+                    f"bad variable name {quoted(name)} in {quoted(text[start : close + 2])} "
                     "(use letters, digits and _, not starting with a digit)",
                 )
             )

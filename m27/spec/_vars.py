@@ -7,6 +7,7 @@ from yaml.nodes import Node
 from m27.spec._model import Problem
 from m27.spec._nodes import Reader, is_null, suggest
 from m27.spec._template import VAR_NAME, scan
+from m27.units import QUOTE_MAX, quoted
 
 
 class Variables(Reader):
@@ -24,7 +25,8 @@ class Variables(Reader):
         mapping = self.mapping(entry[1], "vars") if entry else {}
         for key, (key_node, value) in (mapping or {}).items():
             if not VAR_NAME.match(key):
-                self.add(key_node, f"vars.{key}", f"bad variable name {key!r} (use A-Z, 0-9, _)")
+                message = f"bad variable name {quoted(key)} (use A-Z, 0-9, _)"
+                self.add(key_node, f"vars.{key[:QUOTE_MAX]}", message)
             elif not is_null(value):  # null declares a variable that has no default
                 text = self.text(value, f"vars.{key}")
                 if text is not None:
@@ -34,7 +36,9 @@ class Variables(Reader):
         for key in self.overrides:
             if not VAR_NAME.match(key):
                 self.problems.append(
-                    self._file_problem(f"--set {key}=...: bad variable name {key!r}")
+                    self._file_problem(
+                        f"--set {key[:QUOTE_MAX]}=...: bad variable name {quoted(key)}"
+                    )
                 )
         self.values = {**{k: text for k, (text, _) in defaults.items()}, **self.overrides}
         self.declared = set(mapping or {})
@@ -53,7 +57,7 @@ class Variables(Reader):
                     node,
                     f"vars.{key}",
                     f"its default names {{{{{ph.name}}}}}, but a default is not a template: "
-                    f"the steps would get {text!r} as written; put it in the step's field "
+                    f"the steps would get {quoted(text)} as written; put it in the step's field "
                     "instead, or write the value out",
                 )
                 return

@@ -48,3 +48,11 @@ def test_an_ambiguous_prefix_lists_every_run_it_matches() -> None:
     with pytest.raises(RunIdError) as err:
         resolve("20261201-12", many)
     assert "matches 25 runs:" in str(err.value) and "and 5 more" in str(err.value)
+
+
+def test_a_pasted_wall_of_text_is_quoted_by_its_start() -> None:
+    # `m27 logs "$(cat somefile)" step` said the whole file back after `no run matches`
+    with pytest.raises(RunIdError) as err:
+        resolve("a" * 3000, ["20261129-100000-aaaa"])
+    assert str(err.value) == f"no run matches {'a' * 80!r}... (3,000 characters) (see `m27 runs`)"
+    assert err.value.context["run_id"] == "a" * 3000  # the context keeps what was given

@@ -229,3 +229,36 @@ def test_fields_that_expand_the_file_past_its_budget_are_refused_once() -> None:
     [(line, field, message)] = _problems("\n".join(rows) + "\n")
     assert field.endswith(".env.A") and line == 3 + int(field[len("steps[") : field.index("]")])
     assert "more than the 268,435,456 a file of this size may expand to" in message
+
+
+def test_a_long_value_is_quoted_by_its_start_and_length_in_every_problem(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A 5,000-character value in each field was quoted whole in each problem: a screen of
+    # `xxxx` per line, the field and the fix lost among them.
+    long, key = "x" * 5000, "k" * 900
+    path = tmp_path / "long.yaml"
+    path.write_text(
+        f"pipeline:\n  - name: {long}\n    type: {long}\n    gpus: {long}\n"
+        f"    command: [echo, '{{{{{key}}}}}']\n    depends_on: [{long}]\n    timeout: {long}\n"
+        f"    checkpoint: {long}\n    {key}: 3\n    priority: {long}\n"
+    )
+    assert main(["validate", str(path)]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    fields = ["name", "type", "gpus", "command[1]", "depends_on[0]", "timeout", "checkpoint"]
+    for field in [*fields, "k" * 80 + "...", "priority"]:
+        line = next(x for x in lines if f": pipeline[0].{field}: " in x)
+        assert len(line) < 600, line  # the path, the start of the value, the fix
+        assert "(5,000 characters)" in line or "(900 characters)" in line
+    assert "unknown step type 'xxxxxxxx" in "\n".join(lines)
+
+
+def test_a_whole_file_that_is_one_long_line_is_quoted_by_its_start(tmp_path: Path) -> None:
+    path = tmp_path / "passwd.yaml"
+    path.write_text("root:x:0:0:root:/root:/bin/bash " * 100)
+    with pytest.raises(SpecError) as caught:
+        load_pipeline(path)
+    (problem,) = caught.value.problems
+    assert problem.message.startswith("the top level must be a mapping with `pipeline:`")
+    assert problem.message.endswith("'... (3,199 characters)")  # trailing space dropped
+    assert len(problem.message) < 200

@@ -1,0 +1,24 @@
+"""How values are said back in messages (`m27.units.quoted`) and read (`parse_*`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from m27.units import QUOTE_MAX, parse_duration, parse_size, quoted
+
+
+def test_quoted_is_repr_up_to_the_limit_then_the_start_and_the_length() -> None:
+    assert quoted("5 m") == "'5 m'"
+    assert quoted(300) == "300"
+    assert quoted("x" * QUOTE_MAX) == repr("x" * QUOTE_MAX)
+    assert quoted("x" * 5000) == f"{'x' * QUOTE_MAX!r}... (5,000 characters)"
+    start = "it's\n" * 2
+    assert quoted("it's\n" * 40, most=10) == f"{start!r}... (200 characters)"
+
+
+def test_parse_errors_quote_a_long_value_by_its_start() -> None:
+    with pytest.raises(ValueError) as err:
+        parse_duration("9" * 100 + "parsecs")
+    assert str(err.value).startswith(f"not a duration: {'9' * 80!r}... (107 characters)")
+    with pytest.raises(ValueError, match=r"^not a size: 'GiB\+' \(use"):
+        parse_size("GiB+")
