@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,21 @@ def test_tail_refuses_what_is_not_a_count(
     assert f"argument -n/--tail: {bad!r} is not a number of lines (0 or more)" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("argv", [[], ["-n", "3"], ["-f"]])
+@pytest.mark.parametrize("kind", ["a folder", "a pipe"])
+def test_a_log_path_that_is_not_a_file_is_named_not_waited_on(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, argv: list[str]
+) -> None:
+    # A pipe put in the log's place made `m27 logs` wait for a writer forever; a folder ended
+    # in the last-resort message, which told the user to change M27_HOME.
+    log = tmp_path / "only.log"
+    if kind == "a folder":
+        log.mkdir()
+    else:
+        os.mkfifo(log)
+    _one_step_run(m27_home, log)
+    assert main(["logs", *argv, "one", "only"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"m27 logs: cannot read the log of only: {log} is {kind}, not a file\n"

@@ -7,11 +7,14 @@ import codecs
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from m27.cli.commands import SUMMARY, _common
 from m27.config import m27_home
-from m27.events.state import StepState
-from m27.paths import join_under
+from m27.events.state import RunState, StepState
+from m27.paths import join_under, not_a_file
+from m27.store.sqlite import SqliteEventStore
+from m27.units import quoted
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,12 +63,26 @@ def run(args: argparse.Namespace) -> int:
         args.step = next(iter(r.steps))
     if args.step not in r.steps:
         print(
-            f"m27 logs: run {r.run_id} has no step {args.step!r} (steps: {', '.join(r.steps)})",
+            f"m27 logs: run {r.run_id} has no step {quoted(args.step)}"
+            f" (steps: {', '.join(r.steps)})",
             file=sys.stderr,
         )
         return 2
     default = join_under(m27_home(), "runs", r.run_id, f"{args.step}.log")
     path = Path(r.steps[args.step].log_path or default)
+    try:
+        return _show(args, st, r, path)
+    except _Unreadable as exc:
+        print(f"m27 logs: cannot read the log of {args.step}: {exc}", file=sys.stderr)
+        return 1
+
+
+class _Unreadable(Exception):
+    """The step's log path holds something that is not a readable file."""
+
+
+def _show(args: argparse.Namespace, st: SqliteEventStore, r: RunState, path: Path) -> int:
+    """Copy the log (its last `--tail` lines), following it with `-f` while the step runs."""
     offset = _tail_offset(path, args.tail) if args.tail is not None and path.exists() else 0
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     while True:
@@ -100,9 +117,21 @@ def _no_log(step: StepState, run_status: str, path: Path) -> str:
 _BLOCK = 1 << 20
 
 
+def _open(path: Path) -> BinaryIO:
+    """The log, opened to read; a folder or pipe put in its place (a pipe would wait for a
+    writer forever) or an unreadable file raises :class:`_Unreadable` saying which."""
+    what = not_a_file(path)
+    if what is not None:
+        raise _Unreadable(f"{path} is {what}, not a file")
+    try:
+        return path.open("rb")
+    except OSError as exc:
+        raise _Unreadable(f"{path}: {exc.strerror or exc}") from None
+
+
 def _copy(path: Path, offset: int, decoder: codecs.IncrementalDecoder) -> int:
     """Write the log from `offset` to its current end; the new offset."""
-    with path.open("rb") as fh:
+    with _open(path) as fh:
         fh.seek(offset)
         while block := fh.read(_BLOCK):
             offset += len(block)
@@ -114,7 +143,7 @@ def _copy(path: Path, offset: int, decoder: codecs.IncrementalDecoder) -> int:
 def _tail_offset(path: Path, lines: int) -> int:
     """Where the last `lines` lines of the file start, read backwards block by block; a
     newline that ends the file ends its last line and starts no other."""
-    with path.open("rb") as fh:
+    with _open(path) as fh:
         end = fh.seek(0, 2)
         if lines == 0:
             return end
