@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import struct
 from pathlib import Path
 
@@ -339,6 +340,18 @@ def test_gromacs_dump_output_list_is_parsed() -> None:
 def test_checkpointer_heuristic_reads_python_c_and_scripts(tmp_path: Path) -> None:
     assert uses_checkpointer(["python", "-c", "import m27; m27.Checkpointer()"], tmp_path)
     assert not uses_checkpointer(["python", "missing.py"], tmp_path)
+    (tmp_path / "train.py").write_text("import m27\nm27.Checkpointer()\nm27.watch_stop()\n")
+    assert uses_checkpointer(["python", "train.py"], tmp_path)
+    assert saves_at_stop(["python", "-u", str(tmp_path / "train.py")], tmp_path)
+
+
+def test_a_script_that_is_a_pipe_is_not_read(tmp_path: Path) -> None:
+    # opening a pipe waits for a writer: `m27 validate` of `python feed.py` hung forever
+    os.mkfifo(tmp_path / "feed.py")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__main__.py").mkdir()
+    argv = ["python", "feed.py", "-m", "pkg"]
+    assert not uses_checkpointer(argv, tmp_path) and not saves_at_stop(argv, tmp_path)
 
 
 def test_slurm_script_of_a_gromacs_step_passes_term_requeues_and_resumes(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from typing import Protocol
 from m27.executors.engines._base import Recipe, RecipePlan, engine_index
 from m27.executors.engines.gromacs import Gromacs
 from m27.executors.engines.lammps import Lammps
+from m27.paths import not_a_file
 
 #: Signals a program may checkpoint on (the name without SIG).
 SIGNALS = ("TERM", "USR1", "INT")
@@ -159,6 +160,8 @@ def _python_code(argv: Sequence[str], workdir: Path) -> Iterator[str]:
             candidates.append(Path(*arg.split("."), "__main__.py"))
         for candidate in candidates:
             path = candidate if candidate.is_absolute() else workdir / candidate
+            if not_a_file(path) is not None:  # a pipe would wait for a writer forever
+                continue
             try:
                 yield path.read_text(encoding="utf-8", errors="replace")
             except OSError:
