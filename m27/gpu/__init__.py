@@ -176,6 +176,11 @@ def parse_gpus_env(value: str) -> tuple[int, int]:
             memory = parse_size(match.group(2))
         except ValueError as exc:
             raise ConfigError(f"M27_GPUS={value!r}: {exc}", variable="M27_GPUS") from exc
+        if memory <= 0:  # `sim:2x0`: GPUs that could hold no step, listed as if usable
+            raise ConfigError(
+                f"M27_GPUS={value!r}: a simulated GPU needs some memory, e.g. sim:2x80GiB",
+                variable="M27_GPUS",
+            )
     return count, memory
 
 

@@ -254,6 +254,13 @@ def test_parse_gpus_env_reads_count_and_memory() -> None:
     assert parse_gpus_env("SIM:2x16GiB") == (2, 16 * GiB)
 
 
+def test_simulated_gpus_of_no_memory_are_refused() -> None:
+    # `sim:2x0` listed two GPUs of 0B as if a step could run on them
+    with pytest.raises(ConfigError, match=r"'sim:2x0': a simulated GPU needs some memory"):
+        parse_gpus_env("sim:2x0")
+    assert parse_gpus_env("sim:1x1MiB") == (1, 1024**2)
+
+
 @pytest.mark.parametrize("value", ["sim:0", "sim:2xlots", "gpu:2", "sim:"])
 def test_parse_gpus_env_rejects_bad_values(value: str) -> None:
     with pytest.raises(ConfigError, match="M27_GPUS"):
