@@ -6,6 +6,7 @@ cancel watcher, the checkpoint artifacts, and the step's launch (engine recipe, 
 
 from __future__ import annotations
 
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from m27.events import (
 from m27.executors.container import wrap_argv
 from m27.executors.engines import plan_for_step
 from m27.executors.local import SelfCheckpoint, StepLaunch
-from m27.node.lease import AgentLease
+from m27.node.lease import AgentLease, lease_wanted
 from m27.paths import join_under
 from m27.spec import Pipeline, Step
 from m27.store import EventStore
@@ -138,6 +139,14 @@ class _StepLog:
                     )
                 except Exception as exc:  # the checkpoint is durable; the UI entry is a bonus
                     self.logger.warning("could not register checkpoint artifact: %s", exc)
+
+
+def waiting_line(step: str, gpus: int) -> str:
+    """What a step's Prefect task log says when its lease has not come after WAIT_TOLD_S:
+    the task is Running in the UI from the moment it asks, and nothing told that it had
+    not started (a Slurm step's log says why Slurm holds it)."""
+    host = socket.gethostname()
+    return f"waiting for {lease_wanted(gpus)} on {host} (`m27 queue --why {step}` there says why)"
 
 
 def _milestone(ev: Event) -> str | None:

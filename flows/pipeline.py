@@ -33,7 +33,7 @@ from prefect.states import Cancelled, Completed, Failed
 
 from flows import _logging, _params, summary
 from flows._outcomes import Outcomes
-from flows._run import _launch, _PrefectOutput, _Run, _StepLog, _watch_cancel
+from flows._run import _launch, _PrefectOutput, _Run, _StepLog, _watch_cancel, waiting_line
 from m27 import ConfigError, M27Error, RunnerError, SpecError, StoreError, liveness, runids
 from m27.config import load_settings, m27_home
 from m27.events import (
@@ -141,6 +141,7 @@ def _step_body(run: _Run, step: Step) -> State:
         supervise=supervise,
         on_requeue=requeued,
         time_limit=step.timeout,
+        on_wait=lambda: logger.info("%s", waiting_line(step.name, step.gpus)),
     )
     return _state_of(result)
 

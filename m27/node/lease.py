@@ -31,11 +31,22 @@ from m27.clock import Clock, SystemClock
 from m27.executors.local import StepLaunch, StepResult, record_cancelled, run_step, wait_retry
 from m27.store import EventStore
 
-__all__ = ["AgentLease", "Granted", "either", "run_leased"]
+__all__ = ["WAIT_TOLD_S", "AgentLease", "Granted", "either", "lease_wanted", "run_leased"]
 
 log = logging.getLogger(__name__)
 
 StepKey = tuple[str, str]
+
+#: How long a step waits for its lease before `m27 run` and its Prefect task log say what
+#: it waits for (a step that waited for a busy GPU said nothing until it started); long
+#: enough that a free node's grant (milliseconds) is never told.
+WAIT_TOLD_S = 3.0
+
+
+def lease_wanted(gpus: int) -> str:
+    """What a request for `gpus` GPUs waits for, as a message says it: "a CPU slot",
+    "a GPU", "2 GPUs"."""
+    return "a CPU slot" if gpus == 0 else ("a GPU" if gpus == 1 else f"{gpus} GPUs")
 
 
 @dataclass
@@ -105,11 +116,13 @@ class AgentLease:
         owner: str = "",
         cancelled: Callable[[], bool] = lambda: False,
         time_limit: float | None = None,
+        on_wait: Callable[[], None] | None = None,
     ) -> Granted | None:
         """Ask the agent and wait; None (and the request withdrawn) if `cancelled()` first.
 
         `time_limit` is the step's declared hard limit (seconds): the policy may then
-        backfill it onto GPUs held for a wider step it will not delay."""
+        backfill it onto GPUs held for a wider step it will not delay. `on_wait` is called
+        once, in the caller's thread, when no lease has come after WAIT_TOLD_S."""
         key = (run_id, step)
         self._start()
         with self._cond:
@@ -130,11 +143,20 @@ class AgentLease:
         )
         self.store.append([request])
         self._keep_agent()
+        tell_at = request.at + WAIT_TOLD_S
         with self._cond:
             while key not in self._granted:
                 if cancelled() or self._closed.is_set():
                     self._waiting.discard(key)
                     break
+                if on_wait is not None and self.clock.now() >= tell_at:
+                    tell, on_wait = on_wait, None
+                    self._cond.release()  # the grant is recorded meanwhile, not held up
+                    try:
+                        tell()
+                    finally:
+                        self._cond.acquire()
+                    continue
                 self._cond.wait(self.poll)
             got = self._granted.pop(key, None)
             self._waiting.discard(key)
@@ -236,13 +258,15 @@ def run_leased(
     supervise: Callable[[Callable[[], StepResult]], StepResult] = lambda f: f(),
     on_requeue: Callable[[Granted], None] | None = None,
     time_limit: float | None = None,
+    on_wait: Callable[[], None] | None = None,
 ) -> StepResult | None:
     """Lease, run the step with its channel and GPUs, release; again if its GPU was lost.
 
     A failed attempt with retries left and a ``retry_delay`` gives its lease back for the
     delay (its GPUs serve other steps meanwhile) and asks again for the next attempt.
     None when `cancel` was set before a lease came. `supervise` runs the step (the flow
-    runs it on a worker thread and registers checkpoints meanwhile).
+    runs it on a worker thread and registers checkpoints meanwhile); `on_wait` is called
+    when a request (each attempt's, after a retry_delay) has waited WAIT_TOLD_S.
     """
     launch = replace(launch, delay_outside=launch.retry_delay > 0)
     attempts = 0  # before this lease: the retries after a retry_delay go on counting
@@ -259,6 +283,7 @@ def run_leased(
             owner=owner,
             cancelled=cancel.is_set,
             time_limit=time_limit,
+            on_wait=on_wait,
         )
         if granted is None:
             if attempts:

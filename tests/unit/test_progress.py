@@ -361,7 +361,7 @@ def test_a_step_waiting_for_its_lease_is_said_once_with_where_the_reason_is(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A step waiting 20 s for a GPU another run held printed nothing until it started."""
-    from m27.cli.commands._progress import WAIT_TOLD_S
+    from m27.node.lease import WAIT_TOLD_S
 
     store, progress = _progress(tmp_path)
     store.append(

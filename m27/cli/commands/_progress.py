@@ -42,15 +42,13 @@ from m27.events import (
 )
 from m27.events.state import STEP_DONE, RunState
 from m27.monitoring.energy import format_energy
+from m27.node.lease import WAIT_TOLD_S, lease_wanted
 from m27.spec import Pipeline
 from m27.store import EventStore
 from m27.units import count, format_duration, format_size
 
 #: The live table is redrawn at least this often (elapsed times move on).
 REDRAW_S = 0.2
-#: A step that has asked the node for its GPUs or CPU slot this long without a lease is
-#: said to be waiting (a step that waited for a busy GPU printed nothing until it started).
-WAIT_TOLD_S = 3.0
 
 _STYLE = {
     "succeeded": "green",
@@ -225,8 +223,7 @@ class Progress:
                     continue
                 if now - asked[0] >= WAIT_TOLD_S:
                     row["wait_told"] = True
-                    gpus = asked[1]
-                    what = "a CPU slot" if gpus == 0 else ("a GPU" if gpus == 1 else f"{gpus} GPUs")
+                    what = lease_wanted(asked[1])
                     told.append(f"{name}: waiting for {what} (`m27 queue --why {name}` says why)")
         for text in told:
             self.note(text)
