@@ -124,7 +124,7 @@ class _Watcher:
                 for flow_run_id in changed:
                     run = ended[flow_run_id]
                     self.log(
-                        f"m27 agent: flow run of {run.run_id} was still open in Prefect; "
+                        f"m27 agent: flow run of {run.run_id} was open or Crashed in Prefect; "
                         f"set to how the run ended ({run.status})"
                     )
 

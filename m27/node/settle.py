@@ -7,6 +7,10 @@ flow run Running, forever. The node service therefore settles such runs: a run t
 ended in the log, whose flow process is gone (so nothing else will report it), and that
 Prefect still shows open gets the end the log recorded, its unfinished task runs the end
 of their steps. The log is the truth; this only brings Prefect's copy in line.
+
+The same goes for a flow run Prefect shows Crashed when the log recorded another end:
+Prefect's engine calls a run Crashed when it was interrupted (a second Ctrl-C aborts a run
+the first had asked to cancel: the log says cancelled), so it gets the log's end too.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[st
 
     final = (StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED)
     open_types = [t for t in StateType if t not in final]
+    wrong_types = [*open_types, StateType.CRASHED]  # Crashed: unless the log says so too
     ids: list[UUID] = []
     for flow_run_id in runs:
         try:
@@ -106,16 +111,19 @@ async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[st
         still_open = await client.read_flow_runs(
             flow_run_filter=FlowRunFilter(
                 id=FlowRunFilterId(any_=batch),
-                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=open_types)),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=wrong_types)),
             ),
             limit=_BATCH,
         )
         for flow_run in still_open:
             run = runs[str(flow_run.id)]
+            if run.crashed and flow_run.state is not None and flow_run.state.is_crashed():
+                continue  # both say it crashed
+            types = open_types if run.crashed else wrong_types
             tasks = await client.read_task_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
                 task_run_filter=TaskRunFilter(
-                    state=TaskRunFilterState(type=TaskRunFilterStateType(any_=open_types))
+                    state=TaskRunFilterState(type=TaskRunFilterStateType(any_=types))
                 ),
             )
             for task_run in tasks:

@@ -123,3 +123,12 @@ def prefect_log_messages(prefect_api: str, flow_run_id: str) -> list[str]:
 
     with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
         return asyncio.run(fetch())
+
+
+def prefect_flow_run_state(prefect_api: str, flow_run_id: str) -> str:
+    """The type of a flow run's state in Prefect (`CANCELLED`, ...): what its UI shows."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{prefect_api}/flow_runs/{flow_run_id}", timeout=10) as resp:
+        return str(json.load(resp)["state"]["type"])

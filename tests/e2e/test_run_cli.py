@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._helpers import M27, node_state, prefect_log_messages, spawn_m27
+from m27.cli.commands.run import ABORTED
+from tests.e2e._helpers import (
+    M27,
+    node_state,
+    prefect_flow_run_state,
+    prefect_log_messages,
+    spawn_m27,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.service
@@ -330,7 +337,7 @@ STUBBORN = textwrap.dedent("""\
 
 
 def test_ctrl_c_twice_aborts_at_once_and_the_run_is_not_left_running(
-    m27: M27, tmp_path: Path, m27_home: Path
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
 ) -> None:
     spec = _write(tmp_path, STUBBORN)
     proc = spawn_m27("run", str(spec), "--plain")
@@ -352,6 +359,15 @@ def test_ctrl_c_twice_aborts_at_once_and_the_run_is_not_left_running(
     out = "".join(lines)
     assert proc.returncode == 130, out  # as the shell expects of an interrupted command
     assert "m27: interrupted" in out and "Traceback" not in out, out
-    assert node_state(m27_home).runs[run_id].status in ("cancelled", "failed")
+    # the user stopped it: cancelled, not `failed: m27 run stopped: KeyboardInterrupt: `
+    run = node_state(m27_home).runs[run_id]
+    assert (run.status, run.reason) == ("cancelled", ABORTED)
     # the step ignores TERM: the node service's crash watcher kills it after the grace
     wait_until(lambda: not _group_alive(pgid), timeout=60)
+    # Prefect's engine called the interrupted flow run Crashed; the node service gives it
+    # the log's end, as the UI must show what happened
+    wait_until(
+        lambda: prefect_flow_run_state(prefect_env, run.flow_run_id) == "CANCELLED",
+        timeout=60,
+        what="the aborted run Cancelled in Prefect",
+    )

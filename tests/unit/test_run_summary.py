@@ -208,3 +208,17 @@ def test_logs_prefect_cannot_store_are_not_printed_into_the_runs_output(process:
     )
     assert done.returncode == 0 and done.stdout.strip() == "drained", done.stderr[-2000:]
     assert ("Error logging to API" in done.stderr) == (process == "plain"), done.stderr
+
+
+def test_a_run_the_users_second_ctrl_c_stopped_ends_cancelled_others_failed() -> None:
+    # It was `failed: m27 run stopped: KeyboardInterrupt: ` (the empty message after a colon),
+    # a failure for what the user did, and notified as one.
+    from m27 import events as ev
+    from m27.cli.commands.run import ABORTED, _stopped
+
+    aborted = _stopped("r", KeyboardInterrupt())
+    assert isinstance(aborted, ev.RunCancelled) and aborted.reason == ABORTED
+    failed = _stopped("r", SystemExit(3))
+    assert isinstance(failed, ev.RunFailed) and failed.reason == "m27 run stopped: SystemExit: 3"
+    bare = _stopped("r", MemoryError())
+    assert isinstance(bare, ev.RunFailed) and bare.reason == "m27 run stopped: MemoryError"

@@ -19,7 +19,7 @@ from m27.cli.commands import SUMMARY, _common, _notes
 from m27.cli.commands._options import add_set_option
 from m27.cli.commands._progress import Progress
 from m27.cli.prefect_run import prefect_defaults, quiet_run_loggers, run_settings
-from m27.events import CancelRequested, RunFailed
+from m27.events import CancelRequested, RunCancelled, RunFailed
 from m27.gpu import detect
 from m27.locks import OutputLocks
 from m27.paths import make_home, same_file
@@ -285,16 +285,7 @@ def run(args: argparse.Namespace) -> int:
     except BaseException as exc:
         state = _common.run_state(store, run_id)
         if run_id in state.runs and state.runs[run_id].status == "running":
-            store.append(
-                [
-                    RunFailed(
-                        at=time.time(),
-                        run_id=run_id,
-                        duration_s=0.0,
-                        reason=f"m27 run stopped: {type(exc).__name__}: {exc}",
-                    )
-                ]
-            )
+            store.append([_stopped(run_id, exc)])
         raise
     finally:
         outputs.release()
@@ -408,3 +399,17 @@ def _stop_notifier(handles: Any) -> None:
     # Telegram has not taken by then stays in the outbox for the next notifier.
     notifier.drain(timeout=10.0)
     notifier.stop(timeout=3.0)
+
+
+#: Why a run aborted by a second Ctrl-C ended: the user stopped it (it was recorded
+#: `failed: m27 run stopped: KeyboardInterrupt: `, and paged as a failure).
+ABORTED = "aborted by a second Ctrl-C, without waiting for its steps to stop"
+
+
+def _stopped(run_id: str, exc: BaseException) -> RunCancelled | RunFailed:
+    """The end of a run whose flow `exc` stopped: cancelled when it was the user's second
+    Ctrl-C (the first had asked for the cancel), failed otherwise."""
+    if isinstance(exc, KeyboardInterrupt):
+        return RunCancelled(at=time.time(), run_id=run_id, reason=ABORTED)
+    reason = f"m27 run stopped: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
+    return RunFailed(at=time.time(), run_id=run_id, duration_s=0.0, reason=reason)
