@@ -21,6 +21,7 @@ __all__ = [
     "prefect_env",
     "quiet_run_loggers",
     "run_settings",
+    "silence_prefect",
     "small_ca_file",
 ]
 
@@ -51,6 +52,16 @@ def quiet_run_loggers() -> None:
         logger = logging.getLogger(name)
         if _draining not in logger.filters:
             logger.addFilter(_draining)
+
+
+def silence_prefect() -> None:
+    """Nothing Prefect logs from here on reaches the terminal: for a run aborted by a
+    second Ctrl-C. Its end is recorded already; Prefect's threads are still ending as the
+    interpreter shuts down, and said so with tracebacks (`Error emitting event:
+    prefect.task-run.Cancelled ... can't register atexit after shutdown`) after `m27:
+    interrupted`."""
+    for name in ("prefect", "EventsWorker", "APILogWorker"):
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 def _draining(record: logging.LogRecord) -> bool:

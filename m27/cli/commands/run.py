@@ -18,7 +18,7 @@ from m27.cli import warm
 from m27.cli.commands import SUMMARY, _common, _notes
 from m27.cli.commands._options import add_set_option
 from m27.cli.commands._progress import Progress
-from m27.cli.prefect_run import prefect_defaults, quiet_run_loggers, run_settings
+from m27.cli.prefect_run import prefect_defaults, quiet_run_loggers, run_settings, silence_prefect
 from m27.events import CancelRequested, RunCancelled, RunFailed
 from m27.gpu import detect
 from m27.locks import OutputLocks
@@ -234,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
     def on_sigint(signum: int, frame: FrameType | None) -> None:
         if next(presses):  # the second: abort here and now
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            silence_prefect()
             raise KeyboardInterrupt
         relay(signum, frame)
 
