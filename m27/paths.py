@@ -80,6 +80,36 @@ def not_a_file(path: str | os.PathLike[str]) -> str | None:
     return "a pipe" if stat.S_ISFIFO(mode) else "a device or a socket"
 
 
+def not_runnable(path: str | os.PathLike[str], name: str | None = None) -> str | None:
+    """Why the file at `path` (`name` in the command) cannot be started as a program, or
+    None when it can (or is not there: a missing program is said otherwise). A shell runs
+    a script that has no ``#!`` line with /bin/sh; a step's program is started as it is,
+    without a shell, so such a script failed `Exec format error`, and a file without its
+    execute bit `permission denied`, neither saying what to do."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    name = name or os.fspath(path)
+    if stat.S_ISDIR(st.st_mode):
+        return "it is a folder, not a program"
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    if not os.access(path, os.X_OK):
+        return f"it is not executable (`chmod +x {name}`, or run it with its interpreter)"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return None
+    if head[:2] == b"#!" or head == b"\x7fELF":
+        return None
+    return (
+        "it has no #! line, so it cannot be started as a program (a shell would run it "
+        f"with /bin/sh): put `#!/bin/sh` (or its interpreter) first, or write `sh {name}`"
+    )
+
+
 def same_file(path: str | os.PathLike[str], other: str | os.PathLike[str] | None) -> bool:
     """Whether two paths name one existing file (links and `..` resolved by the kernel)."""
     try:

@@ -11,7 +11,9 @@ and output sink in :mod:`m27.executors._launch`; see docs/runner.md for the prom
 from __future__ import annotations
 
 import logging
+import os
 import shlex
+import shutil
 import signal
 import socket
 import threading
@@ -36,6 +38,7 @@ from m27.executors._launch import (
     is_pattern,
     resolve_argv,
 )
+from m27.paths import not_runnable
 from m27.store import EventStore
 from m27.units import format_duration
 
@@ -232,9 +235,16 @@ def _spawn_error(program: str, cwd: Path | None, exc: OSError) -> tuple[int, str
         if "/" in program and ((cwd or Path.cwd()) / program).exists():
             # The file is there: its #! interpreter is what is missing (bash says the same).
             return 126, f"cannot execute {program}: bad interpreter"
+        if "/" not in program and ((cwd or Path.cwd()) / program).is_file():
+            # as a shell, a bare name is looked up on PATH only, not in the current folder
+            return 127, f"command not found: {program} (the workdir has it: write ./{program})"
         return 127, f"command not found: {program}"
+    found = (cwd or Path.cwd()) / program if "/" in program else shutil.which(program, os.F_OK)
+    why = not_runnable(found, program) if found is not None else None
     if isinstance(exc, PermissionError):
-        return 126, f"permission denied: {program}"
+        return 126, f"permission denied: {program}" + (f": {why}" if why else "")
+    if why is not None:
+        return 126, f"cannot execute {program}: {why}"
     return 126, f"cannot execute {program}: {exc.strerror or exc}"
 
 

@@ -137,17 +137,48 @@ def test_missing_executable_fails_cleanly_with_127(store: MemoryEventStore, m27_
     assert "m27: command not found" in (m27_home / "runs" / "r1" / "s1.log").read_text()
 
 
+def test_a_bare_name_of_a_file_in_the_workdir_says_to_write_its_path(
+    store: MemoryEventStore, tmp_path: Path
+) -> None:
+    (tmp_path / "m27-job.sh").write_text("#!/bin/sh\n")
+    result, _ = _cannot_start(store, StepLaunch("r1", "s1", ("m27-job.sh",), workdir=tmp_path))
+    assert (result.exit_code, result.reason) == (
+        127,
+        "command not found: m27-job.sh (the workdir has it: write ./m27-job.sh)",
+    )
+
+
 def test_file_without_execute_bit_fails_with_126(store: MemoryEventStore, tmp_path: Path) -> None:
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\necho hi\n")
     result, _ = _cannot_start(store, StepLaunch("r1", "s1", (str(script),)))
 
-    assert result.exit_code == 126 and result.reason.startswith("permission denied")
+    assert (result.exit_code, result.reason) == (
+        126,
+        f"permission denied: {script}: it is not executable (`chmod +x {script}`, or run it"
+        " with its interpreter)",
+    )
+
+
+def test_a_folder_as_the_program_says_so(store: MemoryEventStore, tmp_path: Path) -> None:
+    result, _ = _cannot_start(store, StepLaunch("r1", "s1", (str(tmp_path),)))
+    assert (result.exit_code, result.reason) == (
+        126,
+        f"permission denied: {tmp_path}: it is a folder, not a program",
+    )
 
 
 @pytest.mark.parametrize(
     ("text", "reason"),
-    [("echo hi\n", "Exec format error"), ("#!/no/such/sh\necho hi\n", "bad interpreter")],
+    [
+        (
+            "echo hi\n",
+            "it has no #! line, so it cannot be started as a program (a shell would run it"
+            " with /bin/sh): put `#!/bin/sh` (or its interpreter) first, or write `sh {}`",
+        ),
+        ("#!/no/such/sh\necho hi\n", "bad interpreter"),
+        ("\x7fELF for another machine", "Exec format error"),
+    ],
 )
 def test_script_that_cannot_execute_fails_with_126(
     store: MemoryEventStore, tmp_path: Path, text: str, reason: str
@@ -156,7 +187,8 @@ def test_script_that_cannot_execute_fails_with_126(
     script.write_text(text)
     script.chmod(0o755)
     result, _ = _cannot_start(store, StepLaunch("r1", "s1", (str(script),)))
-    assert (result.exit_code, result.reason) == (126, f"cannot execute {script}: {reason}")
+    said = reason.format(script)
+    assert (result.exit_code, result.reason) == (126, f"cannot execute {script}: {said}")
 
 
 def test_missing_workdir_fails_cleanly(store: MemoryEventStore, tmp_path: Path) -> None:

@@ -138,3 +138,57 @@ def test_gpu_indexes_the_step_will_not_see_are_noted_each_with_its_fix(
     ]
     assert _validate(path, "--json") == 0
     assert len(json.loads(capsys.readouterr().out)["notes"]) == 4
+
+
+def test_a_program_path_that_cannot_be_started_and_a_missing_workdir_are_noted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each validated OK and failed when its step started: `permission denied: ./x.sh`,
+    # `Exec format error` (a shell runs a script without #! with /bin/sh; a step does not).
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "noexec.sh").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "bare.sh").write_text("echo hi\n")
+    (tmp_path / "bare.sh").chmod(0o755)
+    (tmp_path / "ok.sh").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "ok.sh").chmod(0o755)
+    path = _pipeline(
+        tmp_path,
+        "  - {name: perm, type: cpu, command: ./noexec.sh}\n"
+        "  - {name: bare, type: cpu, command: ./bare.sh}\n"
+        f"  - {{name: dir, type: cpu, command: {tmp_path}}}\n"
+        "  - {name: wd, type: cpu, workdir: later, command: 'true'}\n"
+        "  - {name: good, type: cpu, command: ./ok.sh}\n"
+        "  - {name: built, type: cpu, command: ./made-by-an-earlier-step}\n"
+        "  - {name: sh, type: cpu, command: sh ./bare.sh}\n",
+    )
+    assert _validate(path) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: p.yaml:3: step perm: ./noexec.sh: it is not executable (`chmod +x ./noexec.sh`,"
+        " or run it with its interpreter); the step fails when it starts, unless an earlier"
+        " step replaces it",
+        "note: p.yaml:4: step bare: ./bare.sh: it has no #! line, so it cannot be started as a"
+        " program (a shell would run it with /bin/sh): put `#!/bin/sh` (or its interpreter)"
+        " first, or write `sh ./bare.sh`; the step fails when it starts, unless an earlier"
+        " step replaces it",
+        f"note: p.yaml:5: step dir: {tmp_path}: it is a folder, not a program; the step fails"
+        " when it starts, unless an earlier step replaces it",
+        f"note: p.yaml:6: step wd: its workdir {tmp_path / 'later'} is not a folder here; the"
+        " step fails `workdir not found` when it starts, unless an earlier step makes it",
+    ]
+
+
+def test_a_bare_name_of_a_script_in_the_workdir_is_noted_with_its_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `command: prep.sh` meant `./prep.sh`: as in a shell, a bare name is looked up on PATH
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m27-prep.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "m27-prep.sh").chmod(0o755)
+    path = _pipeline(tmp_path, "  - {name: prep, type: cpu, command: m27-prep.sh}\n")
+    assert _validate(path) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "note: p.yaml:3: step prep: 'm27-prep.sh' is not on PATH here; the step fails "
+        "`command not found: m27-prep.sh` when it starts, unless an earlier step installs it"
+        " (the workdir has it: write ./m27-prep.sh)"
+    )

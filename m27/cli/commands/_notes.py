@@ -9,9 +9,11 @@ import os
 import re
 import shlex
 import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from m27.events.state import fold
+from m27.paths import not_runnable
 
 if TYPE_CHECKING:
     from m27.spec import Pipeline, Step
@@ -20,7 +22,37 @@ if TYPE_CHECKING:
 
 def pipeline_notes(pipeline: Pipeline) -> list[str]:
     """Every note about `pipeline` that needs no event log."""
-    return missing_programs(pipeline) + gpu_indexes(pipeline)
+    return missing_programs(pipeline) + unrunnable_programs(pipeline) + gpu_indexes(pipeline)
+
+
+def unrunnable_programs(pipeline: Pipeline) -> list[str]:
+    """A line for each step whose program, a path that is there now, cannot be started: a
+    folder, a file without its execute bit, a script without a ``#!`` line (a shell runs it
+    with /bin/sh; a step starts its program without one); or whose `workdir:` is not there.
+    Each failed only when the step started (`permission denied`, `Exec format error`)."""
+    shown = shown_path(pipeline)
+    lines = []
+    for step in pipeline.steps:
+        if step.executor != "local":  # a Slurm step runs on another node
+            continue
+        workdir = Path(step.workdir) if step.workdir else pipeline.workdir
+        if not workdir.is_dir():
+            lines.append(
+                f"{shown}:{step.line}: step {step.name}: its workdir {workdir} is not a folder "
+                "here; the step fails `workdir not found` when it starts, unless an earlier "
+                "step makes it"
+            )
+            continue
+        if step.shell or step.container or not step.argv or "/" not in step.argv[0]:
+            continue  # a shell or an image has its own lookup; a bare name: missing_programs
+        program = step.argv[0]
+        why = not_runnable(workdir / program, program)
+        if why is not None:
+            lines.append(
+                f"{shown}:{step.line}: step {step.name}: {program}: {why}; the step fails when "
+                "it starts, unless an earlier step replaces it"
+            )
+    return lines
 
 
 def missing_programs(pipeline: Pipeline) -> list[str]:
@@ -29,7 +61,7 @@ def missing_programs(pipeline: Pipeline) -> list[str]:
     starts, which may be hours into the run. Only a bare name is looked up, as the step
     would look it up; a path (`./sim`) may be what an earlier step builds, a shell command
     or a container has its own lookup, and a Slurm step runs on another node."""
-    missing: dict[tuple[str, str], list[Step]] = {}
+    missing: dict[tuple[str, str, str], list[Step]] = {}
     for step in pipeline.steps:
         if step.shell or step.container or step.executor != "local" or not step.argv:
             continue
@@ -39,10 +71,14 @@ def missing_programs(pipeline: Pipeline) -> list[str]:
         path = step.env.get("PATH", os.environ.get("PATH", os.defpath))
         if shutil.which(program, path=path) is None:
             where = "its env's PATH" if "PATH" in step.env else "PATH"
-            missing.setdefault((program, where), []).append(step)
+            workdir = Path(step.workdir) if step.workdir else pipeline.workdir
+            # `prep.sh` meant as `./prep.sh`: as in a shell, only PATH is looked in
+            has = (workdir / program).is_file()
+            here = f" (the workdir has it: write ./{program})" if has else ""
+            missing.setdefault((program, where, here), []).append(step)
     shown = shown_path(pipeline)
     lines = []
-    for (program, where), steps in missing.items():
+    for (program, where, here), steps in missing.items():
         names = ", ".join(s.name for s in steps[:MISSING_SHOWN])
         if len(steps) > MISSING_SHOWN:
             names += f" and {len(steps) - MISSING_SHOWN} more"
@@ -51,7 +87,7 @@ def missing_programs(pipeline: Pipeline) -> list[str]:
         lines.append(
             f"{shown}:{steps[0].line}: {'step' if len(steps) == 1 else 'steps'} {names}: "
             f"{program!r} is not on {where} here; {fails} `command not found: {program}` "
-            f"when {starts}, unless an earlier step installs it"
+            f"when {starts}, unless an earlier step installs it{here}"
         )
     return lines
 
