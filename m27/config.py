@@ -28,7 +28,7 @@ from m27._exceptions import ConfigError
 from m27.paths import config_path as config_path
 from m27.paths import m27_home as m27_home
 from m27.paths import not_a_file, user_home
-from m27.units import parse_duration, parse_size
+from m27.units import parse_duration, parse_size, quoted
 
 
 def _default_cpu_slots() -> int:
@@ -258,19 +258,15 @@ def _load_file(
             line=exc.lineno,
         ) from None
     except configparser.MissingSectionHeaderError as exc:
-        raise ConfigError(
-            f"{shown}:{exc.lineno}: a setting before any [section] header "
-            f"(use one of {', '.join(f'[{name}]' for name in SECTIONS)})",
-            file=str(file),
-            line=exc.lineno,
-        ) from None
+        why = _unclosed(text, exc.lineno) or (
+            "a setting before any [section] header "
+            f"(use one of {', '.join(f'[{name}]' for name in SECTIONS)})"
+        )
+        raise ConfigError(f"{shown}:{exc.lineno}: {why}", file=str(file), line=exc.lineno) from None
     except configparser.ParsingError as exc:
         lineno = exc.errors[0][0] if exc.errors else 0
-        raise ConfigError(
-            f"{shown}:{lineno}: cannot parse this line (expected key = value)",
-            file=str(file),
-            line=lineno,
-        ) from None
+        why = _unclosed(text, lineno) or "cannot parse this line (expected key = value)"
+        raise ConfigError(f"{shown}:{lineno}: {why}", file=str(file), line=lineno) from None
 
     section_lines, key_lines = _line_numbers(text)
     problems: list[_Problem] = []
@@ -304,6 +300,17 @@ def _load_file(
                     continue
             problems.append(_Problem(f"{shown}:{line}: {message}", context))
     return problems
+
+
+def _unclosed(text: str, lineno: int) -> str | None:
+    """What is wrong with line `lineno` when it is a section header without its `]`
+    (`[checkpoint`): configparser called it a setting before any section, or a line that
+    is not `key = value`."""
+    lines = text.splitlines()
+    line = lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
+    if line.startswith("[") and "]" not in line:
+        return f"{quoted(line)} is not a section header: it needs its closing ]"
+    return None
 
 
 def _line_numbers(text: str) -> tuple[dict[str, int], dict[tuple[str, str], int]]:

@@ -259,6 +259,18 @@ def test_duplicate_key_and_garbage_line_are_errors_with_lines(home: Path) -> Non
         load_settings({"HOME": str(home)})
 
 
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [("[checkpoint\nkeep_last = 2\n", 1), ("[service]\n[checkpoint  # x\nkeep_last = 2\n", 2)],
+)
+def test_a_section_header_without_its_bracket_is_named(home: Path, text: str, line: int) -> None:
+    # It was "a setting before any [section] header" (first line) or "cannot parse this
+    # line (expected key = value)" (later): neither the mistake.
+    write(home, text)
+    with pytest.raises(ConfigError, match=rf":{line}: '\[checkpoint.*' is not a section header"):
+        load_settings({"HOME": str(home)})
+
+
 def _run_config(monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
     parser = argparse.ArgumentParser()
     config_cmd.register(parser.add_subparsers())
