@@ -5,6 +5,7 @@ program), but each found at the start saves a failure hours into a run."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -32,11 +33,13 @@ def unrunnable_programs(pipeline: Pipeline) -> list[str]:
     Each failed only when the step started (`permission denied`, `Exec format error`)."""
     shown = shown_path(pipeline)
     lines = []
+    is_dir = functools.cache(Path.is_dir)  # 100,000 steps share a few folders and programs
+    why_not = functools.cache(not_runnable)
     for step in pipeline.steps:
         if step.executor != "local":  # a Slurm step runs on another node
             continue
         workdir = Path(step.workdir) if step.workdir else pipeline.workdir
-        if not workdir.is_dir():
+        if not is_dir(workdir):
             lines.append(
                 f"{shown}:{step.line}: step {step.name}: its workdir {workdir} is not a folder "
                 "here; the step fails `workdir not found` when it starts, unless an earlier "
@@ -46,7 +49,7 @@ def unrunnable_programs(pipeline: Pipeline) -> list[str]:
         if step.shell or step.container or not step.argv or "/" not in step.argv[0]:
             continue  # a shell or an image has its own lookup; a bare name: missing_programs
         program = step.argv[0]
-        why = not_runnable(workdir / program, program)
+        why = why_not(workdir / program, program)
         if why is not None:
             lines.append(
                 f"{shown}:{step.line}: step {step.name}: {program}: {why}; the step fails when "
