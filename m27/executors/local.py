@@ -18,7 +18,7 @@ import signal
 import socket
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from m27.executors._launch import (
     is_pattern,
     resolve_argv,
 )
+from m27.executors.engines import error_said
 from m27.paths import not_runnable
 from m27.store import EventStore
 from m27.units import format_duration
@@ -226,7 +227,7 @@ def _attempt(
     except BaseException:
         _proc.kill_now(proc)  # idempotent; supervise may already have done it
         raise
-    return _judge(launch, outcome)
+    return _judge(launch, outcome, sink.tail)
 
 
 def _spawn_error(program: str, cwd: Path | None, exc: OSError) -> tuple[int, str]:
@@ -248,7 +249,7 @@ def _spawn_error(program: str, cwd: Path | None, exc: OSError) -> tuple[int, str
     return 126, f"cannot execute {program}: {exc.strerror or exc}"
 
 
-def _judge(launch: StepLaunch, outcome: _proc.Outcome) -> AttemptEnd:
+def _judge(launch: StepLaunch, outcome: _proc.Outcome, tail: Sequence[str]) -> AttemptEnd:
     rc = outcome.returncode
     code, sig = (rc, None) if rc >= 0 else (None, -rc)
     if outcome.cancelled:
@@ -266,7 +267,9 @@ def _judge(launch: StepLaunch, outcome: _proc.Outcome) -> AttemptEnd:
     if sig is not None:
         return AttemptEnd(False, f"killed by {_signame(sig)}", code, sig)
     if code != 0:
-        return AttemptEnd(False, f"exited with code {code}", code, sig)
+        said = error_said(tail)  # GROMACS's or LAMMPS's own words for why
+        why = f"exited with code {code}" + (f": {said}" if said else "")
+        return AttemptEnd(False, why, code, sig)
     if missing := launch.missing_outputs():
         return AttemptEnd(False, f"declared output missing: {', '.join(missing)}", code, sig)
     return AttemptEnd(True, "succeeded", code, sig)

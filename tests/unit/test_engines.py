@@ -411,3 +411,37 @@ def test_a_nul_byte_from_a_value_in_a_resume_string_is_refused() -> None:
         parse_pipeline(text, "p.yaml")
     (problem,) = err.value.problems
     assert "NUL byte" in problem.message and problem.field == "pipeline[0].checkpoint.resume"
+
+
+GROMACS_FATAL = """\
+Back Off! I just backed up md.log to ./#md.log.1#
+
+-------------------------------------------------------
+Program:     gmx grompp, version 2022.5-Debian_2022.5_2
+Source file: src/gromacs/gmxpreprocess/grompp.cpp (line 699)
+
+Fatal error:
+number of coordinates in coordinate file (water.gro, 1530)
+             does not match topology (topol.top, 1533)
+
+For more information and tips for troubleshooting, please check the GROMACS
+website at http://www.gromacs.org/Documentation/Errors
+-------------------------------------------------------"""
+
+
+def test_an_engines_error_block_or_line_is_said_on_one_line() -> None:
+    from m27.executors.engines import ERROR_SAID_MAX, error_said
+
+    assert error_said(GROMACS_FATAL.splitlines()) == (
+        "number of coordinates in coordinate file (water.gro, 1530): does not match"
+        " topology (topol.top, 1533)"
+    )
+    lammps = [
+        "LAMMPS (29 Sep 2021)",
+        "ERROR on proc 0: Cannot open file data.lj (src/read_data.cpp:331)",
+    ]
+    assert error_said(lammps) == "ERROR on proc 0: Cannot open file data.lj"
+    assert error_said(["Traceback (most recent call last):", "ValueError: x"]) is None
+    long = ["Fatal error:", "x" * 1000]
+    said = error_said(long)
+    assert said is not None and len(said) == ERROR_SAID_MAX and said.endswith("...")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from m27.executors.engines import gromacs, lammps
 from m27.executors.engines._base import Recipe, RecipePlan, engine_index
 from m27.executors.engines.gromacs import Gromacs
 from m27.executors.engines.lammps import Lammps
@@ -168,13 +169,30 @@ def _python_code(argv: Sequence[str], workdir: Path) -> Iterator[str]:
                 continue
 
 
+def error_said(lines: Sequence[str]) -> str | None:
+    """What an engine's error message at the end of a failed step's output says, on one
+    line, at most ERROR_SAID_MAX characters (GROMACS's error block, LAMMPS's `ERROR:`
+    line); None when there is none. A failure said only `exited with code 1`."""
+    lines = list(lines)  # (a runner's tail is a deque)
+    for said in (gromacs.error_said(lines), lammps.error_said(lines)):
+        if said:
+            return said if len(said) <= ERROR_SAID_MAX else said[: ERROR_SAID_MAX - 3] + "..."
+    return None
+
+
+#: The most of an engine's error a step's failure reason quotes (the log has all of it).
+ERROR_SAID_MAX = 300
+
+
 __all__ = [
+    "ERROR_SAID_MAX",
     "RECIPES",
     "SIGNALS",
     "CheckpointPlan",
     "Recipe",
     "RecipePlan",
     "StepLike",
+    "error_said",
     "plan_checkpoint",
     "plan_for_step",
     "recipe_named",

@@ -19,6 +19,7 @@ import os
 import re
 import struct
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -255,3 +256,33 @@ def mismatch(workdir: Path, record: OutputRecord) -> str | None:
         f.seek(start)
         digest = hashlib.md5(f.read(record.checksum_size), usedforsecurity=False).hexdigest()
     return None if digest == record.checksum else "checksum differs"
+
+
+#: The headings of GROMACS's error block (gmx_fatal, GMX_THROW of an InvalidInputError).
+_ERROR_HEADS = ("Fatal error:", "Error in user input:", "Inconsistency in user input:")
+
+
+def error_said(lines: Sequence[str]) -> str | None:
+    """What GROMACS's last error block in `lines` says, on one line; None without one.
+
+    A failed mdrun or grompp ends with a block between dashed lines (program, source file,
+    then the heading and the message, then a link to the docs): the step's failure said
+    only `exited with code 1`, and the phone the same."""
+    for start in range(len(lines) - 1, -1, -1):
+        if lines[start].strip() in _ERROR_HEADS:
+            break
+    else:
+        return None
+    text, indent = "", -1
+    for line in lines[start + 1 :]:
+        if line.startswith("For more information and tips") or line.startswith("-----"):
+            break
+        if not line.strip():
+            continue
+        depth = len(line) - len(line.lstrip())
+        # a wrapped line keeps its paragraph's indent; a deeper or shallower one is the
+        # next part (`Invalid input values` / `  In option s` / `    Required ...`)
+        joint = " " if depth == indent or text.endswith((":", ".")) else ": "
+        text = f"{text}{joint}{line.strip()}" if text else line.strip()
+        indent = depth
+    return text or None

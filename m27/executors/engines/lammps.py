@@ -17,7 +17,9 @@ appears. Command-line `-var` values are index variables, so a script's own
 
 from __future__ import annotations
 
+import re
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 from m27.executors.engines._base import Argv, Recipe, RecipePlan, option
@@ -175,3 +177,16 @@ def restart_step(data: bytes | memoryview) -> int | None:
     except struct.error:
         return None
     return None
+
+
+def error_said(lines: Sequence[str]) -> str | None:
+    """LAMMPS's last `ERROR: ...` line in `lines` (without where in its source it was
+    raised), or None: a failed run said only `exited with code 1`."""
+    for line in reversed(lines):
+        if line.startswith(("ERROR: ", "ERROR on proc ")):
+            return _SOURCE.sub("", line).strip()
+    return None
+
+
+#: `(src/input.cpp:274)` at the end of a LAMMPS error line: where, not what
+_SOURCE = re.compile(r"\s*\((?:src/)?[\w./-]+\.(?:cpp|h):\d+\)\s*$")
