@@ -215,7 +215,7 @@ def _launch(run: _Run, step: Step, gpus: tuple[int, ...]) -> StepLaunch:
         step=step.name,
         argv=argv,
         env=env,
-        workdir=Path(step.workdir) if step.workdir else run.pipeline.workdir,
+        workdir=run.pipeline.workdir_of(step),
         timeout=step.timeout,
         retries=step.retries,
         retry_delay=step.retry_delay,

@@ -108,6 +108,10 @@ class Pipeline:
         all made that quadratic in a pipeline's length."""
         return {s.name: s for s in self.steps}
 
+    def workdir_of(self, step: Step) -> Path:
+        """Where `step` runs: its own `workdir:`, else the pipeline's."""
+        return Path(step.workdir) if step.workdir else self.workdir
+
     def output_paths(self) -> list[str]:
         """Every step's declared outputs as absolute paths: a step's are relative to its
         workdir, else to the pipeline's (where the runner looks for them)."""

@@ -38,7 +38,7 @@ def unrunnable_programs(pipeline: Pipeline) -> list[str]:
     for step in pipeline.steps:
         if step.executor != "local":  # a Slurm step runs on another node
             continue
-        workdir = Path(step.workdir) if step.workdir else pipeline.workdir
+        workdir = pipeline.workdir_of(step)
         if not is_dir(workdir):
             lines.append(
                 f"{shown}:{step.line}: step {step.name}: its workdir {workdir} is not a folder "
@@ -74,7 +74,7 @@ def missing_programs(pipeline: Pipeline) -> list[str]:
         path = step.env.get("PATH", os.environ.get("PATH", os.defpath))
         if shutil.which(program, path=path) is None:
             where = "its env's PATH" if "PATH" in step.env else "PATH"
-            workdir = Path(step.workdir) if step.workdir else pipeline.workdir
+            workdir = pipeline.workdir_of(step)
             # `prep.sh` meant as `./prep.sh`: as in a shell, only PATH is looked in
             has = (workdir / program).is_file()
             here = f" (the workdir has it: write ./{program})" if has else ""
