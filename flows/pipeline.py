@@ -169,6 +169,34 @@ def step_task(run_id: str, step: str) -> State:
         return _step_body(run, run.pipeline.step(step))
     except StoreError as exc:  # the step's end could not be recorded; the run is closed later
         return Failed(message=f"the event log failed: {exc}")
+    except Exception as exc:  # a fault of m27's own: the log must not keep the step running
+        said = (str(exc).strip().splitlines() or [""])[0]
+        said = said if len(said) <= 200 else said[:200] + "..."
+        reason = f"m27 error: {type(exc).__name__}: {said}"
+        # the traceback, in the task's Prefect log only: what a bug report needs
+        get_run_logger().error("%s", reason, exc_info=True)
+        with contextlib.suppress(StoreError):
+            _record_failed(run, step, reason)
+        return Failed(message=reason)
+
+
+def _record_failed(run: _Run, name: str, reason: str) -> None:
+    """Record `name` failed unless the log already has its end (an error after it)."""
+    state = fold(run.store.read_runs((run.run_id,), after=run.first_seq))
+    found = state.runs[run.run_id].steps.get(name) if run.run_id in state.runs else None
+    if found is not None and found.done:
+        return
+    began = found.started_at if found is not None else None
+    run.append(
+        StepFailed(
+            at=_now(),
+            run_id=run.run_id,
+            step=name,
+            attempt=max(1, found.attempts if found is not None else 1),
+            duration_s=_now() - began if began is not None else 0.0,
+            reason=reason,
+        )
+    )
 
 
 @task(name="skipped", cache_policy=NO_CACHE, persist_result=False)
