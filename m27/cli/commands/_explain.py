@@ -78,11 +78,11 @@ class Explained:
         return out
 
 
-def explain_checkpoint(step: Step, workdir: Path) -> Explained:
+def explain_checkpoint(step: Step, base: Path) -> Explained:
+    """How `step` is checkpointed; `base` is the folder it runs in (Pipeline.workdir_of)."""
     plan = plan_for_step(step)
     if plan is None:
         return Explained(None)
-    base = Path(step.workdir) if step.workdir else workdir
     checkpointer = not plan.files and uses_checkpointer(step.argv, base)
     stop = checkpointer and saves_at_stop(step.argv, base)
     warnings: list[str] = []

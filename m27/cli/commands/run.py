@@ -192,7 +192,7 @@ def _checkpoint_warnings(pipeline: Pipeline) -> list[str]:
     return [
         f"{shown}:{step.line}: step {step.name}: {warning}"
         for step in pipeline.steps
-        for warning in explain_checkpoint(step, pipeline.workdir).warnings
+        for warning in explain_checkpoint(step, pipeline.workdir_of(step)).warnings
     ]
 
 

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                 "gpus": s.gpus,
                 "priority": s.priority,
                 "line": s.line,
-                "checkpoint": explain_checkpoint(s, pipeline.workdir).to_dict(),
+                "checkpoint": explain_checkpoint(s, pipeline.workdir_of(s)).to_dict(),
             }
             for s in pipeline.steps
         ]
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"OK: pipeline {pipeline.name!r} ({count(len(pipeline.steps), 'step')})")
         print("order: " + _order_line(order))
         for s in pipeline.steps:
-            for line in explain_checkpoint(s, pipeline.workdir).lines(s.name):
+            for line in explain_checkpoint(s, pipeline.workdir_of(s)).lines(s.name):
                 print(line)
         for note in _notes.shown_notes(notes):
             print(_safe(f"note: {note}"))
