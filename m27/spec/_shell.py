@@ -33,7 +33,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from m27.spec._template import PIECE, Placeholder, join_lines
+from m27.spec._template import PIECE, Placeholder, join_lines, split_words
 from m27.units import quoted
 
 _CODE = frozenset({"top", "paren", "cmdsub"})
@@ -229,21 +229,57 @@ def shell_syntax(text: str) -> ShellSyntax | None:
     `#` starting a word, a line break between two commands, and `NAME=value` as the
     first word. Quoted or backslash-escaped, the same characters are plain text, as in a
     shell; `{{NAME}}` placeholders are not shell syntax (their values are never looked at).
-    Where this finds nothing, m27's split gives the arguments sh would.
+    The script of `sh -c SCRIPT` is not looked at: the shell it is given to acts on it.
+    Where this finds nothing else, m27's split gives the arguments sh would.
     """
     if _MAYBE_SYNTAX.search(text) is None:
         return None
     joined, removed = join_lines(text)
-    found = _first_syntax(joined)
+    found = _first_syntax(joined, _script_word(joined))
     if found is None or not removed:
         return found
     at = found.offset + 2 * bisect_right(removed, found.offset)  # where it is in `text`
     return ShellSyntax(at, found.text, found.kind)
 
 
-def _first_syntax(text: str) -> ShellSyntax | None:
-    """`shell_syntax` of a text whose lines are already joined."""
-    word_start, first_word = True, True
+#: Programs that run a script given after `-c` (as a path too: /bin/bash).
+_SHELLS = frozenset({"sh", "bash", "dash", "ash", "ksh", "mksh", "zsh"})
+
+
+def _script_word(text: str) -> int | None:
+    """Which word is the script of `sh -c SCRIPT` (`bash -lc`, `bash -o pipefail -c`,
+    `env bash -c`), or None. That shell acts on its script's `$i`, `|` and `;` itself: a
+    loop in `sh -c "for i in 1 2; do echo $i; done"` is what the step means, not shell
+    syntax left for a shell that is not there."""
+    try:
+        words = split_words(text)
+    except ValueError:
+        return None
+    first = 1 if words and words[0].rsplit("/", 1)[-1] == "env" else 0
+    if len(words) <= first or words[first].rsplit("/", 1)[-1] not in _SHELLS:
+        return None
+    i, script = first + 1, False
+    while i < len(words):
+        word = words[i]
+        if word in ("-o", "+o"):  # takes the next word: -o pipefail
+            i += 2
+        elif word == "--":
+            i += 1
+            break
+        elif len(word) > 1 and word[0] in "-+" and not word.startswith("--"):
+            script = script or (word[0] == "-" and "c" in word[1:])
+            i += 1
+        elif word.startswith("--"):  # --norc, --login
+            i += 1
+        else:
+            break
+    return i if script and i < len(words) else None
+
+
+def _first_syntax(text: str, exempt: int | None = None) -> ShellSyntax | None:
+    """`shell_syntax` of a text whose lines are already joined; word `exempt` (counted
+    from 0) is not looked at."""
+    word_start, first_word, word = True, True, -1
     for token in _TOKEN.finditer(text):
         piece, at = token.group(), token.start()
         lead = piece[0]
@@ -251,6 +287,11 @@ def _first_syntax(text: str) -> ShellSyntax | None:
             if "\n" in piece and token.end() < len(text):
                 return ShellSyntax(at + piece.index("\n"), "\n", "a line break")
             word_start, first_word = True, first_word and word_start
+            continue
+        if word_start:
+            word += 1
+        if word == exempt:
+            word_start = False
             continue
         if lead == '"':
             found = next((m for m in _IN_DQUOTES.finditer(piece) if m.group(1)), None)

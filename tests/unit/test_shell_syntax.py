@@ -155,3 +155,43 @@ def test_commands_in_sequence_are_pointed_to_steps_of_their_own() -> None:
     (problem,) = caught.value.problems
     assert "'&&' is shell syntax (an operator)" in problem.message
     assert "make each command a step of its own (depends_on orders them)" in problem.message
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        'sh -c "for i in 1 2 3; do echo line $i; done"',
+        "bash -lc 'module load gromacs && gmx mdrun -deffnm md | tee md.out'",
+        'bash -e -o pipefail -c "gmx energy -f ener.edr | tail -1 > e.txt"',
+        '/usr/bin/env bash -c "echo $HOME"',
+        '/bin/dash -c "cd {{DIR}} && ls *.pdb"',
+    ],
+)
+def test_the_script_of_sh_c_is_that_shells_to_read(command: str) -> None:
+    """`sh -c SCRIPT` runs SCRIPT in a shell: its `$i` is that shell's loop variable, not
+    syntax no shell acts on (refused, the fix offered, `shell: true`, made it worse: the
+    outer shell then expanded `$i` to nothing before the inner one saw it)."""
+    assert shell_syntax(command) is None
+
+
+@pytest.mark.parametrize(
+    ("command", "syntax"),
+    [
+        ('sh -c "echo $1" first $X', "$X"),  # after the script: an argument again
+        ('bash -o pipefail -c "a | b" > out.txt', ">"),
+        ("sh run.sh $X", "$X"),  # a script file, not -c
+        ('sh -- -c "$X"', "$X"),  # after --, -c is the script file's argument
+        ('python -c "print($X)"', "$X"),  # not a shell
+    ],
+)
+def test_around_the_script_of_sh_c_shell_syntax_is_still_found(command: str, syntax: str) -> None:
+    found = shell_syntax(command)
+    assert found is not None and found.text == syntax
+
+
+def test_a_loop_in_sh_c_runs_as_the_inner_shell_reads_it(tmp_path: Path) -> None:
+    step = parse_pipeline(
+        _pipeline('sh -c "for i in 1 2; do echo line $i; done > out.txt"'), "p.yaml"
+    ).steps[0]
+    subprocess.run(step.argv, cwd=tmp_path, check=True, timeout=30)
+    assert (tmp_path / "out.txt").read_text() == "line 1\nline 2\n"
