@@ -6,6 +6,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from m27.cli.commands.run import ABORTED
 from tests.e2e._helpers import (
     M27,
+    m27_env,
     node_state,
     prefect_flow_run_state,
     prefect_log_messages,
@@ -159,6 +162,46 @@ def test_a_steps_stderr_shows_once_in_the_terminal_and_in_prefects_logs(
         ),
         timeout=30,
     )
+
+
+def test_a_reader_that_goes_away_stops_the_output_not_the_run(
+    tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    # `m27 run p.yaml | head -3`: head exits, and each later write to stdout raised
+    # BrokenPipeError: a traceback from the progress thread, a warning per output line.
+    (tmp_path / "step.py").write_text(
+        "import os, time\n"
+        "while not os.path.exists('go'):\n"
+        "    time.sleep(0.05)\n"
+        "for i in range(100):\n"
+        "    print('line', i, flush=True)\n"
+    )
+    spec = _write(
+        tmp_path,
+        "name: piped\npipeline:\n  - name: a\n    type: cpu\n    command: python step.py\n",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
+        env=m27_env(),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "pipeline piped" in proc.stdout.readline()
+        proc.stdout.close()  # as head does: every line the step prints now meets EPIPE
+        (tmp_path / "go").touch()
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr and "Broken pipe" not in stderr, stderr
+    (run,) = node_state(m27_home).runs.values()
+    assert run.status == "succeeded"
+    log = Path(run.steps["a"].log_path).read_text()
+    assert "line 99" in log  # the output lost is the terminal's copy only
 
 
 def test_a_second_run_writing_the_same_outputs_is_refused_until_the_first_ends(

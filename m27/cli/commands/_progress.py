@@ -6,10 +6,10 @@ per event, so logs of CI jobs and cron runs stay readable.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -186,8 +186,7 @@ class Progress:
                 # "started" first, not whenever the follower wakes next.
                 self._take(self.store.read(self._after))
             stamp = time.strftime("%H:%M:%S")
-            sys.stdout.write("".join(f"{stamp} [{step}] {line}\n" for line in lines))
-            sys.stdout.flush()
+            write_out("".join(f"{stamp} [{step}] {line}\n" for line in lines))
 
     def note(self, text: str) -> None:
         if self._live is not None:
@@ -333,8 +332,7 @@ class Progress:
     # --- output ----------------------------------------------------------------------
     def _print(self, text: str) -> None:
         stamp = time.strftime("%H:%M:%S")
-        sys.stdout.write(f"{stamp} {text}\n")
-        sys.stdout.flush()
+        write_out(f"{stamp} {text}\n")
 
     def _table(self) -> Table:
         # Readable at 80 columns: the fixed columns keep their full width (a step name up to
@@ -388,7 +386,7 @@ class Progress:
             _line(f"  {shown:<10} {name}{extra}")
         finals = [s for s in self.pipeline.steps if not self.pipeline.dependents(s.name)]
         made = [
-            str(Path(s.workdir or self.pipeline.workdir) / o)  # relative to the step's folder
+            str(self.pipeline.workdir_of(s) / o)  # relative to the step's folder
             for s in finals
             if run.steps[s.name].status == "succeeded"
             for o in s.outputs
@@ -405,4 +403,26 @@ class Progress:
 
 
 def _line(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
+    write_out(text + "\n")
+
+
+def write_out(text: str) -> None:
+    """Write `text` to stdout now. When its reader has gone (`m27 run p.yaml | head -3`),
+    the output stops, not the run: stdout is /dev/null from then on, and the run goes on
+    to its end and exit code (a write that raised there stopped the progress thread with a
+    traceback, and every later line of a step's output logged a warning)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _mute_stdout()
+
+
+def _mute_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes there too
+    except (OSError, ValueError):  # no file descriptor (a test's capture): replace it
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (stdout for the process's life)
+    finally:
+        os.close(devnull)

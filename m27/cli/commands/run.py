@@ -17,7 +17,7 @@ from m27._exceptions import RunnerError, StoreError
 from m27.cli import warm
 from m27.cli.commands import SUMMARY, _common, _notes
 from m27.cli.commands._options import add_set_option
-from m27.cli.commands._progress import Progress
+from m27.cli.commands._progress import Progress, write_out
 from m27.cli.prefect_run import prefect_defaults, quiet_run_loggers, run_settings, silence_prefect
 from m27.events import CancelRequested, RunCancelled, RunFailed
 from m27.gpu import detect
@@ -320,7 +320,7 @@ def _summarize(progress: Progress, result: Any, waited: float) -> int:
     """Print the run's summary; its exit code."""
     progress.summary(result)
     if waited >= 0.05:
-        sys.stdout.write(f"(before the run: {waited:.1f}s starting the node service)\n")
+        write_out(f"(before the run: {waited:.1f}s starting the node service)\n")
     return 0 if result.status == "succeeded" else 1
 
 
