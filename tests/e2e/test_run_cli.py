@@ -204,6 +204,30 @@ def test_a_reader_that_goes_away_stops_the_output_not_the_run(
     assert "line 99" in log  # the output lost is the terminal's copy only
 
 
+def test_an_output_that_cannot_be_written_stops_the_output_not_the_run(
+    tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    # `m27 run p.yaml > out.txt` on a full disk (here /dev/full: every write is ENOSPC)
+    # refused the run before it began, with `m27: [Errno 28] No space left on device`.
+    spec = _write(
+        tmp_path, "name: full\npipeline:\n  - name: a\n    type: cpu\n    command: echo hi\n"
+    )
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
+            env=m27_env(),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=240,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "m27: cannot write the output: No space left on device" in done.stderr
+    assert "Traceback" not in done.stderr
+    (run,) = node_state(m27_home).runs.values()
+    assert run.status == "succeeded"
+
+
 def test_a_second_run_writing_the_same_outputs_is_refused_until_the_first_ends(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:

@@ -407,15 +407,21 @@ def _line(text: str = "") -> None:
 
 
 def write_out(text: str) -> None:
-    """Write `text` to stdout now. When its reader has gone (`m27 run p.yaml | head -3`),
-    the output stops, not the run: stdout is /dev/null from then on, and the run goes on
-    to its end and exit code (a write that raised there stopped the progress thread with a
-    traceback, and every later line of a step's output logged a warning)."""
+    """Write `text` to stdout now. When its reader has gone (`m27 run p.yaml | head -3`)
+    or it cannot be written (`> /full/disk/out.txt`), the output stops, not the run:
+    stdout is /dev/null from then on, and the run goes on to its end and exit code (a
+    write that raised there stopped the progress thread with a traceback, every later line
+    of a step's output logged a warning, and a full disk refused the run before it began)."""
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
-    except BrokenPipeError:
+    except OSError as exc:
         _mute_stdout()
+        if not isinstance(exc, BrokenPipeError):  # a reader that left knows why
+            sys.stderr.write(
+                f"m27: cannot write the output: {exc.strerror or exc}; it stops here, the "
+                "run goes on (`m27 runs` lists it)\n"
+            )
 
 
 def _mute_stdout() -> None:
