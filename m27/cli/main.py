@@ -7,6 +7,7 @@ Exit codes are the same everywhere: 0 success, 1 a run or check failed, 2 bad in
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -116,6 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+#: errno of a write that found no room: a write's OSError names no file (`print` to a full
+#: disk, `m27 runs > out.txt`), so the line says what failed, as coreutils do
+_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
 def _os_error(exc: OSError) -> tuple[str, int]:
     """The line for an OSError and the exit code: 2 (bad configuration) when the path lies
     in M27_HOME, whose setting is then named; 1 otherwise."""
@@ -123,6 +129,8 @@ def _os_error(exc: OSError) -> tuple[str, int]:
 
     name = exc.filename
     if name is None:
+        if exc.errno in _WRITE_ERRORS:
+            return f"write error: {exc.strerror}", 1
         return str(exc), 1
     path = os.fsdecode(name) if isinstance(name, str | bytes) else str(name)
     text = f"cannot use {path}: {exc.strerror or exc}"

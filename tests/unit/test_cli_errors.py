@@ -279,7 +279,22 @@ def test_an_os_error_outside_the_home_names_the_path_and_exits_1(m27_home: Path)
     text, code = _os_error(PermissionError(13, "Permission denied", "/data/out/x.pdb"))
     assert (text, code) == ("cannot use /data/out/x.pdb: Permission denied", 1)
     text, code = _os_error(OSError(28, "No space left on device"))
-    assert code == 1 and "No space left on device" in text
+    assert (text, code) == ("write error: No space left on device", 1)
+
+
+def test_output_to_a_full_disk_is_a_write_error_in_one_line(two_runs: Path) -> None:
+    # `m27 runs > out.txt` on a full disk (/dev/full: every write is ENOSPC) said
+    # `m27: [Errno 28] No space left on device`, not what failed.
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "m27.cli", "runs"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert (done.returncode, done.stderr) == (1, "m27: write error: No space left on device\n")
 
 
 @pytest.mark.parametrize(
