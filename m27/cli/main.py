@@ -122,6 +122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 _WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
+def _cwd_exists() -> bool:
+    """Whether the current folder is still there (os.getcwd fails once it is deleted)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _os_error(exc: OSError) -> tuple[str, int]:
     """The line for an OSError and the exit code: 2 (bad configuration) when the path lies
     in M27_HOME, whose setting is then named; 1 otherwise."""
@@ -131,6 +140,8 @@ def _os_error(exc: OSError) -> tuple[str, int]:
     if name is None:
         if exc.errno in _WRITE_ERRORS:
             return f"write error: {exc.strerror}", 1
+        if exc.errno == errno.ENOENT and not _cwd_exists():
+            return "the current folder was deleted: cd to one that exists", 2
         return str(exc), 1
     path = os.fsdecode(name) if isinstance(name, str | bytes) else str(name)
     text = f"cannot use {path}: {exc.strerror or exc}"

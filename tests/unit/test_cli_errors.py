@@ -328,3 +328,24 @@ def test_a_simulation_window_of_zero_is_refused_not_taken_as_the_default(
 ) -> None:
     assert main(["simulate", "lab", "--window", "0"]) == 2
     assert capsys.readouterr().err == "m27: --window '0': give a duration above 0, e.g. 72h\n"
+
+
+def test_a_deleted_current_folder_is_named_not_an_errno(m27_home: Path, tmp_path: Path) -> None:
+    # From a folder deleted under the shell, `m27 validate /abs/p.yaml` and `m27 run` said
+    # `m27: [Errno 2] No such file or directory`, naming nothing.
+    spec = tmp_path / "p.yaml"
+    spec.write_text("name: p\nsteps:\n  - name: a\n    type: cpu\n    command: 'true'\n")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = 'cd "$1" && rm -r "$1" && exec "$2" -m m27.cli validate "$3"'
+    done = subprocess.run(
+        ["sh", "-c", script, "sh", str(gone), sys.executable, str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        "m27: the current folder was deleted: cd to one that exists\n",
+    )
