@@ -6,8 +6,12 @@ cancel watcher, the checkpoint artifacts, and the step's launch (engine recipe, 
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from m27.executors.engines import plan_for_step
 from m27.executors.local import SelfCheckpoint, StepLaunch
 from m27.node.lease import AgentLease, lease_wanted
 from m27.paths import join_under
+from m27.signals import SignalRelay
 from m27.spec import Pipeline, Step
 from m27.store import EventStore
 from m27.units import format_size
@@ -48,6 +53,8 @@ class _Run:
     first_seq: int = 0
     #: bytes of each step's output sent to Prefect's logs (config prefect_log_limit)
     prefect_log_limit: int = 10 * 1024 * 1024
+    #: who asked the run to stop (CancelRequested.by of the first request), "" if none
+    cancelled_by: str = ""
 
     def append(self, *events: Event) -> None:
         self.store.append(list(events))
@@ -75,9 +82,41 @@ def _watch_cancel(run: _Run, stop: threading.Event) -> None:
                 after = rec.seq
                 ev = rec.event
                 if isinstance(ev, CancelRequested) and ev.run_id == run.run_id:
+                    run.cancelled_by = run.cancelled_by or ev.by
                     run.cancel.set()
     except StoreError:  # the flow meets the same error on its next append and ends the run
         return
+
+
+#: Signals to the flow's process that cancel its run: a stop (`kill`, systemd, Slurm's
+#: TERM before its KILL) and a closed terminal (HUP).
+CANCEL_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def cancel_on_signals(run: _Run) -> Callable[[], None]:
+    """While the flow runs, SIGTERM or SIGHUP to its process cancel the run, as `m27
+    cancel` does: the steps get their TERM and grace (a checkpoint at stop), the run ends
+    cancelled and can be resumed. Prefect's engine turned SIGTERM into a crash, then
+    waited for the steps to end by themselves; HUP killed the process and left its steps
+    running. Returns what puts the previous handlers back (only the main thread can
+    install them: elsewhere this does nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def cancel(signum: int) -> None:
+        name = signal.Signals(signum).name
+        with contextlib.suppress(StoreError):  # the flow ends on the same error
+            run.append(CancelRequested(at=time.time(), run_id=run.run_id, by=name))
+
+    relay = SignalRelay(cancel)  # not in the handler: it may land while the store is locked
+    previous = relay.install(CANCEL_SIGNALS)
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        relay.close()
+
+    return restore
 
 
 class _StepLog:

@@ -17,6 +17,7 @@ import contextlib
 import getpass
 import os
 import shlex
+import signal
 import socket
 import threading
 import time
@@ -33,7 +34,16 @@ from prefect.states import Cancelled, Completed, Failed
 
 from flows import _logging, _params, summary
 from flows._outcomes import Outcomes
-from flows._run import _launch, _PrefectOutput, _Run, _StepLog, _watch_cancel, waiting_line
+from flows._run import (
+    CANCEL_SIGNALS,
+    _launch,
+    _PrefectOutput,
+    _Run,
+    _StepLog,
+    _watch_cancel,
+    cancel_on_signals,
+    waiting_line,
+)
 from m27 import ConfigError, M27Error, RunnerError, SpecError, StoreError, liveness, runids
 from m27.config import load_settings, m27_home
 from m27.events import (
@@ -156,6 +166,9 @@ def _state_of(result: StepResult | None) -> State:
         return Cancelled(message="cancelled")
     return Failed(message=result.reason)
 
+
+#: CancelRequested.by of a cancel from a signal to the flow's process (cancel_on_signals)
+SIGNAL_NAMES = frozenset(signal.Signals(s).name for s in CANCEL_SIGNALS)
 
 #: run id -> its shared context, for the step tasks of runs in this process.
 _RUNS: dict[str, _Run] = {}
@@ -309,11 +322,13 @@ def pipeline_flow(
     stop_watch = threading.Event()
     watcher = threading.Thread(target=_watch_cancel, args=(run, stop_watch), daemon=True)
     watcher.start()
+    restore_signals = cancel_on_signals(run)
     try:
         outcome = _walk(run, pipeline, done)
     except StoreError as exc:  # a full disk, say: `m27 run` or the crash watcher closes the run
         return Failed(message=f"the event log failed: {exc}")  # a state: no traceback logged
     finally:
+        restore_signals()
         # The followers end at the next event: the run's end, appended below (joining them
         # here would wait out a poll, 0.05-0.1 s of every run's exit).
         stop_watch.set()
@@ -324,8 +339,9 @@ def pipeline_flow(
     duration = _now() - started
     failed = tuple(s.name for s in pipeline.steps if outcome.get(s.name) == "failed")
     cancelled = run.cancel.is_set()
+    why = f"{run.cancelled_by} received" if run.cancelled_by in SIGNAL_NAMES else ""
     if cancelled:
-        _finish(run, RunCancelled(at=_now(), run_id=run_id, reason="cancel requested"))
+        _finish(run, RunCancelled(at=_now(), run_id=run_id, reason=why or "cancel requested"))
     elif failed:
         _finish(
             run,
@@ -342,7 +358,7 @@ def pipeline_flow(
     watcher.join(timeout=2)
     run.lease.close()
     if cancelled:
-        return Cancelled(message=f"run {run_id} cancelled")
+        return Cancelled(message=f"run {run_id} cancelled" + (f": {why}" if why else ""))
     if failed:
         return Failed(message=f"run {run_id}: step(s) {', '.join(failed)} failed")
     return {"run_id": run_id, "steps": outcome}

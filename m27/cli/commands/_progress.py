@@ -6,6 +6,7 @@ per event, so logs of CI jobs and cron runs stay readable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -18,6 +19,7 @@ from rich.table import Table
 
 from m27.cli.commands._common import how_it_failed
 from m27.events import (
+    CancelRequested,
     CheckpointWritten,
     Event,
     GuestPaused,
@@ -137,6 +139,7 @@ class Progress:
         self._stop = threading.Event()
         self._stopped = False
         self._ended = False  # the run's end event was applied: the follower has shown it all
+        self._cancel_told = False
         self._thread = threading.Thread(target=self._follow, name="m27-progress", daemon=True)
         self._lock = threading.Lock()
         # Held while events are taken from the log and applied: the follower and a step's
@@ -319,6 +322,9 @@ class Progress:
         return found.retry_delay if found is not None else 0.0
 
     def _run_end(self, ev: Event) -> str | None:
+        if isinstance(ev, CancelRequested) and not self._cancel_told:
+            self._cancel_told = True
+            return _cancelling(ev.by)
         if isinstance(ev, (RunSucceeded, RunFailed, RunCancelled)):
             self._ended = True
         if isinstance(ev, RunSucceeded):
@@ -402,6 +408,24 @@ class Progress:
             _line(f"resume: m27 run --resume {run.run_id}")
 
 
+def _cancelling(by: str) -> str | None:
+    """The line for the first request to cancel the run, naming who asked (a Ctrl-C in
+    this terminal is told by its handler); a signal's came from outside the terminal."""
+    if by == "ctrl-c":
+        return None
+    if by.startswith("SIG"):
+        who = f"{by} received"
+    elif by.startswith("cli:"):
+        who = "asked by `m27 cancel`"
+    elif by == "prefect":
+        who = "cancelled from Prefect"
+    elif by.startswith("telegram:"):
+        who = "asked from Telegram"
+    else:
+        who = f"asked by {by}" if by else "asked"
+    return f"cancelling: {who}; stopping step processes"
+
+
 def _line(text: str = "") -> None:
     write_out(text + "\n")
 
@@ -418,10 +442,11 @@ def write_out(text: str) -> None:
     except OSError as exc:
         _mute_stdout()
         if not isinstance(exc, BrokenPipeError):  # a reader that left knows why
-            sys.stderr.write(
-                f"m27: cannot write the output: {exc.strerror or exc}; it stops here, the "
-                "run goes on (`m27 runs` lists it)\n"
-            )
+            with contextlib.suppress(OSError):  # a closed terminal (EIO) takes stderr too
+                sys.stderr.write(
+                    f"m27: cannot write the output: {exc.strerror or exc}; it stops here, "
+                    "the run goes on (`m27 runs` lists it)\n"
+                )
 
 
 def _mute_stdout() -> None:
