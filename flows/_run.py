@@ -25,8 +25,10 @@ from m27.events import (
     Event,
     SlurmJobStateChanged,
     SlurmJobSubmitted,
+    StepFailed,
     StepStarted,
 )
+from m27.events.state import fold
 from m27.executors.container import wrap_argv
 from m27.executors.engines import plan_for_step
 from m27.executors.local import SelfCheckpoint, StepLaunch
@@ -70,6 +72,25 @@ class _Run:
             if found is not None:
                 return str(found)
         return None
+
+
+def record_failed(run: _Run, name: str, reason: str) -> None:
+    """Record `name` failed unless the log already has its end (an error after it)."""
+    state = fold(run.store.read_runs((run.run_id,), after=run.first_seq))
+    found = state.runs[run.run_id].steps.get(name) if run.run_id in state.runs else None
+    if found is not None and found.done:
+        return
+    began = found.started_at if found is not None else None
+    run.append(
+        StepFailed(
+            at=time.time(),
+            run_id=run.run_id,
+            step=name,
+            attempt=max(1, found.attempts if found is not None else 1),
+            duration_s=time.time() - began if began is not None else 0.0,
+            reason=reason,
+        )
+    )
 
 
 def _watch_cancel(run: _Run, stop: threading.Event) -> None:

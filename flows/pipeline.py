@@ -42,6 +42,7 @@ from flows._run import (
     _StepLog,
     _watch_cancel,
     cancel_on_signals,
+    record_failed,
     waiting_line,
 )
 from m27 import ConfigError, M27Error, RunnerError, SpecError, StoreError, liveness, runids
@@ -189,27 +190,8 @@ def step_task(run_id: str, step: str) -> State:
         # the traceback, in the task's Prefect log only: what a bug report needs
         get_run_logger().error("%s", reason, exc_info=True)
         with contextlib.suppress(StoreError):
-            _record_failed(run, step, reason)
+            record_failed(run, step, reason)
         return Failed(message=reason)
-
-
-def _record_failed(run: _Run, name: str, reason: str) -> None:
-    """Record `name` failed unless the log already has its end (an error after it)."""
-    state = fold(run.store.read_runs((run.run_id,), after=run.first_seq))
-    found = state.runs[run.run_id].steps.get(name) if run.run_id in state.runs else None
-    if found is not None and found.done:
-        return
-    began = found.started_at if found is not None else None
-    run.append(
-        StepFailed(
-            at=_now(),
-            run_id=run.run_id,
-            step=name,
-            attempt=max(1, found.attempts if found is not None else 1),
-            duration_s=_now() - began if began is not None else 0.0,
-            reason=reason,
-        )
-    )
 
 
 @task(name="skipped", cache_policy=NO_CACHE, persist_result=False)
