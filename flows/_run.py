@@ -119,8 +119,9 @@ def cancel_on_signals(run: _Run) -> Callable[[], None]:
     cancel` does: the steps get their TERM and grace (a checkpoint at stop), the run ends
     cancelled and can be resumed. Prefect's engine turned SIGTERM into a crash, then
     waited for the steps to end by themselves; HUP killed the process and left its steps
-    running. Returns what puts the previous handlers back (only the main thread can
-    install them: elsewhere this does nothing)."""
+    running. A signal the process ignores (HUP under `nohup`) is left ignored. Returns
+    what puts the previous handlers back (only the main thread can install them:
+    elsewhere this does nothing)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
@@ -130,7 +131,8 @@ def cancel_on_signals(run: _Run) -> Callable[[], None]:
             run.append(CancelRequested(at=time.time(), run_id=run.run_id, by=name))
 
     relay = SignalRelay(cancel)  # not in the handler: it may land while the store is locked
-    previous = relay.install(CANCEL_SIGNALS)
+    # one ignored stays ignored: `nohup m27 run` goes on when its terminal closes
+    previous = relay.install(s for s in CANCEL_SIGNALS if signal.getsignal(s) != signal.SIG_IGN)
 
     def restore() -> None:
         for signum, handler in previous.items():

@@ -51,7 +51,11 @@ def _client(conn: socket.socket, args: list[str], env: dict[str, str]) -> int | 
         else:
             pending.append(signum)
 
-    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    # A signal the client was started ignoring stays ignored (`nohup m27 run`: a closed
+    # terminal's HUP must not reach the run).
+    previous = {
+        s: signal.signal(s, forward) for s in FORWARDED if signal.getsignal(s) != signal.SIG_IGN
+    }
     try:
         request = {
             **_identity(),

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.e2e._helpers import node_state, prefect_flow_run_state, spawn_m27
+from tests.e2e._helpers import call_m27, m27_env, node_state, prefect_flow_run_state
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.service
@@ -52,13 +55,39 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
-def test_a_signal_to_m27_run_cancels_the_run_and_stops_its_steps(
-    tmp_path: Path, m27_home: Path, prefect_env: str, signum: signal.Signals
-) -> None:
+QUICK = "name: quick\npipeline:\n  - name: hello\n    type: cpu\n    command: echo hello\n"
+
+
+def _start(tmp_path: Path, home: Path, *, warm: bool, **popen: Any) -> subprocess.Popen[str]:
+    """`m27 run` of SLEEPER: in a warm runner's forked child (a first run started the node
+    service and its runner), or in the client's own process."""
+    env = m27_env()
+    if warm:
+        quick = tmp_path / "quick.yaml"
+        quick.write_text(QUICK)
+        assert call_m27("run", str(quick), "--plain", timeout=600).returncode == 0
+        info = home / "warm.json"
+        wait_until(info.exists, timeout=240, interval=0.2, what="the warm runner serving")
+    else:
+        env["M27_WARM"] = "0"
     spec = tmp_path / "p.yaml"
     spec.write_text(SLEEPER)
-    proc = spawn_m27("run", str(spec), "--plain")
+    return subprocess.Popen(
+        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["own-process", "warm"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_a_signal_to_m27_run_cancels_the_run_and_stops_its_steps(
+    tmp_path: Path, m27_home: Path, prefect_env: str, signum: signal.Signals, warm: bool
+) -> None:
+    proc = _start(tmp_path, m27_home, warm=warm)
     try:
         run_id, pgid = wait_until(
             lambda: _running(m27_home), timeout=120, interval=0.1, what="the step running"
@@ -80,3 +109,28 @@ def test_a_signal_to_m27_run_cancels_the_run_and_stops_its_steps(
         timeout=60,
         what="Prefect showing the flow run Cancelled",
     )
+
+
+def _ignore_hup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["own-process", "warm"])
+def test_under_nohup_a_closed_terminal_leaves_the_run_running(
+    tmp_path: Path, m27_home: Path, prefect_env: str, warm: bool
+) -> None:
+    # Through the warm runner the client forwarded the HUP it ignored, and the run died.
+    proc = _start(tmp_path, m27_home, warm=warm, preexec_fn=_ignore_hup)
+    try:
+        run_id, _pgid = wait_until(
+            lambda: _running(m27_home), timeout=120, interval=0.1, what="the step running"
+        )
+        proc.send_signal(signal.SIGHUP)
+        # still running once a later signal, which does cancel, has been handled
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "SIGHUP" not in out, out
+    assert "cancelling: SIGTERM received" in out, out
+    assert node_state(m27_home).runs[run_id].reason == "SIGTERM received"
