@@ -111,26 +111,29 @@ def test_a_signal_to_m27_run_cancels_the_run_and_stops_its_steps(
     )
 
 
-def _ignore_hup() -> None:
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-
 @pytest.mark.parametrize("warm", [False, True], ids=["own-process", "warm"])
-def test_under_nohup_a_closed_terminal_leaves_the_run_running(
-    tmp_path: Path, m27_home: Path, prefect_env: str, warm: bool
+@pytest.mark.parametrize(
+    "ignored", [signal.SIGHUP, signal.SIGINT], ids=["nohup", "background-of-a-script"]
+)
+def test_a_signal_m27_run_was_started_ignoring_leaves_the_run_running(
+    tmp_path: Path, m27_home: Path, prefect_env: str, warm: bool, ignored: signal.Signals
 ) -> None:
-    # Through the warm runner the client forwarded the HUP it ignored, and the run died.
-    proc = _start(tmp_path, m27_home, warm=warm, preexec_fn=_ignore_hup)
+    # `nohup m27 run`: a closed terminal's HUP; `m27 run p.yaml &` in a script: a Ctrl-C
+    # meant for the script. Through the warm runner the client forwarded what it ignored
+    # (the HUP killed the run); in its own process `m27 run` set its Ctrl-C handler anyway.
+    proc = _start(
+        tmp_path, m27_home, warm=warm, preexec_fn=lambda: signal.signal(ignored, signal.SIG_IGN)
+    )
     try:
         run_id, _pgid = wait_until(
             lambda: _running(m27_home), timeout=120, interval=0.1, what="the step running"
         )
-        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(ignored)
         # still running once a later signal, which does cancel, has been handled
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert "SIGHUP" not in out, out
     assert "cancelling: SIGTERM received" in out, out
+    assert "Ctrl-C" not in out and "SIGHUP" not in out, out
     assert node_state(m27_home).runs[run_id].reason == "SIGTERM received"

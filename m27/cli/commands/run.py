@@ -238,7 +238,11 @@ def run(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt
         relay(signum, frame)
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    # Ignored, it stays so: a job started in the background of a script (`m27 run p.yaml &`)
+    # is not the one a Ctrl-C at the terminal is meant for.
+    previous = signal.getsignal(signal.SIGINT)
+    if previous != signal.SIG_IGN:
+        signal.signal(signal.SIGINT, on_sigint)
     from flows.pipeline import LINE_SINKS, RUN_ENDED, pipeline_flow
 
     if not args.verbose:
