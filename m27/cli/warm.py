@@ -13,7 +13,8 @@ terminal, and the runner reports the child's exit status back, so the client exi
 What a user sees stays the same as an in-process run:
 
 - Ctrl-C, SIGTERM, SIGHUP, SIGQUIT and window resizes reaching the client are forwarded to
-  the child, which handles them as `m27 run` always did (Ctrl-C cancels the run);
+  the child, which handles them as `m27 run` always did (Ctrl-C, TERM and HUP cancel the
+  run); one the client was started ignoring (`nohup`) is not;
 - when the client dies (kill -9, the OOM killer, a closed ssh session) the child kills
   itself at once (it watches the socket), so the node service's crash watcher records the
   run crashed, stops its steps and marks it Crashed in Prefect, as for a killed run before;
