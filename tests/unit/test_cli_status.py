@@ -165,3 +165,30 @@ def test_a_failed_step_says_once_how_it_failed(
     )
     assert rows["a"].endswith("  exited with code 3")
     assert rows["b"].endswith("  command not found: gmx (exit 127)")
+
+
+@pytest.mark.parametrize(
+    ("end", "shown"),
+    [
+        (ev.RunCancelled(2.0, "R", "SIGTERM received"), "cancelled: SIGTERM received"),
+        (ev.RunFailed(2.0, "R", 1.0, ("a",), "step a failed"), "failed: step a failed"),
+        (ev.RunCrashed(2.0, "R", "flow run process 7 died"), "crashed: flow run process 7 died"),
+        (ev.RunSucceeded(2.0, "R", 1.0), "succeeded"),
+    ],
+    ids=["cancelled", "failed", "crashed", "succeeded"],
+)
+def test_an_ended_run_says_how_it_ended(
+    m27_home: Path, capsys: pytest.CaptureFixture[str], end: ev.Event, shown: str
+) -> None:
+    # `m27 status RUN` of a run stopped by SIGTERM said `cancelled`, not by what.
+    run = "20261203-120000-cccc"
+    end = type(end)(**{**end.__dict__, "run_id": run})
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append([ev.RunSubmitted(1.0, run, "p", "p.yaml", ("a",), pid=0), end])
+    store.close()
+    assert main(["status", run]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"run {run}  pipeline p  {shown}  (")
+    assert main(["status", run, "--json"]) == 0
+    reason = json.loads(capsys.readouterr().out)["reason"]
+    assert reason == ("" if shown == "succeeded" else shown.split(": ", 1)[1])

@@ -84,10 +84,13 @@ def _guest(s: StepState, primary: dict[int, tuple[str, str]]) -> dict[str, Any] 
 def _run_dict(
     r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]] | None = None
 ) -> dict[str, Any]:
+    status = _common.shown_status(r)
     return {
         "run_id": r.run_id,
         "pipeline": r.pipeline,
-        "status": _common.shown_status(r),
+        "status": status,
+        # how it ended (`step b failed`, `SIGTERM received`), "" while it runs
+        "reason": r.reason.removeprefix(f"{status}: ") if r.status != "running" else "",
         "spec_path": r.spec_path,
         "vars": dict(r.vars),
         "submitted_at": r.submitted_at,
@@ -167,7 +170,8 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
     took = format_duration(d["duration_s"]) if d["duration_s"] is not None else "-"
     if d["status"] == "running" and r.submitted_at:
         took = f"for {format_duration(max(0.0, now - r.submitted_at))}"
-    print(f"run {r.run_id}  pipeline {r.pipeline}  {d['status']}  ({took})")
+    shown = d["status"] + (f": {d['reason']}" if d["reason"] else "")  # cancelled: why
+    print(f"run {r.run_id}  pipeline {r.pipeline}  {shown}  ({took})")
     print(f"  file: {r.spec_path}")
     if r.vars:
         print("  vars: " + " ".join(f"{k}={v}" for k, v in r.vars.items()))
