@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=SUMMARY["run"],
         description="Validate FILE, record the run in the node's event log and run it as a "
         "Prefect flow on the node service's Prefect server (started when none runs; "
-        "PREFECT_API_URL: the lab's server instead). "
+        "PREFECT_API_URL: the lab's server instead). Ctrl-C, SIGTERM and SIGHUP cancel "
+        "the run (its steps get SIGTERM and their grace; a second Ctrl-C aborts). "
         "Exit code 0 when every step succeeded, 1 when a step failed or the run was "
         "cancelled, 2 for bad input.",
     )
