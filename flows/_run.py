@@ -136,7 +136,8 @@ def cancel_on_signals(run: _Run) -> Callable[[], None]:
 
     def restore() -> None:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(signum, handler)  # type: ignore[arg-type]
         relay.close()
 
     return restore
