@@ -151,6 +151,30 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def unreachable(url: str, timeout: float = 10.0) -> str | None:
+    """Why nothing answers at the Prefect API `url` (connection refused, no such host, no
+    answer within `timeout`), or None. Any HTTP answer counts as an answer, and so does a
+    TLS failure: Prefect's own settings may trust a certificate this check does not."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, ssl.SSLError):
+            return None
+        return (reason.strerror if isinstance(reason, OSError) else None) or str(reason)
+    except TimeoutError:
+        return f"no answer in {timeout:g} s"
+    except (OSError, ValueError):  # a malformed URL or a dropped connection: Prefect says
+        return None
+    return None
+
+
 def write_info(home: Path, info: ServiceInfo) -> None:
     """Replace ``service.json`` atomically: a reader sees the old file or the new one."""
     path = Path(home) / INFO_NAME

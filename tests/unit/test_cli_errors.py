@@ -349,3 +349,64 @@ def test_a_deleted_current_folder_is_named_not_an_errno(m27_home: Path, tmp_path
         2,
         "m27: the current folder was deleted: cd to one that exists\n",
     )
+
+
+def _runs(home: Path) -> dict[str, object]:
+    store = SqliteEventStore(home / "events.db")
+    try:
+        return dict(fold(store.read()).runs)
+    finally:
+        store.close()
+
+
+def _run_m27(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "m27.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def test_m27_run_against_a_lab_server_that_is_down_is_one_line(
+    m27_home: Path, tmp_path: Path
+) -> None:
+    # Prefect's engine met it with a page of traceback, after the run was announced.
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/api"
+    spec = tmp_path / "p.yaml"
+    spec.write_text("pipeline:\n  - name: a\n    type: cpu\n    command: 'true'\n")
+    done = _run_m27("run", str(spec), env={"PREFECT_API_URL": url})
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert done.stderr.splitlines()[-1] == (
+        f"m27: cannot reach the Prefect server at {url} (PREFECT_API_URL): "
+        "Connection refused; is it running?"
+    )
+    assert _runs(m27_home) == {}
+
+
+def test_m27_run_against_a_server_that_is_not_prefect_is_one_line(
+    m27_home: Path, tmp_path: Path
+) -> None:
+    # It answers (501 to everything), so it is reached; Prefect's engine then failed.
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/api"
+        spec = tmp_path / "p.yaml"
+        spec.write_text("pipeline:\n  - name: a\n    type: cpu\n    command: 'true'\n")
+        done = _run_m27("run", str(spec), "--plain", env={"PREFECT_API_URL": url})
+    finally:
+        server.shutdown()
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("m27: run ") and " did not start: Failed to reach API at " in last
+    assert _runs(m27_home) == {}

@@ -13,7 +13,7 @@ from types import FrameType
 from typing import Any
 
 from m27 import runids
-from m27._exceptions import RunnerError, StoreError
+from m27._exceptions import M27Error, RunnerError, StoreError
 from m27.cli import warm
 from m27.cli.commands import SUMMARY, _common, _notes
 from m27.cli.commands._options import add_set_option
@@ -65,10 +65,19 @@ def _node_service() -> float:
     Called before `prefect` is imported, so every Prefect setting read later sees the URL.
     """
     from m27.config import m27_home
-    from m27.node.service import ensure_service
+    from m27.node.service import ensure_service, unreachable
 
     info, waited = ensure_service(m27_home())
     os.environ["PREFECT_API_URL"] = info.url
+    # A lab's server (the service's own answered before it said ready): Prefect's engine
+    # met a server that is down with a page of traceback, after the run was announced.
+    why = None if info.own_server else unreachable(info.url)
+    if why is not None:
+        raise M27Error(
+            f"cannot reach the Prefect server at {info.url} (PREFECT_API_URL): {why}; "
+            "is it running?",
+            url=info.url,
+        )
     return waited
 
 
@@ -292,6 +301,11 @@ def run(args: argparse.Namespace) -> int:
         state = _common.run_state(store, run_id)
         if run_id in state.runs and state.runs[run_id].status == "running":
             store.append([_stopped(run_id, exc)])
+        elif run_id not in state.runs and isinstance(exc, Exception) and not args.verbose:
+            # Prefect's engine failed before the flow began (its API answered, but not
+            # as a Prefect server would): one line, nothing recorded; --verbose shows all
+            print(f"m27: run {run_id} did not start: {_said(exc)}", file=sys.stderr)
+            return 1
         raise
     finally:
         outputs.release()
@@ -410,6 +424,17 @@ def _stop_notifier(handles: Any) -> None:
 #: Why a run aborted by a second Ctrl-C ended: the user stopped it (it was recorded
 #: `failed: m27 run stopped: KeyboardInterrupt: `, and paged as a failure).
 ABORTED = "aborted by a second Ctrl-C, without waiting for its steps to stop"
+
+
+def _said(exc: BaseException) -> str:
+    """An exception in one line: its message, and the first line of its cause's."""
+
+    def first(e: BaseException) -> str:
+        lines = str(e).strip().splitlines()
+        return lines[0][:300] if lines else type(e).__name__
+
+    cause = exc.__cause__
+    return first(exc) + (f" ({first(cause)})" if cause is not None else "")
 
 
 def _stopped(run_id: str, exc: BaseException) -> RunCancelled | RunFailed:
