@@ -10,15 +10,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
+import threading
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "END_GRACE_S",
+    "bound_prefect_end",
     "check_server_version",
     "complete_models",
+    "one_line",
     "prefect_defaults",
     "prefect_env",
+    "prefect_late",
     "quiet_run_loggers",
     "run_settings",
     "silence_prefect",
@@ -52,6 +58,41 @@ def quiet_run_loggers() -> None:
         logger = logging.getLogger(name)
         if _draining not in logger.filters:
             logger.addFilter(_draining)
+    # what reaches the terminal through Prefect's own handlers (root's console, and its
+    # internal loggers' stream)
+    internal = logging.getLogger("prefect._internal")
+    for handler in [*logging.getLogger().handlers, *internal.handlers]:
+        if _TERSE not in handler.filters:
+            handler.addFilter(_TERSE)
+
+
+class _Terse(logging.Filter):
+    """Prefect's own complaints at `m27 run`'s terminal, without tracebacks or repeats.
+
+    With its API down (a lab server restarting during a run), Prefect logged every event
+    it could not send as an ERROR with a traceback and the whole event, and a warning
+    that it cannot connect each time it tried again: screens of it, around m27's lines.
+    The first warning of each kind shows, in one line; the per-event errors do not (the
+    warning says it); any other record keeps its message without the traceback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._told: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        if record.name.startswith("prefect._internal") and "failed to process item" in text:
+            return False
+        if record.levelno >= logging.WARNING and record.name.startswith("prefect"):
+            key = f"{record.name}:{text[:40]}"
+            if key in self._told:
+                return False
+            self._told.add(key)
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+_TERSE = _Terse()
 
 
 def silence_prefect() -> None:
@@ -60,7 +101,7 @@ def silence_prefect() -> None:
     interpreter shuts down, and said so with tracebacks (`Error emitting event:
     prefect.task-run.Cancelled ... can't register atexit after shutdown`) after `m27:
     interrupted`."""
-    for name in ("prefect", "EventsWorker", "APILogWorker"):
+    for name in ("prefect", "prefect._internal", "EventsWorker", "APILogWorker"):
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
@@ -181,3 +222,47 @@ def complete_models() -> None:
         if not cls.__pydantic_complete__:
             with contextlib.suppress(Exception):  # a model whose forward refs never resolve
                 cls.model_rebuild()
+
+
+#: Seconds `m27 run` waits, after the run's end is in the log and its summary printed, for
+#: Prefect's part of the end (final states, summary artifact) before it exits anyway.
+END_GRACE_S = 30.0
+
+
+def bound_prefect_end(code: int) -> None:
+    """Exit with `code` if Prefect's part of the end takes more than END_GRACE_S: a lab
+    server that went down during the run kept `m27 run` retrying for minutes after its
+    summary, then ended it with a traceback. The node service tells Prefect how the run
+    ended once it answers (m27.node.settle: the flow's process is gone by then)."""
+
+    def give_up() -> None:
+        prefect_late(f"has not taken the run's end after {END_GRACE_S:g} s")
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(END_GRACE_S, give_up)
+    timer.daemon = True
+    timer.start()
+
+
+def prefect_late(what: str) -> None:
+    """Say on stderr that Prefect's server did not take the run's end (`what`)."""
+    url = os.environ.get("PREFECT_API_URL", "")
+    with contextlib.suppress(OSError):
+        sys.stderr.write(
+            f"m27: Prefect's server at {url} {what}; the node service tells it how the run "
+            "ended once it answers\n"
+        )
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception in one line: its message, and the first line of its cause's."""
+
+    def first(e: BaseException) -> str:
+        lines = str(e).strip().splitlines()
+        return lines[0][:300] if lines else type(e).__name__
+
+    cause = exc.__cause__
+    return first(exc) + (f" ({first(cause)})" if cause is not None else "")

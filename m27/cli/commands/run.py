@@ -18,7 +18,15 @@ from m27.cli import warm
 from m27.cli.commands import SUMMARY, _common, _notes
 from m27.cli.commands._options import add_set_option
 from m27.cli.commands._progress import Progress, write_out
-from m27.cli.prefect_run import prefect_defaults, quiet_run_loggers, run_settings, silence_prefect
+from m27.cli.prefect_run import (
+    bound_prefect_end,
+    one_line,
+    prefect_defaults,
+    prefect_late,
+    quiet_run_loggers,
+    run_settings,
+    silence_prefect,
+)
 from m27.events import CancelRequested, RunCancelled, RunFailed
 from m27.gpu import detect
 from m27.locks import OutputLocks
@@ -261,8 +269,9 @@ def run(args: argparse.Namespace) -> int:
     released: list[int] = []
 
     def on_end() -> None:
-        """The run's end is in the log: a forked run prints its summary and lets the client
-        go before Prefect's part of the end (m27.cli.warm.release_client)."""
+        """The run's end is in the log: its summary now, before Prefect's part of the end
+        (a forked run lets its client go: m27.cli.warm.release_client; a run in this
+        process waits for that part END_GRACE_S at most)."""
         try:
             result = _common.run_state(store, run_id, before).runs.get(run_id)
         except StoreError:
@@ -272,12 +281,14 @@ def run(args: argparse.Namespace) -> int:
         progress.stop()
         outputs.release()  # the next run may write them now, before Prefect's bookkeeping
         code = _summarize(progress, result, waited)
-        if warm.release_client(code):
-            released.append(code)
+        released.append(code)
+        if not warm.release_client(code):
+            if not args.verbose:
+                silence_prefect()  # its bookkeeping from here on: said below if it fails
+            bound_prefect_end(code)
 
     LINE_SINKS[run_id] = progress.on_lines
-    if warm.in_child():
-        RUN_ENDED[run_id] = on_end
+    RUN_ENDED[run_id] = on_end
     progress.start()
     notifier = _start_notifier(store)
     flow_state: Any = None
@@ -304,8 +315,13 @@ def run(args: argparse.Namespace) -> int:
         elif run_id not in state.runs and isinstance(exc, Exception) and not args.verbose:
             # Prefect's engine failed before the flow began (its API answered, but not
             # as a Prefect server would): one line, nothing recorded; --verbose shows all
-            print(f"m27: run {run_id} did not start: {_said(exc)}", file=sys.stderr)
+            print(f"m27: run {run_id} did not start: {one_line(exc)}", file=sys.stderr)
             return 1
+        elif released and isinstance(exc, Exception) and not args.verbose:
+            # the run ended and its summary is out; Prefect's part of the end failed
+            prefect_late(f"did not take the run's end ({one_line(exc)})")
+            _FAST_EXIT.append(released[0])
+            return released[0]
         raise
     finally:
         outputs.release()
@@ -424,17 +440,6 @@ def _stop_notifier(handles: Any) -> None:
 #: Why a run aborted by a second Ctrl-C ended: the user stopped it (it was recorded
 #: `failed: m27 run stopped: KeyboardInterrupt: `, and paged as a failure).
 ABORTED = "aborted by a second Ctrl-C, without waiting for its steps to stop"
-
-
-def _said(exc: BaseException) -> str:
-    """An exception in one line: its message, and the first line of its cause's."""
-
-    def first(e: BaseException) -> str:
-        lines = str(e).strip().splitlines()
-        return lines[0][:300] if lines else type(e).__name__
-
-    cause = exc.__cause__
-    return first(exc) + (f" ({first(cause)})" if cause is not None else "")
 
 
 def _stopped(run_id: str, exc: BaseException) -> RunCancelled | RunFailed:
