@@ -6,8 +6,10 @@ import asyncio
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from m27.events import CheckpointWritten, Event
 from m27.events.state import NodeState, RunState, StepState, fold
@@ -37,15 +39,55 @@ def call_m27(
     )
 
 
-def spawn_m27(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+def spawn_m27(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    stderr_apart: bool = False,
+    **popen: Any,
+) -> subprocess.Popen[str]:
+    """`m27 ARGS` in the background, its output (stderr too, unless `stderr_apart`) piped;
+    `env` adds to the environment."""
     return subprocess.Popen(
         [sys.executable, "-m", "m27.cli", *args],
-        env=m27_env(),
+        env={**m27_env(), **(env or {})},
         cwd=cwd,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE if stderr_apart else subprocess.STDOUT,
         text=True,
+        **popen,
     )
+
+
+#: A pipeline whose step `long` runs 5 minutes (with a child of its own) unless stopped.
+SLEEPER = textwrap.dedent("""\
+    name: sleeper
+    pipeline:
+      - name: long
+        type: gpu
+        command: python -c "import subprocess, time; subprocess.Popen(['sleep', '300']); print('started', flush=True); time.sleep(300)"
+      - name: after
+        type: cpu
+        depends_on: [long]
+        command: python -c "print('never')"
+""")
+
+
+def gated_script(path: Path, then: str = "") -> None:
+    """A Python script at `path` that waits for a file `go` in its folder, then runs `then`
+    (lines of Python): a step that ends when the test says."""
+    path.write_text(
+        "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\n" + then
+    )
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group `pgid` is left."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def node_state(home: Path) -> NodeState:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from m27.events.state import RunState
-from tests.e2e._helpers import m27_env, node_state, prefect_flow_run_state
+from tests.e2e._helpers import gated_script, node_state, prefect_flow_run_state, spawn_m27
 from tests.services import free_port, start_prefect_server, wait_http
 from tests.waiting import wait_until
 
@@ -74,23 +73,13 @@ def test_a_run_outlives_its_prefect_server_and_prefect_learns_its_end_later(
 ) -> None:
     spec = tmp_path / "p.yaml"
     spec.write_text(PIPELINE)
-    (tmp_path / "wait.py").write_text(
-        "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\n"
-    )
+    gated_script(tmp_path / "wait.py")
     env = {
-        **m27_env(),
         "PREFECT_API_URL": server.url,
         "PREFECT_HOME": str(tmp_path / "prefect-client"),
         "M27_WARM": "0",  # the run in `m27 run`'s own process: the one the user waits for
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = spawn_m27("run", str(spec), "--plain", cwd=tmp_path, env=env, stderr_apart=True)
     try:
 
         def running() -> RunState | None:

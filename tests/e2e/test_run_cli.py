@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,11 +16,15 @@ import pytest
 from m27.cli.commands.run import ABORTED
 from tests.e2e._helpers import (
     M27,
+    SLEEPER,
+    gated_script,
+    group_alive,
     m27_env,
     node_state,
     prefect_flow_run_state,
     prefect_log_messages,
     spawn_m27,
+    wait_running,
 )
 from tests.waiting import wait_until
 
@@ -169,25 +172,12 @@ def test_a_reader_that_goes_away_stops_the_output_not_the_run(
 ) -> None:
     # `m27 run p.yaml | head -3`: head exits, and each later write to stdout raised
     # BrokenPipeError: a traceback from the progress thread, a warning per output line.
-    (tmp_path / "step.py").write_text(
-        "import os, time\n"
-        "while not os.path.exists('go'):\n"
-        "    time.sleep(0.05)\n"
-        "for i in range(100):\n"
-        "    print('line', i, flush=True)\n"
-    )
+    gated_script(tmp_path / "step.py", "for i in range(100):\n    print('line', i, flush=True)\n")
     spec = _write(
         tmp_path,
         "name: piped\npipeline:\n  - name: a\n    type: cpu\n    command: python step.py\n",
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
-        env=m27_env(),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = spawn_m27("run", str(spec), "--plain", cwd=tmp_path, stderr_apart=True)
     try:
         assert proc.stdout is not None
         assert "pipeline piped" in proc.stdout.readline()
@@ -232,12 +222,7 @@ def test_a_second_run_writing_the_same_outputs_is_refused_until_the_first_ends(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:
     # Both "succeeded" before, each with the other's data mixed into its files.
-    (tmp_path / "write.py").write_text(
-        "import os, time\n"
-        "while not os.path.exists('go'):\n"
-        "    time.sleep(0.05)\n"
-        "open('out.txt', 'w').write('x')\n"
-    )
+    gated_script(tmp_path / "write.py", "open('out.txt', 'w').write('x')\n")
     spec = _write(
         tmp_path,
         "name: writer\npipeline:\n  - name: write\n    type: cpu\n"
@@ -310,49 +295,11 @@ def test_bad_input_exits_2_and_leaves_nothing_in_the_log(
     assert node_state(m27_home).runs == {}
 
 
-SLEEPER = textwrap.dedent("""\
-    name: sleeper
-    pipeline:
-      - name: long
-        type: gpu
-        command: python -c "import subprocess, time; subprocess.Popen(['sleep', '300']); print('started', flush=True); time.sleep(300)"
-      - name: after
-        type: cpu
-        depends_on: [long]
-        command: python -c "print('never')"
-""")
-
-
-def _running_pgid(home: Path) -> tuple[str, int]:
-    runs = node_state(home).runs
-    for run in runs.values():
-        step = run.steps["long"]
-        if step.status == "running" and step.pgid:
-            return run.run_id, step.pgid
-    raise LookupError
-
-
-def _wait_running(home: Path) -> tuple[str, int]:
-    """The run id and process group of the `long` step, once it runs."""
-    found: list[tuple[str, int]] = []
-
-    def started() -> bool:
-        try:
-            found.append(_running_pgid(home))
-            return True
-        except LookupError:
-            return False
-
-    wait_until(started, timeout=60, interval=0.1)
-    return found[0]
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def _wait_running(home: Path, pipeline: str = "sleeper") -> tuple[str, int]:
+    """The run id and process group of the `long` step (SLEEPER's), once it runs."""
+    run, step = wait_running(home, pipeline, "long", timeout=60)
+    assert step.pgid is not None
+    return run.run_id, step.pgid
 
 
 def test_m27_cancel_stops_the_step_process_group_and_records_the_run_cancelled(
@@ -375,7 +322,7 @@ def test_m27_cancel_stops_the_step_process_group_and_records_the_run_cancelled(
     assert run.status == "cancelled"
     assert run.steps["long"].status == "cancelled"
     assert run.steps["after"].status in ("cancelled", "skipped")
-    wait_until(lambda: not _group_alive(pgid), timeout=15)
+    wait_until(lambda: not group_alive(pgid), timeout=15)
 
 
 def test_ctrl_c_cancels_the_run(m27: M27, tmp_path: Path, m27_home: Path) -> None:
@@ -390,7 +337,7 @@ def test_ctrl_c_cancels_the_run(m27: M27, tmp_path: Path, m27_home: Path) -> Non
     assert proc.returncode == 1, out
     assert node_state(m27_home).runs[run_id].status == "cancelled"
     assert "cancelling" in out
-    wait_until(lambda: not _group_alive(pgid), timeout=15)
+    wait_until(lambda: not group_alive(pgid), timeout=15)
 
 
 #: A step that ignores TERM: cancelling it waits out the 10 s grace, time for a second Ctrl-C.
@@ -413,7 +360,7 @@ def test_ctrl_c_twice_aborts_at_once_and_the_run_is_not_left_running(
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
     reader.start()
     try:
-        run_id, pgid = _wait_running(m27_home)
+        run_id, pgid = _wait_running(m27_home, "stubborn")
         proc.send_signal(signal.SIGINT)
         # The second press once the first was handled (two signals sent back to back can
         # merge into one pending signal in the kernel, as two key presses never do).
@@ -430,7 +377,7 @@ def test_ctrl_c_twice_aborts_at_once_and_the_run_is_not_left_running(
     run = node_state(m27_home).runs[run_id]
     assert (run.status, run.reason) == ("cancelled", ABORTED)
     # the step ignores TERM: the node service's crash watcher kills it after the grace
-    wait_until(lambda: not _group_alive(pgid), timeout=60)
+    wait_until(lambda: not group_alive(pgid), timeout=60)
     # Prefect's engine called the interrupted flow run Crashed; the node service gives it
     # the log's end, as the UI must show what happened
     wait_until(

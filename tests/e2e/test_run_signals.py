@@ -10,49 +10,32 @@ process at once and left its steps running.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e._helpers import call_m27, m27_env, node_state, prefect_flow_run_state
+from tests.e2e._helpers import (
+    SLEEPER,
+    call_m27,
+    group_alive,
+    node_state,
+    prefect_flow_run_state,
+    spawn_m27,
+    wait_running,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.service
 
-SLEEPER = textwrap.dedent("""\
-    name: sleeper
-    pipeline:
-      - name: long
-        type: cpu
-        command: python -c "import time; print('started', flush=True); time.sleep(300)"
-      - name: after
-        type: cpu
-        depends_on: [long]
-        command: python -c "print('never')"
-""")
 
-
-def _running(home: Path) -> tuple[str, int] | None:
-    """(run id, process group) of the `long` step once it runs."""
-    for run in node_state(home).runs.values():
-        step = run.steps.get("long")
-        if step is not None and step.status == "running" and step.pgid:
-            return run.run_id, step.pgid
-    return None
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def _running(home: Path) -> tuple[str, int]:
+    """(run id, process group) of SLEEPER's `long` step once it runs."""
+    run, step = wait_running(home, "sleeper", "long", timeout=120)
+    assert step.pgid is not None
+    return run.run_id, step.pgid
 
 
 QUICK = "name: quick\npipeline:\n  - name: hello\n    type: cpu\n    command: echo hello\n"
@@ -61,7 +44,7 @@ QUICK = "name: quick\npipeline:\n  - name: hello\n    type: cpu\n    command: ec
 def _start(tmp_path: Path, home: Path, *, warm: bool, **popen: Any) -> subprocess.Popen[str]:
     """`m27 run` of SLEEPER: in a warm runner's forked child (a first run started the node
     service and its runner), or in the client's own process."""
-    env = m27_env()
+    env: dict[str, str] = {}
     if warm:
         quick = tmp_path / "quick.yaml"
         quick.write_text(QUICK)
@@ -72,14 +55,7 @@ def _start(tmp_path: Path, home: Path, *, warm: bool, **popen: Any) -> subproces
         env["M27_WARM"] = "0"
     spec = tmp_path / "p.yaml"
     spec.write_text(SLEEPER)
-    return subprocess.Popen(
-        [sys.executable, "-m", "m27.cli", "run", str(spec), "--plain"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        **popen,
-    )
+    return spawn_m27("run", str(spec), "--plain", env=env, **popen)
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["own-process", "warm"])
@@ -89,9 +65,7 @@ def test_a_signal_to_m27_run_cancels_the_run_and_stops_its_steps(
 ) -> None:
     proc = _start(tmp_path, m27_home, warm=warm)
     try:
-        run_id, pgid = wait_until(
-            lambda: _running(m27_home), timeout=120, interval=0.1, what="the step running"
-        )
+        run_id, pgid = _running(m27_home)
         proc.send_signal(signum)
         out, _ = proc.communicate(timeout=60)  # the step's 300 s are not waited out
     finally:
@@ -103,7 +77,7 @@ def test_a_signal_to_m27_run_cancels_the_run_and_stops_its_steps(
     assert (run.status, run.reason) == ("cancelled", f"{signum.name} received")
     assert run.steps["long"].status == "cancelled"
     assert run.steps["after"].status in ("cancelled", "skipped")
-    wait_until(lambda: not _group_alive(pgid), timeout=15, what="the step's processes gone")
+    wait_until(lambda: not group_alive(pgid), timeout=15, what="the step's processes gone")
     wait_until(
         lambda: prefect_flow_run_state(prefect_env, run.flow_run_id) == "CANCELLED",
         timeout=60,
@@ -125,9 +99,7 @@ def test_a_signal_m27_run_was_started_ignoring_leaves_the_run_running(
         tmp_path, m27_home, warm=warm, preexec_fn=lambda: signal.signal(ignored, signal.SIG_IGN)
     )
     try:
-        run_id, _pgid = wait_until(
-            lambda: _running(m27_home), timeout=120, interval=0.1, what="the step running"
-        )
+        run_id, _pgid = _running(m27_home)
         proc.send_signal(ignored)
         # still running once a later signal, which does cancel, has been handled
         proc.send_signal(signal.SIGTERM)

@@ -26,7 +26,14 @@ from m27 import ConfigError, liveness
 from m27.events import AgentStarted, RunSubmitted
 from m27.node.service import ensure_service, find_service, healthy, read_info
 from m27.store.sqlite import SqliteEventStore
-from tests.e2e._helpers import call_m27, m27_env, node_state, start_run, wait_running
+from tests.e2e._helpers import (
+    call_m27,
+    group_alive,
+    m27_env,
+    node_state,
+    start_run,
+    wait_running,
+)
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -61,14 +68,6 @@ def _pipeline(tmp_path: Path, name: str, body: str) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(textwrap.dedent(body))
     return path
-
-
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.mark.timeout(900)
@@ -165,7 +164,7 @@ def test_one_service_from_first_run_to_stop(
         interval=0.2,
         what="the step's task run Crashed in Prefect",
     )
-    wait_until(lambda: _group_gone(step.pgid), timeout=30, what="the step's processes gone")
+    wait_until(lambda: not group_alive(step.pgid), timeout=30, what="the step's processes gone")
     shown = call_m27("status", run.run_id)
     assert "crashed" in shown.stdout and " running " not in shown.stdout, shown.stdout
     assert not node_state(m27_home).leases  # its GPU is free again
