@@ -430,19 +430,34 @@ class Agent(ViewControl, GuestControl, FollowControl):
             acted.add(a.key)
         return out
 
+    @staticmethod
+    def _lost(h: Held) -> bool:
+        """Whether the step process of `h` and the process that requested it are gone."""
+        req_pid = h.request.pid if h.request is not None else 0
+        req_started = h.request.pid_started if h.request is not None else None
+        return not (
+            liveness.alive(h.pid, h.pid_started)
+            or req_pid <= 0
+            or liveness.alive(req_pid, req_started)
+        )
+
     def _check_lost(self, now: float) -> list[Event]:
         """Release leases whose step process and requester are both gone; drop requests
-        whose requester is gone. The flow's retry (or ``m27 run --resume``) reruns them."""
+        whose requester is gone. The flow's retry (or ``m27 run --resume``) reruns them.
+
+        The node service's crash watcher closes the run of such a step too (it stops the
+        step's processes, then records `run crashed: ...`): the log is read again before a
+        step is called lost, or its stale copy here recorded `lost` over that end."""
+        if any(not h.ended and self._lost(h) for h in self.book.held.values()) or any(
+            r.pid > 0 and not liveness.alive(r.pid, r.pid_started)
+            for r in self.book.requests.values()
+        ):
+            self.poll()
         out: list[Event] = []
         for key, h in self.book.held.items():
-            req_pid = h.request.pid if h.request is not None else 0
-            req_started = h.request.pid_started if h.request is not None else None
-            if (
-                liveness.alive(h.pid, h.pid_started)
-                or req_pid <= 0
-                or liveness.alive(req_pid, req_started)
-            ):
+            if not self._lost(h):
                 continue
+            req_pid = h.request.pid if h.request is not None else 0
             run_id, step = key
             out.append(LeaseReleased(at=now, run_id=run_id, step=step, gpus=h.gpus))
             if not h.ended:
