@@ -229,11 +229,12 @@ def complete_models() -> None:
 END_GRACE_S = 30.0
 
 
-def bound_prefect_end(code: int) -> None:
+def bound_prefect_end(code: int) -> threading.Timer:
     """Exit with `code` if Prefect's part of the end takes more than END_GRACE_S: a lab
     server that went down during the run kept `m27 run` retrying for minutes after its
     summary, then ended it with a traceback. The node service tells Prefect how the run
-    ended once it answers (m27.node.settle: the flow's process is gone by then)."""
+    ended once it answers (m27.node.settle: the flow's process is gone by then). Cancel
+    the timer returned once the flow has returned."""
 
     def give_up() -> None:
         prefect_late(f"has not taken the run's end after {END_GRACE_S:g} s")
@@ -245,6 +246,7 @@ def bound_prefect_end(code: int) -> None:
     timer = threading.Timer(END_GRACE_S, give_up)
     timer.daemon = True
     timer.start()
+    return timer
 
 
 def prefect_late(what: str) -> None:

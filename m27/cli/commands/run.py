@@ -8,6 +8,7 @@ import itertools
 import os
 import signal
 import sys
+import threading
 import time
 from types import FrameType
 from typing import Any
@@ -267,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         quiet_run_loggers()
 
     released: list[int] = []
+    bounds: list[threading.Timer] = []  # (cancelled once the flow has returned)
 
     def on_end() -> None:
         """The run's end is in the log: its summary now, before Prefect's part of the end
@@ -285,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
         if not warm.release_client(code):
             if not args.verbose:
                 silence_prefect()  # its bookkeeping from here on: said below if it fails
-            bound_prefect_end(code)
+            bounds.append(bound_prefect_end(code))
 
     LINE_SINKS[run_id] = progress.on_lines
     RUN_ENDED[run_id] = on_end
@@ -324,6 +326,8 @@ def run(args: argparse.Namespace) -> int:
             return released[0]
         raise
     finally:
+        for bound in bounds:
+            bound.cancel()
         outputs.release()
         _stop_notifier(notifier)
         progress.stop()
