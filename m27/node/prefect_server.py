@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from m27.node.service import healthy
+from m27.node.reach import healthy
 
 __all__ = ["PrefectServer", "server_env", "terminate"]
 

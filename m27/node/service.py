@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 from m27 import liveness
 from m27._exceptions import ConfigError, M27Error
 from m27.gpu import parse_gpus_env
+from m27.node.reach import healthy
 from m27.units import format_size
 
 if TYPE_CHECKING:
@@ -43,7 +44,6 @@ __all__ = [
     "ensure_service",
     "find_service",
     "free_port",
-    "healthy",
     "lab_url",
     "node_port",
     "read_info",
@@ -138,41 +138,6 @@ def can_listen(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def healthy(url: str, timeout: float = 2.0) -> bool:
-    """True when the Prefect API at `url` answers its health check."""
-    import urllib.request  # here: finding the service stays cheap for a warm `m27 run`
-
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except (OSError, ValueError):
-        return False
-
-
-def unreachable(url: str, timeout: float = 10.0) -> str | None:
-    """Why nothing answers at the Prefect API `url` (connection refused, no such host, no
-    answer within `timeout`), or None. Any HTTP answer counts as an answer, and so does a
-    TLS failure: Prefect's own settings may trust a certificate this check does not."""
-    import ssl
-    import urllib.error
-    import urllib.request
-
-    try:
-        urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout).close()
-    except urllib.error.HTTPError:
-        return None
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, ssl.SSLError):
-            return None
-        return (reason.strerror if isinstance(reason, OSError) else None) or str(reason)
-    except TimeoutError:
-        return f"no answer in {timeout:g} s"
-    except (OSError, ValueError):  # a malformed URL or a dropped connection: Prefect says
-        return None
-    return None
 
 
 def write_info(home: Path, info: ServiceInfo) -> None:

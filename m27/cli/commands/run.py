@@ -74,7 +74,8 @@ def _node_service() -> float:
     Called before `prefect` is imported, so every Prefect setting read later sees the URL.
     """
     from m27.config import m27_home
-    from m27.node.service import ensure_service, unreachable
+    from m27.node.reach import unreachable
+    from m27.node.service import ensure_service
 
     info, waited = ensure_service(m27_home())
     os.environ["PREFECT_API_URL"] = info.url
