@@ -50,6 +50,9 @@ class _Run:
     home: Path
     lease: AgentLease
     resume_dirs: list[Path]
+    #: steps a resume runs again from the start (:meth:`Pipeline.rerun_for_outputs`): the
+    #: checkpoints they left where they succeeded are of a finished step
+    fresh: frozenset[str] = frozenset()
     cancel: threading.Event = field(default_factory=threading.Event)
     #: the log's last sequence number before this run's RunSubmitted (for its summary)
     first_seq: int = 0
@@ -67,7 +70,8 @@ class _Run:
     def resume_from(self, step: str) -> str | None:
         """Newest valid checkpoint of `step`: this run's own first (retries), then the runs
         it resumes, newest first."""
-        for base in [join_under(self.home, "checkpoints", self.run_id), *self.resume_dirs]:
+        earlier = [] if step in self.fresh else self.resume_dirs
+        for base in [join_under(self.home, "checkpoints", self.run_id), *earlier]:
             found = latest_checkpoint(join_under(base, step))
             if found is not None:
                 return str(found)

@@ -66,6 +66,7 @@ from m27.node.lease import AgentLease, Granted, run_leased
 from m27.paths import join_under
 from m27.spec import Pipeline, Step, problem_lines
 from m27.store import EventStore
+from m27.store.chain import chain, gone_note, successes
 from m27.store.sqlite import open_store
 
 _logging.install()  # no bogus "NoneType: None" under a failed step's Prefect error line
@@ -202,29 +203,21 @@ def skipped_task(message: str, done: bool) -> State:
     return Failed(name="UpstreamFailed", message=message)
 
 
-def _previous_successes(store: EventStore, resume_of: str | None) -> tuple[set[str], list[Path]]:
-    """Steps already done in the run being resumed (and its own ancestors), and their
-    checkpoint folders, newest run first."""
+def _previous_successes(
+    store: EventStore, resume_of: str | None, pipeline: Pipeline
+) -> tuple[set[str], list[Path], frozenset[str]]:
+    """Steps already done in the run being resumed (and its own ancestors), their
+    checkpoint folders, newest run first, and the done steps that run again, from the
+    start: their outputs are gone and a step that runs needs them (each logged)."""
     if not resume_of:
-        return set(), []
-    runs = fold(store.read_runs((), outline=True)).runs  # every run as a whole: the chain
-    chain: list[str] = []
-    current: str | None = resume_of
-    while current and current in runs and current not in chain:
-        chain.append(current)
-        current = runs[current].resume_of
-    state = fold(store.read_runs(chain))  # and those runs' steps
-    done: set[str] = set()
-    home = m27_home()
-    for run_id in chain:
-        old = state.runs[run_id]
-        done |= {name for name, s in old.steps.items() if s.status == "succeeded"}
-        done |= {
-            name
-            for name, s in old.steps.items()
-            if s.status == "skipped" and s.reason.startswith("succeeded")
-        }
-    return done, [join_under(home, "checkpoints", run_id) for run_id in chain]
+        return set(), [], frozenset()
+    runs = chain(store, resume_of)
+    found = successes(store, runs)
+    again = pipeline.rerun_for_outputs(found.keys())
+    for name, gone in again.items():
+        get_run_logger().warning("%s", gone_note(name, gone, found[name].run_id))
+    dirs = [join_under(m27_home(), "checkpoints", run_id) for run_id in runs]
+    return found.keys() - again.keys(), dirs, frozenset(again)
 
 
 def _ui_url() -> str | None:
@@ -272,10 +265,10 @@ def pipeline_flow(
     except (SpecError, ConfigError, StoreError) as exc:
         return _refused(exc)
     run_id = run_id or runids.from_flow_run(str(flow_run.id))
-    done, resume_dirs = _previous_successes(store, resume_of)
+    done, resume_dirs, fresh = _previous_successes(store, resume_of, pipeline)
     # The node's agent: this process embeds one unless another process runs it.
     agent = ensure_agent(home)
-    run = _Run(run_id, pipeline, store, home, AgentLease(store, home), resume_dirs)
+    run = _Run(run_id, pipeline, store, home, AgentLease(store, home), resume_dirs, fresh)
     run.prefect_log_limit = settings.prefect_log_limit
     started = _now()
     submitted: list[Event] = [

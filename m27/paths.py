@@ -16,6 +16,7 @@ another run's checkpoint), so two guards stand in the way:
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import pwd
 import re
@@ -30,8 +31,10 @@ __all__ = [
     "NAME_PATTERN",
     "PART_MAX_BYTES",
     "config_path",
+    "is_pattern",
     "join_under",
     "m27_home",
+    "matches",
     "name_problem",
     "not_a_file",
     "same_file",
@@ -108,6 +111,25 @@ def not_runnable(path: str | os.PathLike[str], name: str | None = None) -> str |
         "it has no #! line, so it cannot be started as a program (a shell would run it "
         f"with /bin/sh): put `#!/bin/sh` (or its interpreter) first, or write `sh {name}`"
     )
+
+
+_PATTERN = re.compile(r"[*?[]")
+
+
+def is_pattern(path: str) -> bool:
+    """Whether `path` holds glob syntax (`*`, `?`, `[...]`), as :mod:`glob` reads it."""
+    return _PATTERN.search(path) is not None
+
+
+def matches(path: str | os.PathLike[str]) -> list[str]:
+    """`path` if it exists; for a path with `*`, `?` or `[...]` that does not exist as
+    written, what matches it (`**` spans folders), sorted. A declared output is there when
+    this is not empty (the runner checks a step's outputs, a resume what is left of them)."""
+    if os.path.exists(path):
+        return [os.fspath(path)]
+    if not is_pattern(os.fspath(path)):
+        return []
+    return sorted(glob.glob(os.fspath(path), recursive=True))
 
 
 def same_file(path: str | os.PathLike[str], other: str | os.PathLike[str] | None) -> bool:

@@ -4,10 +4,8 @@ environment and the sink its output lines go to (used by the local and Slurm exe
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
-import re
 import sys
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -18,7 +16,7 @@ from typing import IO, TypedDict
 from m27._exceptions import RunnerError
 from m27.config import m27_home
 from m27.executors._guard import SelfCheckpoint
-from m27.paths import join_under
+from m27.paths import join_under, matches
 
 # The runner's logger, as before this module was split out of m27.executors.local.
 log = logging.getLogger("m27.executors.local")
@@ -88,7 +86,7 @@ class StepLaunch:
     def missing_outputs(self) -> list[str]:
         """The declared outputs an attempt that exited 0 did not leave behind; a pattern
         (`frames/*.png`) is missing when nothing matches it."""
-        return [out for out, path in self.output_paths().items() if not _found(path)]
+        return [out for out, path in self.output_paths().items() if not matches(path)]
 
     def produced_outputs(self) -> tuple[str, ...]:
         """Absolute paths of the outputs as they are now: each pattern's matches, in order,
@@ -96,8 +94,8 @@ class StepLaunch:
         into an event, and a folder of 100,000 frames is not worth a row of them)."""
         found: list[str] = []
         for path in self.output_paths().values():
-            matches = _found(path)
-            found += matches if len(matches) <= MATCHES_KEPT else [str(path)]
+            these = matches(path)
+            found += these if len(these) <= MATCHES_KEPT else [str(path)]
         return tuple(found)
 
     def __post_init__(self) -> None:
@@ -253,20 +251,3 @@ class Sink:
 
 #: A pattern's matches recorded in ``StepSucceeded.outputs`` (more: the pattern itself).
 MATCHES_KEPT = 100
-
-_PATTERN = re.compile(r"[*?[]")
-
-
-def is_pattern(path: str) -> bool:
-    """Whether `path` holds glob syntax (`*`, `?`, `[...]`), as :mod:`glob` reads it."""
-    return _PATTERN.search(path) is not None
-
-
-def _found(path: Path) -> list[str]:
-    """`path` if it exists; for a path with `*`, `?` or `[...]` that does not exist as
-    written, what matches it (`**` spans folders), sorted."""
-    if path.exists():
-        return [str(path)]
-    if not is_pattern(str(path)):
-        return []
-    return sorted(glob.glob(str(path), recursive=True))

@@ -35,11 +35,10 @@ from m27.executors._launch import (
     StepResult,
     child_env,
     default_log_path,
-    is_pattern,
     resolve_argv,
 )
 from m27.executors.engines import error_said
-from m27.paths import not_runnable
+from m27.paths import is_pattern, not_runnable
 from m27.store import EventStore
 from m27.units import format_duration
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import functools
 import heapq
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from m27.paths import matches
 
 STEP_TYPES = ("cpu", "gpu", "gpu_light")
 EXECUTORS = ("local", "slurm")
@@ -120,6 +122,33 @@ class Pipeline:
             for step in self.steps
             for out in step.outputs
         ]
+
+    def missing_outputs(self, name: str) -> list[str]:
+        """`name`'s declared outputs that are not there now (a pattern: nothing matches)."""
+        step = self.step(name)
+        base = self.workdir_of(step)
+        return [out for out in step.outputs if not matches(base / os.path.expanduser(out))]
+
+    def rerun_for_outputs(self, done: Collection[str]) -> dict[str, list[str]]:
+        """The steps of `done` (succeeded before: a resume skips them) that must run again,
+        each with its outputs that are gone: those a step that runs depends on. Skipped,
+        it would leave that step to fail on a missing input (`cat: a.txt: No such file`)
+        or, worse, succeed on whatever else it finds. A done step whose output only done
+        steps used stays done: running it again would only cost time."""
+        again: dict[str, list[str]] = {}
+        checked: set[str] = set()
+        todo = [s.name for s in self.steps if s.name not in done]
+        while todo:
+            for dep in self.step(todo.pop()).depends_on:
+                if dep not in done or dep in checked:
+                    continue
+                checked.add(dep)
+                if gone := self.missing_outputs(dep):
+                    again[dep] = gone
+                    todo.append(dep)  # and what it needs in turn
+        if not again:
+            return again
+        return {name: again[name] for name in self.topo_order() if name in again}
 
     def topo_order(self) -> list[str]:
         """Step names so that every step comes after its dependencies; ties in file order."""

@@ -279,6 +279,41 @@ def test_resume_reruns_only_the_steps_that_did_not_succeed(
     assert new.steps["b"].attempts == 1
 
 
+def test_resume_runs_a_done_step_again_when_its_output_is_gone_and_a_step_needs_it(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    spec = _write(
+        tmp_path,
+        textwrap.dedent("""\
+            name: outputs
+            pipeline:
+              - name: prep
+                type: cpu
+                command: python -c "open('in.txt', 'w').write('prepared')"
+                output: in.txt
+              - name: use
+                type: cpu
+                depends_on: [prep]
+                command: python -c "import os, sys; print(open('in.txt').read()); sys.exit(0 if os.path.exists('flag') else 3)"
+        """),
+    )
+    first = m27("run", str(spec), "--plain")
+    assert first.returncode == 1
+    (old,) = node_state(m27_home).runs
+    (tmp_path / "in.txt").unlink()  # a clean-up between the runs
+    (tmp_path / "flag").write_text("now use succeeds")
+    again = m27("run", "--resume", old, "--plain")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (
+        f"m27 run: note: step prep succeeded in run {old}, but its output in.txt is gone and "
+        "a step that runs now needs it: it runs again, from the start"
+    ) in again.stderr
+    state = node_state(m27_home)
+    new = state.runs[next(r for r in state.runs if r != old)]
+    assert {n: s.status for n, s in new.steps.items()} == {"prep": "succeeded", "use": "succeeded"}
+    assert "[use] prepared" in again.stdout
+
+
 def test_bad_input_exits_2_and_leaves_nothing_in_the_log(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:

@@ -1,5 +1,6 @@
-"""`m27 run --resume` says which succeeded step the file now gives another command: a
-resume does not run it again, so a fix made to it was silently left out."""
+"""`m27 run --resume` says which succeeded step the file now gives another command (a
+resume does not run it again, so a fix made to it was silently left out) and which it runs
+again because its outputs are gone."""
 
 from __future__ import annotations
 
@@ -99,3 +100,24 @@ def test_unchanged_steps_and_logs_without_commands_say_nothing(
     _resume(spec, SECOND)
     _resume(spec, old)
     assert capsys.readouterr().err == ""
+
+
+def test_a_step_whose_output_is_gone_is_said_to_run_again_not_to_be_left_out(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _log(m27_home)
+    spec = tmp_path / "p.yaml"
+    spec.write_text(
+        "name: p\npipeline:\n"
+        "  - {name: a, type: cpu, command: touch a.out other.out, output: a.out}\n"
+        "  - {name: b, type: cpu, command: echo fixed}\n"
+        "  - {name: c, type: cpu, command: cat a.out, depends_on: [a]}\n"
+    )
+    _resume(spec, SECOND)
+    assert capsys.readouterr().err.splitlines() == [
+        f"m27 run: note: step a succeeded in run {FIRST}, but its output a.out is gone and a "
+        "step that runs now needs it: it runs again, from the start"
+    ]
+    (tmp_path / "a.out").write_text("back")  # there again: skipped, its new command noted
+    _resume(spec, SECOND)
+    assert "the file now says `touch a.out other.out`" in capsys.readouterr().err

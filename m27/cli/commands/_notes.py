@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from m27.events.state import fold
 from m27.paths import not_runnable
+from m27.store.chain import chain, gone_note, successes
 
 if TYPE_CHECKING:
     from m27.spec import Pipeline, Step
@@ -151,29 +151,22 @@ def _sees(step: Step, index: int) -> str:
     )
 
 
-def changed_commands(st: SqliteEventStore, run_id: str, pipeline: Pipeline) -> list[str]:
-    """A line for each step that succeeded in run `run_id` (or a run it resumed) with
-    another command than `pipeline` now gives it. A resume does not run such a step again,
-    so a fix made to it in the file would otherwise be silently left out."""
-    runs = fold(st.read_runs((), outline=True)).runs
-    chain: list[str] = []
-    current: str | None = run_id
-    while current and current in runs and current not in chain:
-        chain.append(current)
-        current = runs[current].resume_of
-    state = fold(st.read_runs(chain))
-    ran: dict[str, tuple[str, str]] = {}  # step -> (run, command) where it succeeded
-    for rid in chain:  # newest first: where each step last ran
-        for name, done in state.runs[rid].steps.items():
-            if done.status == "succeeded":
-                ran.setdefault(name, (rid, done.command))
-    lines: list[str] = []
+def resume_notes(st: SqliteEventStore, run_id: str, pipeline: Pipeline) -> list[str]:
+    """A line for each step that succeeded in run `run_id` (or a run it resumed) that a
+    resume of it runs again, its outputs gone (:meth:`Pipeline.rerun_for_outputs`), or
+    does not run again though `pipeline` now gives it another command: a fix made to it in
+    the file would otherwise be silently left out."""
+    found = successes(st, chain(st, run_id))
+    again = pipeline.rerun_for_outputs(found.keys())
+    lines = [gone_note(name, gone, found[name].run_id) for name, gone in again.items()]
     for step in pipeline.steps:
-        rid, was = ran.get(step.name, ("", ""))
-        if was and (now := shlex.join(step.argv)) != was:
+        was = found.get(step.name)
+        if was is None or not was.command or step.name in again:
+            continue
+        if (now := shlex.join(step.argv)) != was.command:
             lines.append(
-                f"step {step.name} succeeded in run {rid} as `{was}`; the file now says "
-                f"`{now}`, and a resume does not run it again (a new run, without "
+                f"step {step.name} succeeded in run {was.run_id} as `{was.command}`; the file "
+                f"now says `{now}`, and a resume does not run it again (a new run, without "
                 "--resume, runs every step as the file is)"
             )
     return lines

@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="rerun the steps of RUN_ID (an id, a unique prefix, or `last`) that did not "
         "succeed, from their checkpoints, "
         "with the pipeline file as it is now (a fixed command is used) and RUN_ID's "
-        "--set values (a new --set overrides one)",
+        "--set values (a new --set overrides one); a step that succeeded runs again when "
+        "its output: is gone and a step that runs needs it",
     )
     p.add_argument(
         "--plain",
@@ -145,8 +146,8 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
         )
         raise SystemExit(2)
     if resume_of is not None:
-        changed = _notes.changed_commands(_common.store(), resume_of, pipeline)
-        for note in _notes.shown_notes(changed):
+        notes = _notes.resume_notes(_common.store(), resume_of, pipeline)
+        for note in _notes.shown_notes(notes):
             print(f"m27 run: note: {note}", file=sys.stderr)
     return pipeline, overrides, resume_of
 
