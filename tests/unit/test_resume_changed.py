@@ -48,6 +48,13 @@ def _log(home: Path) -> None:
     store.close()
 
 
+def _spec(folder: Path, *steps: str) -> Path:
+    """A pipeline `p` of `steps`, each a YAML flow mapping."""
+    spec = folder / "p.yaml"
+    spec.write_text("name: p\npipeline:\n" + "".join(f"  - {{{s}}}\n" for s in steps))
+    return spec
+
+
 def _resume(path: Path, run_id: str) -> None:
     args = argparse.Namespace(sets=[], resume=run_id, file=str(path))
     run_cmd._prepare(args)
@@ -57,12 +64,11 @@ def test_each_changed_succeeded_step_is_named_with_the_run_and_both_commands(
     m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _log(m27_home)
-    spec = tmp_path / "p.yaml"
-    spec.write_text(
-        "name: p\npipeline:\n"
-        "  - {name: a, type: cpu, command: touch a.out other.out}\n"
-        "  - {name: b, type: cpu, command: echo 'fixed again'}\n"
-        "  - {name: c, type: cpu, command: echo c}\n"  # failed there: it runs again anyway
+    spec = _spec(
+        tmp_path,
+        "name: a, type: cpu, command: touch a.out other.out",
+        "name: b, type: cpu, command: echo 'fixed again'",
+        "name: c, type: cpu, command: echo c",  # failed there: it runs again anyway
     )
     _resume(spec, SECOND)
     assert capsys.readouterr().err.splitlines() == [
@@ -90,12 +96,11 @@ def test_unchanged_steps_and_logs_without_commands_say_nothing(
     )
     assert fold(store.read_runs((FIRST,))).runs[FIRST].steps["b"].command == "false"
     store.close()
-    spec = tmp_path / "p.yaml"
-    spec.write_text(
-        "name: p\npipeline:\n"
-        "  - {name: a, type: cpu, command: touch a.out}\n"
-        "  - {name: b, type: cpu, command: echo fixed}\n"
-        "  - {name: c, type: cpu, command: echo c}\n"
+    spec = _spec(
+        tmp_path,
+        "name: a, type: cpu, command: touch a.out",
+        "name: b, type: cpu, command: echo fixed",
+        "name: c, type: cpu, command: echo c",
     )
     _resume(spec, SECOND)
     _resume(spec, old)
@@ -106,12 +111,11 @@ def test_a_step_whose_output_is_gone_is_said_to_run_again_not_to_be_left_out(
     m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _log(m27_home)
-    spec = tmp_path / "p.yaml"
-    spec.write_text(
-        "name: p\npipeline:\n"
-        "  - {name: a, type: cpu, command: touch a.out other.out, output: a.out}\n"
-        "  - {name: b, type: cpu, command: echo fixed}\n"
-        "  - {name: c, type: cpu, command: cat a.out, depends_on: [a]}\n"
+    spec = _spec(
+        tmp_path,
+        "name: a, type: cpu, command: touch a.out other.out, output: a.out",
+        "name: b, type: cpu, command: echo fixed",
+        "name: c, type: cpu, command: cat a.out, depends_on: [a]",
     )
     _resume(spec, SECOND)
     assert capsys.readouterr().err.splitlines() == [
