@@ -10,8 +10,11 @@ its Failed state, not a traceback.
 
 from __future__ import annotations
 
+import socket
+
+from m27 import liveness
 from m27.events import RunSubmitted
-from m27.events.state import fold
+from m27.events.state import RunState, fold
 from m27.paths import name_problem, same_file
 from m27.runids import RunIdError, resolve
 from m27.spec import FLOW_PARAMETERS, Pipeline, Problem, SpecError, load_pipeline, overrides_from
@@ -60,4 +63,20 @@ def resumed_run(store: EventStore, resume_of: object, pipeline: Pipeline) -> str
     if old.pipeline and old.pipeline != pipeline.name and not renamed:
         message = f"run {found} is of pipeline {old.pipeline!r}, not {pipeline.name!r}"
         raise _refuse("resume_of", message)
+    if _still_running(old):
+        raise _refuse(
+            "resume_of",
+            f"run {found} is still running (pid {old.pid} on {old.host}); resuming it now "
+            "would run its steps twice: wait for it to end, or cancel it, then resume",
+        )
     return found
+
+
+def _still_running(run: RunState) -> bool:
+    """Whether `run` has no end and its process may still run it: alive here, or on
+    another node (whose own crash watcher records its end, if it died)."""
+    if run.status != "running" or run.crashed or not run.pid:
+        return False
+    if run.host != socket.gethostname():
+        return True
+    return liveness.alive(run.pid, run.pid_started)

@@ -134,3 +134,45 @@ def test_resume_of_a_run_of_another_pipeline_is_refused(
     assert state.is_failed()
     assert "resume_of: run r-a is of pipeline 'params', not 'other'" in state.message
     assert [s.run_id for s in _submitted(m27_home)] == ["r-a"]
+
+
+def test_resume_of_a_run_that_still_runs_is_refused_and_of_a_dead_one_goes_on(
+    spec: Path, m27_home: Path
+) -> None:
+    """`m27 run --resume` refused it; a deployment's "Custom run" went on, and ran the
+    steps the live run was running a second time, beside it."""
+    import socket
+    import subprocess
+
+    from m27 import liveness
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    store = open_store(m27_home)
+    try:
+        for run_id, pid in (("r-live", os.getpid()), ("r-dead", dead.pid)):
+            store.append(
+                [
+                    RunSubmitted(
+                        at=1.0,
+                        run_id=run_id,
+                        pipeline="params",
+                        spec_path=str(spec),
+                        steps=("say",),
+                        pid=pid,
+                        host=socket.gethostname(),
+                        pid_started=liveness.start_time(pid),
+                    )
+                ]
+            )
+    finally:
+        store.close()
+    state = _flow(spec_path=str(spec), overrides={"MSG": "x"}, resume_of="r-live")
+    assert state.is_failed()
+    assert (
+        f"resume_of: run r-live is still running (pid {os.getpid()} on {socket.gethostname()}); "
+        "resuming it now would run its steps twice"
+    ) in state.message
+    assert [s.run_id for s in _submitted(m27_home)] == ["r-live", "r-dead"]
+    resumed = _flow(spec_path=str(spec), overrides={"MSG": "x"}, resume_of="r-dead")
+    assert resumed.is_completed(), resumed.message
