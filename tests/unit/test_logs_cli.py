@@ -145,3 +145,65 @@ def test_a_log_path_that_is_not_a_file_is_named_not_waited_on(
     assert main(["logs", *argv, "one", "only"]) == 1
     err = capsys.readouterr().err
     assert err == f"m27 logs: cannot read the log of only: {log} is {kind}, not a file\n"
+
+
+@pytest.mark.parametrize(
+    ("ended", "said"),
+    [
+        (  # the crash watcher closed the run: the step is `crashed`
+            [ev.RunCrashed(5.0, "one", "flow run process 9 on vm died without recording an end")],
+            "crashed: flow run process 9 on vm died without recording an end",
+        ),
+        (  # and stopped the step, recording why
+            [
+                ev.StepFailed(5.0, "one", "only", 1, 3.0, "run crashed: flow run process 9 died"),
+                ev.RunCrashed(5.0, "one", "flow run process 9 died"),
+            ],
+            "run crashed: flow run process 9 died",
+        ),
+        (  # the agent found the step and its requester gone
+            [
+                ev.StepFailed(
+                    5.0, "one", "only", 1, 3.0, "lost: its process and its requester are gone"
+                )
+            ],
+            "lost: its process and its requester are gone",
+        ),
+    ],
+)
+@pytest.mark.parametrize("follow", [[], ["-f"]])
+def test_a_log_cut_off_by_a_crash_says_why_it_has_no_end(
+    m27_home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    ended: list[ev.Event],
+    said: str,
+    follow: list[str],
+) -> None:
+    """`m27 logs` of a crashed step printed the log's first line and nothing else, as it
+    does for a step that still runs; with -f it then ended without a word."""
+    log = tmp_path / "only.log"
+    log.write_text("=== attempt 1: sleep 20 ===\nstep 100\n")
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(1.0, "one", "p", "p.yaml", ("only",)),
+            ev.StepStarted(2.0, "one", "only", 1, 9, 9, ("sleep", "20"), log_path=str(log)),
+            *ended,
+        ]
+    )
+    store.close()
+    assert main(["logs", "one", *follow]) == 0
+    out = capsys.readouterr()
+    assert out.out == "=== attempt 1: sleep 20 ===\nstep 100\n"
+    assert out.err == f"(the log ends without attempt 1's end: {said})\n"
+
+
+def test_a_log_with_its_end_says_nothing_more(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "only.log"
+    log.write_text("=== attempt 1: true ===\n=== attempt 1 succeeded ===\n")
+    _one_step_run(m27_home, log)
+    assert main(["logs", "one"]) == 0 and main(["logs", "one", "-f"]) == 0
+    assert capsys.readouterr().err == ""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from m27.cli.commands import SUMMARY, _common
+from m27.cli.commands.status import step_status
 from m27.config import m27_home
 from m27.events.state import RunState, StepState
 from m27.paths import join_under, not_a_file
@@ -91,14 +92,31 @@ def _show(args: argparse.Namespace, st: SqliteEventStore, r: RunState, path: Pat
         if not args.follow:
             if not path.exists():
                 print(f"({_no_log(r.steps[args.step], r.status, path)})", file=sys.stderr)
+            elif (note := _no_end(r, r.steps[args.step])) is not None:
+                print(f"({note})", file=sys.stderr)
             return 0
         run_state = _common.run_state(st, r.run_id).runs[r.run_id]
         step_done = run_state.steps[args.step].done
         finished = step_done or _common.shown_status(run_state) != "running"
         if finished and path.exists() and path.stat().st_size == offset:
+            if (note := _no_end(run_state, run_state.steps[args.step])) is not None:
+                print(f"({note})", file=sys.stderr)
             return 0
         st.follow(st.last_seq(), timeout=0.3)
         time.sleep(0.05)
+
+
+def _no_end(r: RunState, step: StepState) -> str | None:
+    """Why the log stops without its last attempt's end (`=== attempt 1 failed: ... ===`):
+    the process that wrote it died with the run, or the agent or m27's runner ended the
+    step for it. Without this, a crashed step's log read as one still running."""
+    if step_status(r, step) == "crashed":
+        why = step.reason if step.status == "failed" else r.reason or "the run's process died"
+    elif step.status == "failed" and step.reason.startswith(("lost", "m27 error")):
+        why = step.reason
+    else:
+        return None
+    return f"the log ends without attempt {max(1, step.attempts)}'s end: {why}"
 
 
 def _no_log(step: StepState, run_status: str, path: Path) -> str:
