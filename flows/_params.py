@@ -67,7 +67,7 @@ def resumed_run(store: EventStore, resume_of: object, pipeline: Pipeline) -> str
         raise _refuse(
             "resume_of",
             f"run {found} is still running (pid {old.pid} on {old.host}); resuming it now "
-            "would run its steps twice: wait for it to end, or cancel it, then resume",
+            "would run its steps twice; wait for it to end, or cancel it, then resume",
         )
     return found
 
