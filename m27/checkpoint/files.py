@@ -34,6 +34,7 @@ from m27.checkpoint._report import Reporter
 from m27.clock import Clock, SystemClock
 from m27.events import CheckpointRestored
 from m27.store import EventStore
+from m27.units import format_duration
 
 log = logging.getLogger("m27.checkpoint")
 
@@ -115,6 +116,7 @@ class FileGuard:
         clock: Clock | None = None,
         keep_last: int | None = None,
         every: float | None = None,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         self.workdir = workdir
         self.patterns = tuple(patterns)
@@ -139,6 +141,9 @@ class FileGuard:
         self._thread: threading.Thread | None = None
         self.captures = 0
         self._lock = threading.Lock()
+        self._warn = warn
+        self._started: float | None = None
+        self._said = False
 
     def baseline(self) -> None:
         """What the workdir holds before the program starts is not a new checkpoint.
@@ -220,11 +225,14 @@ class FileGuard:
     def start(self, every: float) -> None:
         """Poll every `every` seconds on a thread until :meth:`stop`."""
         self._poll_every = every
+        self._started = self._clock.monotonic()
 
         def loop() -> None:
             while not self._stop.wait(every):
                 try:
                     self.poll()
+                    if self._warn is not None and (line := self.overdue()) is not None:
+                        self._warn(line)
                 except Exception as exc:  # a capture problem must never end the step
                     log.warning("checkpoint file watcher: %r", exc)
 
@@ -238,8 +246,59 @@ class FileGuard:
             self._thread.join()
         try:
             self.poll(final=True)
+            if self._warn is not None and (line := self.none_at_exit()) is not None:
+                self._warn(line)
         finally:
             self._ckpt.close()
+
+    def _waited(self) -> float | None:
+        """Seconds since the program started, once it has had a checkpoint interval."""
+        if self._said or self.captures or not self._every or self._started is None:
+            return None
+        waited = self._clock.monotonic() - self._started
+        return waited if waited >= self._every else None
+
+    def overdue(self) -> str | None:
+        """Once, why nothing was captured, when the program has had time for two
+        checkpoints (or one and three polls): its files are not there (a typo in
+        `files:`, another folder), not complete, unchanged, or never still. Said while it
+        runs, so that a crash days later is not how the typo is found."""
+        waited = self._waited()
+        if waited is None or waited < max(2 * self._every, self._every + 3 * self._poll_every):
+            return None
+        self._said = True
+        return (
+            f"no checkpoint after {format_duration(waited)}: {self._why_none()}; a crash now "
+            "loses all of this attempt's work"
+        )
+
+    def none_at_exit(self) -> str | None:
+        """After the final look: a program that ran a checkpoint interval and left no file
+        `files:` names (the likely typo), said once."""
+        waited = self._waited()
+        if waited is None or matched(self.workdir, self.patterns):
+            return None
+        self._said = True
+        return f"no checkpoint was captured: {self._why_none()}"
+
+    def _why_none(self) -> str:
+        names = matched(self.workdir, self.patterns)
+        if not names:
+            wanted = ", ".join(self.patterns)
+            return f"no file in {self.workdir} matches {wanted} (is `files:` right?)"
+        shown = ", ".join(names)
+        with self._lock:
+            sigs = {n: s for n in names if (s := _signature(self.workdir / n)) is not None}
+            if sigs == self._captured:
+                return f"{shown} has not changed since the step started"
+        if self._validate is not None:
+            for name in names:
+                if (why := self._validate(self.workdir / name)) is not None:
+                    return f"{name} is not complete: {why}"
+        return (
+            f"{shown} changed at every look (every {format_duration(self._poll_every)}); a "
+            "file is captured once it holds still between two looks"
+        )
 
 
 def newer_than_captures(

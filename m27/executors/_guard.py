@@ -129,6 +129,7 @@ def open_guard(
         read_step=read_step,
         clock=clock,
         every=spec.every,
+        warn=note,
     )
     if validate is not None and newer_than_captures(
         [own, *spec.restore_from], where, spec.files, validate

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -199,6 +200,8 @@ class Sink:
         self.path = ""
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._warned: set[str] = set()
+        #: the output readers and the checkpoint file watcher's notes emit from their threads
+        self._emitting = threading.RLock()
 
     def write(self, text: str) -> None:
         if self.file is None:
@@ -214,14 +217,15 @@ class Sink:
         The callback gets the lines of one read as one list: the child's pipe is read on
         this thread, so a per-line callback (a Prefect log record, a console write each)
         held a chatty program at ~10,000 lines/s, blocked on its full pipe."""
-        self.tail.extend(lines)
-        self.write("".join(line + "\n" for line in lines))
-        self.flush()
-        if self.on_lines is not None:
-            try:
-                self.on_lines(stream, lines)
-            except Exception as exc:
-                self._warn("on_lines", f"on_lines callback failed: {exc!r}")
+        with self._emitting:
+            self.tail.extend(lines)
+            self.write("".join(line + "\n" for line in lines))
+            self.flush()
+            if self.on_lines is not None:
+                try:
+                    self.on_lines(stream, lines)
+                except Exception as exc:
+                    self._warn("on_lines", f"on_lines callback failed: {exc!r}")
 
     def note(self, line: str) -> None:
         """A line from m27 itself (spawn errors), shown like the step's stderr."""

@@ -63,7 +63,9 @@ def run_step(
     """Run the step with its retries; record every attempt; never leave a process behind.
 
     Thread-safe: the flow calls this from one thread per running step. `on_lines(stream,
-    lines)` is called on the calling thread with the complete lines of each read, in order.
+    lines)` gets the complete lines of each read, in order, one call at a time: on the
+    calling thread, or for a note of the checkpoint file watcher (``no checkpoint after
+    ...``) on the watcher's.
     """
 
     def attempts(clock: Clock, sink: Sink, log_path: Path) -> Callable[[int], AttemptEnd]:
