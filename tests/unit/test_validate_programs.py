@@ -192,3 +192,32 @@ def test_a_bare_name_of_a_script_in_the_workdir_is_noted_with_its_fix(
         "`command not found: m27-prep.sh` when it starts, unless an earlier step installs it"
         " (the workdir has it: write ./m27-prep.sh)"
     )
+
+
+def test_slurm_steps_on_a_node_without_sbatch_are_noted_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A login node without Slurm's client tools, or its module not loaded: each such
+    step failed `sbatch not found` when it started, after the steps before it."""
+    monkeypatch.chdir(tmp_path)
+    path = _pipeline(
+        tmp_path,
+        "  - {name: prep, type: cpu, command: 'true'}\n"
+        + "".join(
+            f"  - {{name: md{i}, type: cpu, executor: slurm, command: 'true'}}\n" for i in range(5)
+        ),
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert _validate(path) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "note: p.yaml:4: steps md0, md1, md2 and 2 more: executor: slurm, but `sbatch` is not "
+        "on PATH here; submitting fails `sbatch not found: is Slurm installed here?` (load "
+        "Slurm's module, or run m27 on a node with Slurm's client tools)"
+    )
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text("#!/bin/sh\n")
+    sbatch.chmod(0o755)
+    assert _validate(path) == 0
+    assert "sbatch" not in capsys.readouterr().out

@@ -23,7 +23,12 @@ if TYPE_CHECKING:
 
 def pipeline_notes(pipeline: Pipeline) -> list[str]:
     """Every note about `pipeline` that needs no event log."""
-    return missing_programs(pipeline) + unrunnable_programs(pipeline) + gpu_indexes(pipeline)
+    return (
+        missing_programs(pipeline)
+        + unrunnable_programs(pipeline)
+        + gpu_indexes(pipeline)
+        + missing_slurm(pipeline)
+    )
 
 
 def unrunnable_programs(pipeline: Pipeline) -> list[str]:
@@ -93,6 +98,24 @@ def missing_programs(pipeline: Pipeline) -> list[str]:
             f"when {starts}, unless an earlier step installs it{here}"
         )
     return lines
+
+
+def missing_slurm(pipeline: Pipeline) -> list[str]:
+    """One line when steps run through Slurm and this node has no `sbatch` on PATH (a
+    login node without Slurm's client tools, a module not loaded): each such step fails
+    `sbatch not found` when it starts, maybe after hours of the steps before it."""
+    steps = [s for s in pipeline.steps if s.executor == "slurm"]
+    if not steps or shutil.which("sbatch") is not None:
+        return []
+    names = ", ".join(s.name for s in steps[:MISSING_SHOWN])
+    if len(steps) > MISSING_SHOWN:
+        names += f" and {len(steps) - MISSING_SHOWN} more"
+    which = "step" if len(steps) == 1 else "steps"
+    return [
+        f"{shown_path(pipeline)}:{steps[0].line}: {which} {names}: executor: slurm, but "
+        "`sbatch` is not on PATH here; submitting fails `sbatch not found: is Slurm installed "
+        "here?` (load Slurm's module, or run m27 on a node with Slurm's client tools)"
+    ]
 
 
 #: `cuda:1`, as PyTorch, JAX and CuPy name a device (`--device cuda:1`, `--device=cuda:1`)
