@@ -130,7 +130,11 @@ def _immediate(queue: Iterable[Ranked], pa: Pass) -> None:
                 gpus[i].reserved_until = shadow
             actions.append(Reserve(p.key, tuple(hold)))
             reserved = True
-            notes[p.key] = [f"holds GPU {', '.join(map(str, hold))} until all {k} are free"]
+            every = "both" if k == 2 else f"all {k}"
+            notes[p.key] = [
+                f"reserves GPU {', '.join(map(str, hold))}: it starts once {every} are free "
+                "(no new primary starts there meanwhile)"
+            ]
         if cfg.fifo:
             notes[p.key] = [f"fifo: at the head, needs {k} free GPUs"]
             break

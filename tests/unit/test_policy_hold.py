@@ -112,7 +112,10 @@ def test_on_a_busy_node_the_first_multi_gpu_step_by_rank_still_reserves() -> Non
     views = (GpuView(0, 16 * G), GpuView(1, 16 * G))
     d = decide(PolicyInput(pending, running, views, 100.0))
     assert d.actions == (Reserve(("q", "wide-early"), (0, 1)),)
-    assert "holds GPU 0, 1 until all 2 are free" in d.why(("q", "wide-early"))
+    assert (
+        "reserves GPU 0, 1: it starts once both are free (no new primary starts there meanwhile)"
+        in d.why(("q", "wide-early"))
+    )
 
 
 @settings(max_examples=200, deadline=None)

@@ -55,7 +55,7 @@ SPECIFIC = (
     "declares no gpu_memory",
     "multi-GPU steps do not run as guests",
     "needs ",
-    "holds GPU",
+    "reserves GPU",
     "reserved for",
     "fifo:",
     " lost",
