@@ -188,6 +188,14 @@ def _where(lab: dict[str, Any], flow_run_id: UUID) -> Node | None:
     return None
 
 
+def _free(lab: dict[str, Any]) -> None:
+    """Release the nodes' blockers (the busy-nodes test releases them on its way), so a
+    test that needs a free node passes alone (`-k`) as it does after that test."""
+    for node in lab["nodes"].values():
+        if node.blocker is not None and node.blocker.poll() is None:
+            node.release()
+
+
 def _debug(lab: dict[str, Any]) -> str:
     return "\n".join(
         f"--- worker {n.name}:\n{tail(n.home / 'worker.log')}" for n in lab["nodes"].values()
@@ -350,6 +358,7 @@ def _started_step(lab: dict[str, Any], fr: UUID) -> tuple[Node, int, int]:
 def test_kill_9_of_a_flow_run_process_ends_crashed_in_prefect_and_the_log(
     lab: dict[str, Any],
 ) -> None:
+    _free(lab)
     _deploy(lab, "long-crash", "immediate", "--set", "SECONDS=300")
     with sync_client(lab["lab"]) as client:
         fr = _run(client, "long-crash")
@@ -380,9 +389,7 @@ def test_a_failed_deployed_run_logs_no_engine_traceback(lab: dict[str, Any]) -> 
     output and in the UI's log of the run, after the line that already said why."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    for node in lab["nodes"].values():  # free, also when this test runs alone (-k)
-        if node.blocker is not None and node.blocker.poll() is None:
-            node.release()
+    _free(lab)
     _deploy(lab, "fails", "immediate", "--set", "SECONDS=nope")  # `sleep nope` exits 1
     with sync_client(lab["lab"]) as client:
         fr = _run(client, "fails")
@@ -410,6 +417,7 @@ def test_a_failed_deployed_run_logs_no_engine_traceback(lab: dict[str, Any]) -> 
 def test_cancelling_from_prefect_stops_the_step_processes(lab: dict[str, Any]) -> None:
     from prefect.states import Cancelling
 
+    _free(lab)
     _deploy(lab, "long-cancel", "immediate", "--set", "SECONDS=300")
     with sync_client(lab["lab"]) as client:
         fr = _run(client, "long-cancel")
@@ -441,6 +449,7 @@ def test_cancelling_from_prefect_stops_the_step_processes(lab: dict[str, Any]) -
 
 
 def test_a_cron_schedule_fires_and_a_worker_runs_it(lab: dict[str, Any]) -> None:
+    _free(lab)
     with sync_client(lab["lab"]) as client:
         dep = client.read_deployment_by_name("m27-pipeline/every-minute")
         from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
