@@ -192,3 +192,26 @@ def test_an_ended_run_says_how_it_ended(
     assert main(["status", run, "--json"]) == 0
     reason = json.loads(capsys.readouterr().out)["reason"]
     assert reason == ("" if shown == "succeeded" else shown.split(": ", 1)[1])
+
+
+def test_a_step_the_agent_found_lost_in_a_crashed_run_shows_crashed(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After a power cut the node service's agent found the step (process and requester
+    gone) before its crash watcher closed the run: `failed` beside `crashed`, for one end."""
+    run = "20261203-130000-eeee"
+    rows = _status_rows(
+        m27_home,
+        capsys,
+        run,
+        ev.RunSubmitted(1.0, run, "p", "p.yaml", ("s", "t"), pid=0),
+        ev.StepStarted(1.1, run, "s", 1, 100, 100, ("sleep", "20")),
+        ev.StepFailed(
+            5.0, run, "s", 1, 3.9, "lost: its process and its requester (pid 9) are gone"
+        ),
+        ev.StepFailed(5.0, run, "t", 1, 0.1, "lost: the process that requested it (pid 9) is gone"),
+        ev.RunCrashed(5.1, run, "flow run process 9 on vm died without recording an end"),
+    )
+    assert rows["s"].split()[1:3] == ["crashed", "1"], rows
+    assert rows["s"].endswith("lost: its process and its requester (pid 9) are gone")
+    assert rows["t"].split()[1] == "crashed", rows

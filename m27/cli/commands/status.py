@@ -32,11 +32,15 @@ class _Energy:
 
 
 def step_status(r: RunState, s: StepState) -> str:
-    """A step's status as users need it: `crashed` (not `running` or `failed`) for a step
-    whose run's process died under it."""
+    """A step's status as users need it: `crashed` (not `running`, `failed` or `lost`) for
+    a step whose run's process died under it."""
     if s.status == "running" and _common.shown_status(r) == "crashed":
         return "crashed"
     if s.status == "failed" and s.reason.startswith("run crashed"):
+        return "crashed"
+    if s.status == "failed" and s.reason.startswith("lost") and r.crashed:
+        # the agent found it before the crash watcher (a node starting after a power
+        # cut): the same end, told by the other witness
         return "crashed"
     if s.done_before:
         return "succeeded"  # done in the run this one resumes (the note says so)
