@@ -285,7 +285,10 @@ class FileGuard:
         names = matched(self.workdir, self.patterns)
         if not names:
             wanted = ", ".join(self.patterns)
-            return f"no file in {self.workdir} matches {wanted} (is `files:` right?)"
+            return (
+                f"no file in {self.workdir} matches {wanted} (check `files:`, and how often "
+                "the program writes it)"
+            )
         shown = ", ".join(names)
         with self._lock:
             sigs = {n: s for n in names if (s := _signature(self.workdir / n)) is not None}

@@ -34,8 +34,9 @@ def test_no_file_matching_files_is_said_after_two_intervals_once(tmp_path: Path)
     assert guard.overdue() is None  # its first checkpoint may come at 300 s, or a bit late
     clock.advance(1.0)
     assert guard.overdue() == (
-        f"no checkpoint after 10m00s: no file in {guard.workdir} matches state.dat (is "
-        "`files:` right?); a crash now loses all of this attempt's work"
+        f"no checkpoint after 10m00s: no file in {guard.workdir} matches state.dat (check "
+        "`files:`, and how often the program writes it); a crash now loses all of this "
+        "attempt's work"
     )
     clock.advance(600.0)
     assert guard.overdue() is None  # said once
@@ -89,8 +90,8 @@ def test_a_program_that_ran_an_interval_and_left_no_file_is_said_at_its_exit(
     ran._warn = said.append
     ran.stop()
     assert said == [
-        f"no checkpoint was captured: no file in {ran.workdir} matches state.dat (is "
-        "`files:` right?)"
+        f"no checkpoint was captured: no file in {ran.workdir} matches state.dat (check "
+        "`files:`, and how often the program writes it)"
     ]
 
 
@@ -116,6 +117,7 @@ def test_the_runner_s_watcher_says_it_in_the_step_s_output_while_the_program_run
         clock.advance(600.0)
         wait_until(lambda: notes, timeout=30, what="the watcher's note")
     assert notes == [
-        f"no checkpoint after 10m00s: no file in {work} matches state.dat (is `files:` "
-        "right?); a crash now loses all of this attempt's work"
+        f"no checkpoint after 10m00s: no file in {work} matches state.dat (check "
+        "`files:`, and how often the program writes it); a crash now loses all of this "
+        "attempt's work"
     ]
