@@ -221,3 +221,42 @@ def test_slurm_steps_on_a_node_without_sbatch_are_noted_once(
     sbatch.chmod(0o755)
     assert _validate(path) == 0
     assert "sbatch" not in capsys.readouterr().out
+
+
+def test_a_command_naming_another_step_s_output_without_waiting_for_it_is_noted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gmx mdrun -s topol.tpr` without `depends_on: [grompp]`: both started at once, and
+    mdrun failed `No such file` (or ran last time's topol.tpr)."""
+    monkeypatch.chdir(tmp_path)
+    path = _pipeline(
+        tmp_path,
+        "  - {name: grompp, type: cpu, command: 'true -o topol.tpr', output: topol.tpr}\n"
+        "  - {name: md, type: cpu, command: 'true -s topol.tpr', output: [run/sim.xtc]}\n"
+        "  - {name: ana, type: cpu, shell: true, depends_on: [md],\n"
+        "     command: 'cat ./topol.tpr run/sim.xtc > ana.txt'}\n"
+        "  - {name: plot, type: cpu, command: 'true --in=run/sim.xtc --out=ana.txt'}\n"
+        "  - {name: frames, type: cpu, command: 'true frames/f1.png', output: 'frames/*.png'}\n"
+        "  - {name: late, type: cpu, command: 'true frames/f1.png', depends_on: [plot]}\n",
+    )
+    assert _validate(path) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: p.yaml:4: step md: its command names topol.tpr, which step grompp writes "
+        "(output:), but it does not wait for grompp: both may start at once; add "
+        "depends_on: [grompp]",
+        # through md, which does not wait for grompp either; run/sim.xtc: md, waited for
+        "note: p.yaml:5: step ana: its command names ./topol.tpr, which step grompp writes "
+        "(output:), but it does not wait for grompp: both may start at once; add "
+        "depends_on: [grompp]",
+        "note: p.yaml:7: step plot: its command names run/sim.xtc, which step md writes "
+        "(output:), but it does not wait for md: both may start at once; add "
+        "depends_on: [md]",
+        # ana.txt is no step's output; a pattern names no one file
+    ]
+    fixed = path.read_text().replace(
+        "output: [run/sim.xtc]}", "output: [run/sim.xtc], depends_on: [grompp]}"
+    )
+    path.write_text(fixed.replace("--out=ana.txt'}", "--out=ana.txt', depends_on: [ana]}"))
+    assert _validate(path) == 0
+    assert "does not wait" not in capsys.readouterr().out  # through ana and md: waits

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from m27.paths import not_runnable
+from m27.paths import is_pattern, not_runnable
 from m27.store.chain import chain, gone_note, successes
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ def pipeline_notes(pipeline: Pipeline) -> list[str]:
         + unrunnable_programs(pipeline)
         + gpu_indexes(pipeline)
         + missing_slurm(pipeline)
+        + undeclared_inputs(pipeline)
     )
 
 
@@ -116,6 +117,83 @@ def missing_slurm(pipeline: Pipeline) -> list[str]:
         "`sbatch` is not on PATH here; submitting fails `sbatch not found: is Slurm installed "
         "here?` (load Slurm's module, or run m27 on a node with Slurm's client tools)"
     ]
+
+
+def undeclared_inputs(pipeline: Pipeline) -> list[str]:
+    """A line for each step whose command names a file another step declares as its
+    `output:`, though it does not wait for that step: both may start at once, and the
+    reader fails `No such file` or, worse, reads the file a run before left
+    (`gmx mdrun -s topol.tpr` without `depends_on: [grompp]`)."""
+    writers: dict[str, str] = {}
+    for step in pipeline.steps:
+        base = str(pipeline.workdir_of(step))
+        for out in step.outputs:
+            if not is_pattern(out):
+                writers[_path_in(base, out)] = step.name
+    if not writers:
+        return []
+    parents = {s.name: s.depends_on for s in pipeline.steps}
+    names = {os.path.basename(path) for path in writers}  # a cheap look first
+    lines = []
+    for step in pipeline.steps:
+        named: dict[str, str] = {}  # writer -> the word that names its output
+        base = str(pipeline.workdir_of(step))
+        for word in _words(step.argv):
+            if word.rpartition("/")[2] not in names or word in step.outputs:
+                continue
+            writer = writers.get(_path_in(base, word))
+            if writer is not None and writer != step.name and writer not in named:
+                named[writer] = word
+        for writer, word in named.items():
+            if not _waits_on(parents, step.name, writer):
+                lines.append(
+                    f"{shown_path(pipeline)}:{step.line}: step {step.name}: its command names "
+                    f"{word}, which step {writer} writes (output:), but it does not wait for "
+                    f"{writer}: both may start at once; add depends_on: [{writer}]"
+                )
+    return lines
+
+
+def _path_in(base: str, word: str) -> str:
+    return os.path.normpath(
+        os.path.join(base, os.path.expanduser(word) if word[:1] == "~" else word)
+    )
+
+
+_BLANK = re.compile(r"\s")
+
+
+def _words(argv: tuple[str, ...]) -> list[str]:
+    """What a command's arguments may name as files: each argument, the value of an
+    `--opt=value` one, and the words of a shell script (`sh -c "cat a.txt > b"`)."""
+    words: list[str] = []
+    for arg in argv:
+        if _BLANK.search(arg):
+            lexer = shlex.shlex(arg, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            try:
+                words += list(lexer)
+            except ValueError:  # an unbalanced quote: the shell says so when it runs
+                continue
+        else:
+            words += [arg, *arg.split("=")[1:]]
+    return [w for w in words if w]
+
+
+def _waits_on(parents: dict[str, tuple[str, ...]], step: str, other: str) -> bool:
+    """Whether `step` depends on `other`, directly or through other steps."""
+    if other in parents[step]:
+        return True
+    seen: set[str] = set()
+    todo = list(parents[step])
+    while todo:
+        name = todo.pop()
+        if name == other:
+            return True
+        if name not in seen:
+            seen.add(name)
+            todo += parents[name]
+    return False
 
 
 #: `cuda:1`, as PyTorch, JAX and CuPy name a device (`--device cuda:1`, `--device=cuda:1`)
