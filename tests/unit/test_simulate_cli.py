@@ -180,3 +180,18 @@ def test_an_event_log_replays_on_its_nodes_gpu_count(tmp_path: Path) -> None:
         assert _node_gpus(store.read()) == 2  # the node as it last ran
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("flag", ["--report", "--save-trace"])
+@pytest.mark.parametrize("where", ["missing/r.out", "."])
+def test_an_output_path_that_cannot_be_written_is_refused_before_simulating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, where: str
+) -> None:
+    """`--report` to a folder that is not there was found after the simulation (minutes on
+    a large trace), its table printed and then lost."""
+    out = tmp_path / where
+    assert main(["simulate", "lab:seed=0", "--policy", "fifo", flag, str(out)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing simulated
+    why = "No such file or directory" if where != "." else "Is a directory"
+    assert captured.err == f"m27: cannot use {out}: {why}\n"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
         window = parse_duration(args.window) if args.window else None
         if window is not None and not 0 < window < float("inf"):
             raise ValueError(f"--window {args.window!r}: give a duration above 0, e.g. 72h")
+        for out in (args.report, args.save_trace):
+            if out is not None:
+                _check_writable(out)
         trace = _load(args)
     except ValueError as exc:
         print(f"m27: {exc}", file=sys.stderr)
@@ -99,6 +104,18 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"report: {args.report}")
     return 0
+
+
+def _check_writable(path: Path) -> None:
+    """The OSError writing `path` would raise, before the simulation (minutes on a large
+    trace) rather than after it."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    folder = path.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 
 
 def _load(args: argparse.Namespace) -> Trace:
