@@ -307,6 +307,8 @@ def _syntax_problem(file: str, exc: yaml.MarkedYAMLError, text: str) -> Problem:
             f"the whole value in quotes, or write `{keyed.group(1)}: >-` and the value on the "
             "next line, indented"
         )
+    elif "'\\t'" in message and source[: column - 1].strip() == "":
+        message += "; YAML indents with spaces, not tabs: replace the tab with spaces"
     return Problem(file, line, column, "", message)
 
 
