@@ -205,19 +205,21 @@ def skipped_task(message: str, done: bool) -> State:
 
 def _previous_successes(
     store: EventStore, resume_of: str | None, pipeline: Pipeline
-) -> tuple[set[str], list[Path], frozenset[str]]:
-    """Steps already done in the run being resumed (and its own ancestors), their
-    checkpoint folders, newest run first, and the done steps that run again, from the
-    start: their outputs are gone and a step that runs needs them (each logged)."""
+) -> tuple[dict[str, str], list[Path], frozenset[str]]:
+    """Steps already done in the run being resumed (and its own ancestors), each with the
+    run it succeeded in; their checkpoint folders, newest run first; and the done steps
+    that run again, from the start: their outputs are gone and a step that runs needs
+    them (each logged)."""
     if not resume_of:
-        return set(), [], frozenset()
+        return {}, [], frozenset()
     runs = chain(store, resume_of)
     found = successes(store, runs)
     again = pipeline.rerun_for_outputs(found.keys())
     for name, gone in again.items():
         get_run_logger().warning("%s", gone_note(name, gone, found[name].run_id))
     dirs = [join_under(m27_home(), "checkpoints", run_id) for run_id in runs]
-    return found.keys() - again.keys(), dirs, frozenset(again)
+    done = {name: s.run_id for name, s in found.items() if name not in again}
+    return done, dirs, frozenset(again)
 
 
 def _ui_url() -> str | None:
@@ -368,7 +370,7 @@ def _finish(run: _Run, end: Event) -> None:
     summary.publish(state, run.run_id, run.pipeline.workdir)
 
 
-def _walk(run: _Run, pipeline: Pipeline, done: set[str]) -> dict[str, str]:
+def _walk(run: _Run, pipeline: Pipeline, done: Mapping[str, str]) -> dict[str, str]:
     """Submit each step once its dependencies succeeded; returns step -> outcome."""
     settled = Outcomes((s.name, s.depends_on) for s in pipeline.steps)
     outcome = settled.outcome  # (read here; written only through settled.settle)
@@ -377,7 +379,7 @@ def _walk(run: _Run, pipeline: Pipeline, done: set[str]) -> dict[str, str]:
     for name in order:
         if name in done:
             settled.settle(name, "succeeded")
-            why = StepSkipped.DONE_BEFORE
+            why = StepSkipped.done_in(done[name])
             run.append(StepSkipped(at=_now(), run_id=run.run_id, step=name, reason=why))
             skipped_task.with_options(name=name, task_run_name=name).submit(why, True).wait()
     while len(outcome) < len(order):

@@ -76,14 +76,30 @@ class StepSkipped(StepEvent):
 
     reason: str
 
-    #: The reason of a step skipped because it succeeded in the run this one resumes.
+    #: The reason of a step skipped because it succeeded in the run this one resumes, as
+    #: logs before the run was named kept it (now: :meth:`done_in`).
     DONE_BEFORE: ClassVar[str] = "succeeded in the resumed run"
+    #: The start of :meth:`done_in`'s reason.
+    DONE_IN: ClassVar[str] = "succeeded in run "
+
+    @staticmethod
+    def done_in(run_id: str) -> str:
+        """The reason of a step a resume skips: where it succeeded (the run resumed, or one
+        that run resumed in turn)."""
+        return StepSkipped.DONE_IN + run_id
 
     @staticmethod
     def done_before(reason: str) -> bool:
         """Whether a skip with `reason` means done, not left out (listings count it as
         succeeded)."""
-        return reason.startswith(StepSkipped.DONE_BEFORE)
+        return reason.startswith((StepSkipped.DONE_IN, StepSkipped.DONE_BEFORE))
+
+    @staticmethod
+    def done_where(reason: str) -> str | None:
+        """The run a skip with `reason` names as where the step succeeded, if it does."""
+        return (
+            reason[len(StepSkipped.DONE_IN) :] if reason.startswith(StepSkipped.DONE_IN) else None
+        )
 
 
 @event

@@ -45,7 +45,7 @@ def successes(store: EventStore, run_ids: list[str]) -> dict[str, Success]:
     for rid in run_ids:  # a skip that says so: its own run may have left the log
         for name, step in state.runs[rid].steps.items():
             if step.status == "skipped" and StepSkipped.done_before(step.reason):
-                done.setdefault(name, Success(rid, ""))
+                done.setdefault(name, Success(StepSkipped.done_where(step.reason) or rid, ""))
     return done
 
 

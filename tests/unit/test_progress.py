@@ -214,6 +214,27 @@ def test_a_resumed_run_shows_every_step_done_naming_the_earlier_run(
     assert "succeeded  sim" in out and "skipped" not in out
 
 
+def test_a_resume_of_a_resume_names_the_run_where_the_step_succeeded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """r3 resumes r2, which skipped prep (done in r1): `in the earlier run r2` named a run
+    where prep never ran."""
+    store = MemoryEventStore()
+    pipeline = parse_pipeline(SPEC, tmp_path / "demo.yaml")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, "r3", "demo", "/x/demo.yaml", ("prep", "sim"), resume_of="r2"),
+            ev.StepSkipped(1.1, "r3", "prep", ev.StepSkipped.done_in("r1")),
+            ev.StepSkipped(1.1, "r3", "sim", ev.StepSkipped.done_in("r2")),
+            ev.RunSucceeded(1.2, "r3", 0.2),
+        ]
+    )
+    Progress(store, "r3", pipeline, live=False).summary(fold(store.read()).runs["r3"])
+    out = capsys.readouterr().out
+    assert "succeeded  prep  (in the earlier run r1)" in out
+    assert "succeeded  sim  (in the earlier run r2)" in out
+
+
 @pytest.mark.parametrize("width", [80, 100])
 def test_the_live_table_is_readable_at_80_and_100_columns(tmp_path: Path, width: int) -> None:
     spec = SPEC.replace("name: prep", "name: preprocessing").replace("[prep]", "[preprocessing]")

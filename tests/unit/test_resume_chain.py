@@ -50,6 +50,23 @@ def test_a_resume_of_a_resume_skips_what_each_run_of_the_chain_did(m27_home: Pat
     assert chain(store, "gone") == []
 
 
+def test_a_skip_names_where_the_step_succeeded_when_that_run_left_the_log(
+    m27_home: Path,
+) -> None:
+    store = MemoryEventStore()
+    store.append(
+        [
+            ev.RunSubmitted(1.0, "c", "md", "md.yaml", ("prep", "em"), resume_of="pruned"),
+            ev.StepSkipped(2.0, "c", "prep", ev.StepSkipped.done_in("pruned")),
+            ev.StepSkipped(2.0, "c", "em", ev.StepSkipped.DONE_BEFORE),  # an older log's words
+        ]
+    )
+    assert successes(store, chain(store, "c")) == {
+        "prep": Success("pruned", ""),
+        "em": Success("c", ""),
+    }
+
+
 def test_the_flow_skips_the_chain_s_successes_and_restores_from_its_folders(
     m27_home: Path, tmp_path: Path
 ) -> None:
@@ -63,9 +80,9 @@ def test_the_flow_skips_the_chain_s_successes_and_restores_from_its_folders(
     pipeline = load_pipeline(spec)
     done, dirs, fresh = _previous_successes(_store(), "b", pipeline)
     # prep.txt is gone, but only em (done) needs it: prep stays done
-    assert done == {"prep", "em"} and fresh == frozenset()
+    assert done == {"prep": "a", "em": "b"} and fresh == frozenset()
     assert dirs == [m27_home / "checkpoints" / "b", m27_home / "checkpoints" / "a"]
-    assert _previous_successes(_store(), None, pipeline) == (set(), [], frozenset())
+    assert _previous_successes(_store(), None, pipeline) == ({}, [], frozenset())
 
 
 def _pipeline(tmp_path: Path) -> Path:

@@ -388,7 +388,8 @@ class Progress:
             shown = st.status
             if st.done_before:
                 shown = "succeeded"  # done already: a resumed run shows every step done
-                extra += f"  (in the earlier run {run.resume_of})" if run.resume_of else ""
+                where = StepSkipped.done_where(st.reason) or run.resume_of
+                extra += f"  (in the earlier run {where})" if where else ""
             _line(f"  {shown:<10} {name}{extra}")
         finals = [s for s in self.pipeline.steps if not self.pipeline.dependents(s.name)]
         made = [
