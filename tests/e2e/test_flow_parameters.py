@@ -146,7 +146,12 @@ def test_resume_of_a_run_that_still_runs_is_refused_and_of_a_dead_one_goes_on(
 
     from m27 import liveness
 
-    dead = subprocess.Popen(["true"])
+    dead = subprocess.Popen(["sleep", "60"])
+    started = {
+        os.getpid(): liveness.start_time(os.getpid()),
+        dead.pid: liveness.start_time(dead.pid),
+    }
+    dead.kill()  # its start time is recorded: a process that reuses its pid is not it
     dead.wait()
     store = open_store(m27_home)
     try:
@@ -161,7 +166,7 @@ def test_resume_of_a_run_that_still_runs_is_refused_and_of_a_dead_one_goes_on(
                         steps=("say",),
                         pid=pid,
                         host=socket.gethostname(),
-                        pid_started=liveness.start_time(pid),
+                        pid_started=started[pid],
                     )
                 ]
             )
