@@ -37,10 +37,12 @@ NINE_GPUS = "name: p\npipeline:\n  - {name: a, type: gpu, gpus: 9, command: 'tru
 
 def _dead_run(home: Path, run_id: str, spec: Path, **vars: str) -> None:
     """Record run `run_id` of `spec` whose flow process has exited."""
-    dead = subprocess.Popen(["true"])
+    dead = subprocess.Popen(["sleep", "60"])
+    submitted = _submitted(run_id, dead.pid, spec)  # its start time: a reused pid is not it
+    dead.kill()
     dead.wait()
     store = open_store(home)
-    store.append([dataclasses.replace(_submitted(run_id, dead.pid, spec), vars=vars)])
+    store.append([dataclasses.replace(submitted, vars=vars)])
     store.close()
 
 
@@ -95,3 +97,30 @@ def test_a_new_value_on_resume_is_noted_with_the_old_one(
         "m27 run: note: run old had X='custom'; the steps that succeeded there are not run "
         "again with the new value"
     )
+
+
+def test_a_resume_with_nothing_left_to_run_says_so_and_starts_nothing(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It recorded a new run that only skipped every step (through the node service and
+    Prefect); a final output deleted since is named, as no step left to run needs it."""
+    spec = tmp_path / "p.yaml"
+    spec.write_text(NINE_GPUS.replace("command: 'true'}", "command: 'true', output: a.out}"))
+    _dead_run(m27_home, "done", spec)
+    store = open_store(m27_home)
+    store.append([ev.StepSucceeded(2.0, "done", "a", 1, 1.0), ev.RunSucceeded(2.1, "done", 1.1)])
+    store.close()
+    with pytest.raises(SystemExit) as ended:
+        main(["run", "--resume", "done", "--plain"])
+    assert ended.value.code == 0
+    out, err = capsys.readouterr()
+    assert out == (
+        "m27 run: every step of run done has succeeded (there or in a run it resumed): "
+        f"nothing to resume. To run the pipeline again: m27 run {spec}\n"
+    )
+    assert err == "m27 run: note: step a's output a.out is gone, and no step left to run needs it\n"
+    store = open_store(m27_home)
+    assert [r.event.run_id for r in store.read() if isinstance(r.event, ev.RunSubmitted)] == [
+        "done"
+    ]
+    store.close()

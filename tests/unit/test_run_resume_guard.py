@@ -56,6 +56,7 @@ def test_the_same_file_with_its_name_edited_still_resumes(m27_home: Path, tmp_pa
     md = tmp_path / "md.yaml"
     md.write_text("name: md\nsteps:\n" + STEP)
     _ran(m27_home, md, "md")
-    md.write_text("name: md-v2\nsteps:\n" + STEP)
+    # (and a step added: with every step done, a resume has nothing to run)
+    md.write_text("name: md-v2\nsteps:\n" + STEP + "  - {name: sim, type: cpu, command: 'true'}\n")
     pipeline, _, resume_of = _prepare(md)
     assert (pipeline.name, resume_of) == ("md-v2", "r1")

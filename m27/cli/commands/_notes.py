@@ -252,13 +252,18 @@ def _sees(step: Step, index: int) -> str:
     )
 
 
-def resume_notes(st: SqliteEventStore, run_id: str, pipeline: Pipeline) -> list[str]:
-    """A line for each step that succeeded in run `run_id` (or a run it resumed) that a
-    resume of it runs again, its outputs gone (:meth:`Pipeline.rerun_for_outputs`), or
-    does not run again though `pipeline` now gives it another command: a fix made to it in
-    the file would otherwise be silently left out."""
+def resume_plan(
+    st: SqliteEventStore, run_id: str, pipeline: Pipeline
+) -> tuple[list[str], list[str]]:
+    """The notes of a resume of run `run_id`, and the steps it will run (file order).
+
+    A note for each step that succeeded in `run_id` (or a run it resumed) that the resume
+    runs again, its outputs gone (:meth:`Pipeline.rerun_for_outputs`), or does not run
+    again though `pipeline` now gives it another command: a fix made to it in the file
+    would otherwise be silently left out."""
     found = successes(st, chain(st, run_id))
     again = pipeline.rerun_for_outputs(found.keys())
+    left = [s.name for s in pipeline.steps if s.name not in found or s.name in again]
     lines = [gone_note(name, gone, found[name].run_id) for name, gone in again.items()]
     for step in pipeline.steps:
         was = found.get(step.name)
@@ -270,7 +275,15 @@ def resume_notes(st: SqliteEventStore, run_id: str, pipeline: Pipeline) -> list[
                 f"now says `{now}`, and a resume does not run it again (a new run, without "
                 "--resume, runs every step as the file is)"
             )
-    return lines
+    if not left:  # nothing runs, so nothing needs them: said, not run again
+        lines += [
+            f"step {step.name}'s {'output' if len(gone) == 1 else 'outputs'} "
+            f"{', '.join(gone)} {'is' if len(gone) == 1 else 'are'} gone, and no step left "
+            f"to run needs {'it' if len(gone) == 1 else 'them'}"
+            for step in pipeline.steps
+            if (gone := pipeline.missing_outputs(step.name))
+        ]
+    return lines, left
 
 
 def shown_path(pipeline: Pipeline) -> str:

@@ -56,7 +56,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "succeed, from their checkpoints, "
         "with the pipeline file as it is now (a fixed command is used) and RUN_ID's "
         "--set values (a new --set overrides one); a step that succeeded runs again when "
-        "its output: is gone and a step that runs needs it",
+        "its output: is gone and a step that runs needs it; with no step left to run, "
+        "nothing starts (exit 0)",
     )
     p.add_argument(
         "--plain",
@@ -146,9 +147,15 @@ def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | 
         )
         raise SystemExit(2)
     if resume_of is not None:
-        notes = _notes.resume_notes(_common.store(), resume_of, pipeline)
+        notes, left = _notes.resume_plan(_common.store(), resume_of, pipeline)
         for note in _notes.shown_notes(notes):
             print(f"m27 run: note: {note}", file=sys.stderr)
+        if not left:  # a run that only skips: nothing for the log, Prefect or the GPUs
+            print(
+                f"m27 run: every step of run {resume_of} has succeeded (there or in a run it "
+                f"resumed): nothing to resume. To run the pipeline again: m27 run {file}"
+            )
+            raise SystemExit(0)
     return pipeline, overrides, resume_of
 
 
