@@ -11,6 +11,8 @@ import pytest
 
 from m27.checkpoint import Checkpointer, collect_garbage, latest_checkpoint, prune, scan
 from m27.cli import main
+from m27.events import CheckpointWritten
+from m27.store.memory import MemoryEventStore
 
 CHUNK = 1024
 
@@ -102,6 +104,24 @@ def test_cli_lists_checkpoints_with_step_bytes_and_change(
     text = capsys.readouterr().out
     assert "md_simulation" in text and "6.2%" in text
     assert text.splitlines()[0].split()[-1] == "MANIFEST" and text.splitlines()[1].endswith("ok")
+
+
+def test_cli_lists_the_bytes_the_run_log_said_were_written(
+    m27_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the run's log line (`checkpoint at step 2 (481B written, ...)`) counts the manifest
+    # with the packs; the listing said 0B for the same unchanged save
+    monkeypatch.setenv("M27_RUN_ID", "20260101-000000-abcd")
+    monkeypatch.setenv("M27_STEP", "s1")
+    store = MemoryEventStore()
+    directory = m27_home / "checkpoints" / "20260101-000000-abcd" / "s1"
+    with Checkpointer(directory, chunk_size=CHUNK, store=store) as ck:
+        ck.save({"x": np.zeros(10)}, step=1)
+        ck.save({"x": np.zeros(10)}, step=2)  # nothing changed: only a manifest
+    logged = [r.event.bytes_written for r in store.read() if isinstance(r.event, CheckpointWritten)]
+    assert main(["checkpoints", "20260101", "--json"]) == 0
+    listed = [r["bytes_written"] for r in json.loads(capsys.readouterr().out)]
+    assert listed == logged and listed[1] > 0
 
 
 def test_cli_lists_verifies_and_prunes_the_files_a_program_checkpoints_itself(

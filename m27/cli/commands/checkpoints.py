@@ -126,12 +126,21 @@ def _row(step: str, entry: Listed) -> dict[str, Any]:
         "path": str(entry.path),
         "time": info.time if info else None,
         "sim_step": sim_step,
-        "bytes_written": info.bytes_written if info else None,
+        "bytes_written": info.bytes_written + _size(entry.path) if info else None,
         "bytes_total": info.bytes_total if info else None,
         "percent_changed": round(info.percent_changed, 2) if info else None,
         "valid": entry.valid,
         "problem": entry.problem,
     }
+
+
+def _size(path: Path) -> int:
+    """A manifest's own bytes: the run's log line (`481B written`) counts them with the
+    packs', and the listing says the same figure for the same checkpoint."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _list(targets: list[tuple[str, Path]], as_json: bool) -> int:
