@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from m27.checkpoint.files import FileGuard, capture_dir, newer_than_captures, restore_files
+from m27.checkpoint.saves import SaveWatch
 from m27.clock import Clock
 from m27.executors import _proc
 from m27.executors.engines import recipe_named
@@ -52,6 +53,8 @@ class Guarded:
     guard: FileGuard | None = None
     stop_signal: signal.Signals = signal.SIGTERM
     poll: float = 1.0
+    #: for a step that saves with m27.Checkpointer: says when it has saved nothing
+    saves: SaveWatch | None = None
 
     def supervise(
         self,
@@ -76,13 +79,14 @@ class Guarded:
     @contextmanager
     def watching(self) -> Iterator[None]:
         """The file watcher runs inside the block; what is left is captured at its end."""
-        if self.guard is not None:
-            self.guard.start(self.poll)
+        watchers = [w for w in (self.guard, self.saves) if w is not None]
+        for watcher in watchers:
+            watcher.start(self.poll)
         try:
             yield
         finally:
-            if self.guard is not None:
-                self.guard.stop()
+            for watcher in watchers:
+                watcher.stop()
 
 
 class _Launch(Protocol):
@@ -98,6 +102,8 @@ class _Launch(Protocol):
     def checkpoint_dir(self) -> Path | None: ...
     @property
     def self_checkpoint(self) -> SelfCheckpoint | None: ...
+    @property
+    def checkpoint_interval(self) -> float | None: ...
 
 
 def open_guard(
@@ -107,11 +113,19 @@ def open_guard(
     clock: Clock,
     note: Callable[[str], None],
 ) -> Guarded:
-    """Restore the newest good capture (adding the resume arguments), set up the watcher."""
+    """Restore the newest good capture (adding the resume arguments), set up the watcher.
+
+    A step with `checkpoint:` and no files to capture saves with m27.Checkpointer (or
+    not at all): its watcher only says when no save came."""
     spec, checkpoint_dir, workdir = launch.self_checkpoint, launch.checkpoint_dir, launch.workdir
     run_id, step = launch.run_id, launch.step
     if spec is None or not spec.files or checkpoint_dir is None:
-        return Guarded(argv)
+        every = launch.checkpoint_interval
+        if checkpoint_dir is None or not every:
+            return Guarded(argv)
+        saves = SaveWatch(checkpoint_dir, every, clock=clock, warn=note)
+        saves.baseline()
+        return Guarded(argv, saves=saves)
     where = workdir or Path.cwd()
     recipe = recipe_named(spec.recipe)
     validate = recipe.valid_file if recipe is not None else None

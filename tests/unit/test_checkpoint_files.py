@@ -41,6 +41,7 @@ class _Launch:
     self_checkpoint: SelfCheckpoint
     run_id: str = "r1"
     step: str = "md"
+    checkpoint_interval: float | None = None
 
 
 def _guard(tmp_path: Path, store: MemoryEventStore) -> FileGuard:
