@@ -27,6 +27,7 @@ from m27.events import (
     SlurmJobSubmitted,
     StepFailed,
     StepStarted,
+    StepSucceeded,
 )
 from m27.events.state import fold
 from m27.executors.container import wrap_argv
@@ -37,7 +38,7 @@ from m27.paths import join_under
 from m27.signals import SignalRelay
 from m27.spec import Pipeline, Step
 from m27.store import EventStore
-from m27.units import format_size
+from m27.units import format_duration, format_size
 
 
 @dataclass
@@ -152,10 +153,12 @@ class _StepLog:
     per committed checkpoint, and where the step runs (node, GPUs, attempt, Slurm job and
     why Slurm holds it) as log lines; the UI showed only the output.
 
-    `catch_up` runs in the task's thread (artifacts need its context). Until the step's
-    start has been told, each output line first calls `before_output` from the output
-    reader's thread, so `started (...)` comes before the step's first line, not up to a
-    poll later; after that, lines cost nothing.
+    `catch_up` runs in the task's thread (artifacts need its context). Each batch of
+    output first calls `before_output` from the output reader's thread, which tells the
+    step's events recorded since, so `started (...)` comes before the step's first line
+    (not up to a poll later), and a retry's `failed (attempt 1): ... - retrying` and
+    `started (attempt 2, ...)` before the second attempt's first line; with nothing new
+    in the log it costs one look at its last number (~8 us a batch).
     """
 
     def __init__(self, run: _Run, step: str, logger: Any) -> None:
@@ -163,7 +166,8 @@ class _StepLog:
         self.step = step
         self.logger = logger
         self.after = self.early = run.store.last_seq()
-        self.started = False
+        #: the step's success, once told: the task's final state says what it says
+        self.succeeded: StepSucceeded | None = None
         self._told: set[int] = set()
         self._lock = threading.Lock()
 
@@ -177,12 +181,18 @@ class _StepLog:
             if seq in self._told:
                 return
             self._told.add(seq)
-            self.started = self.started or isinstance(ev, StepStarted)
-            if (said := _milestone(ev)) is not None:
-                self.logger.info("%s", said)
+            if isinstance(ev, StepSucceeded):
+                self.succeeded = ev
+            if (said := _milestone(ev, self._retry_delay())) is not None:
+                (self.logger.warning if isinstance(ev, StepFailed) else self.logger.info)(
+                    "%s", said
+                )
+
+    def _retry_delay(self) -> float:
+        return self.run.pipeline.step(self.step).retry_delay
 
     def before_output(self) -> None:
-        if self.started:
+        if self.run.store.last_seq() <= self.early:
             return
         for rec in self.run.store.read(self.early):
             self.early = rec.seq
@@ -216,13 +226,18 @@ def waiting_line(step: str, gpus: int) -> str:
     return f"waiting for {lease_wanted(gpus)} on {host} (`m27 queue --why {step}` there says why)"
 
 
-def _milestone(ev: Event) -> str | None:
-    """The line a step's event puts in its Prefect task log, if any."""
+def _milestone(ev: Event, retry_delay: float = 0.0) -> str | None:
+    """The line a step's event puts in its Prefect task log, if any. A failed attempt
+    followed by another is said here (the task's state says only how the last ended);
+    `retry_delay` is the step's wait before it."""
     if isinstance(ev, StepStarted):
         where = f"GPU {','.join(map(str, ev.gpus))}" if ev.gpus else "CPU"
         proc = f"pid {ev.pid}" if ev.pid else "in Slurm"
         on = f" on {ev.host}" if ev.host else ""
         return f"started (attempt {ev.attempt}, {proc}{on}, {where})"
+    if isinstance(ev, StepFailed) and ev.will_retry:
+        again = f" in {format_duration(retry_delay)}" if retry_delay > 0 else ""
+        return f"failed (attempt {ev.attempt}): {ev.reason} - retrying{again}"
     if isinstance(ev, SlurmJobSubmitted):
         return f"submitted as Slurm job {ev.job_id} (attempt {ev.attempt})"
     if isinstance(ev, SlurmJobStateChanged) and ev.state == "PENDING" and ev.reason:

@@ -57,6 +57,7 @@ from m27.events import (
     StepFailed,
     StepQueued,
     StepSkipped,
+    StepSucceeded,
 )
 from m27.events.state import fold
 from m27.executors.local import StepResult
@@ -68,6 +69,7 @@ from m27.spec import Pipeline, Step, problem_lines
 from m27.store import EventStore
 from m27.store.chain import chain, gone_note, successes
 from m27.store.sqlite import open_store
+from m27.units import format_duration
 
 _logging.install()  # no bogus "NoneType: None" under a failed step's Prefect error line
 
@@ -136,7 +138,7 @@ def _step_body(run: _Run, step: Step) -> State:
                 resume_from=lambda: run.resume_from(step.name),
             )
         )
-        return _state_of(result)
+        return _state_of(result, told.succeeded)
     # The node agent answers the request (StepRequested -> LeaseGranted); a guest (tier
     # "ready") starts with its channel's gate closed and computes when the agent allows.
     result = run_leased(
@@ -155,15 +157,20 @@ def _step_body(run: _Run, step: Step) -> State:
         time_limit=step.timeout,
         on_wait=lambda: logger.info("%s", waiting_line(step.name, step.gpus)),
     )
-    return _state_of(result)
+    return _state_of(result, told.succeeded)
 
 
-def _state_of(result: StepResult | None) -> State:
-    """The Prefect state of a step task from the runner's result."""
+def _state_of(result: StepResult | None, succeeded: StepSucceeded | None = None) -> State:
+    """The Prefect state of a step task from the runner's result; a success says what
+    `m27 run` said for it (`succeeded in 6ms`), and the attempt after a retry."""
     if result is None:
         return Cancelled(message="cancelled before it started")
     if result.ok:
-        return Completed(message=f"succeeded in {result.duration_s:.1f}s")
+        took, attempt = result.duration_s, result.attempts
+        if succeeded is not None:
+            took, attempt = succeeded.duration_s, succeeded.attempt
+        again = f" (attempt {attempt})" if attempt > 1 else ""
+        return Completed(message=f"succeeded in {format_duration(took)}{again}")
     if result.cancelled:
         return Cancelled(message="cancelled")
     return Failed(message=result.reason)

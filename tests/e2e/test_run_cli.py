@@ -61,13 +61,17 @@ def _write(tmp_path: Path, text: str, name: str = "p.yaml") -> Path:
     return path
 
 
-def _flow_run(prefect_api: str, flow_run_id: str) -> tuple[str, str, dict[str, str]]:
-    """(flow run name, state type, {task run name: state name}) straight from Prefect."""
+Tasks = dict[str, tuple[str, str]]
+
+
+def _flow_run(prefect_api: str, flow_run_id: str) -> tuple[str, str, Tasks]:
+    """(flow run name, state type, {task run name: (state name, message)}) straight from
+    Prefect."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    async def fetch() -> tuple[str, str, dict[str, str]]:
+    async def fetch() -> tuple[str, str, Tasks]:
         async with get_client() as client:
             fr = await client.read_flow_run(flow_run_id)
             tasks = await client.read_task_runs(
@@ -77,7 +81,7 @@ def _flow_run(prefect_api: str, flow_run_id: str) -> tuple[str, str, dict[str, s
             return (
                 fr.name,
                 fr.state.type.value,
-                {t.name: t.state.name for t in tasks if t.state is not None},
+                {t.name: (t.state.name, t.state.message or "") for t in tasks if t.state},
             )
 
     with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
@@ -109,12 +113,13 @@ def test_diamond_with_a_failing_branch_finishes_the_others_and_fails_the_run(
     # the same run in Prefect: named <pipeline>/<run>, one task run per step, Failed
     assert run.flow_run_id
     # (a warm run's client may exit a moment before its child sets the final state)
-    seen: list[tuple[str, str, dict[str, str]]] = []
+    seen: list[tuple[str, str, Tasks]] = []
     wait_until(
         lambda: seen.append(_flow_run(prefect_env, run.flow_run_id)) or seen[-1][1] != "RUNNING",
         timeout=30,
     )
-    name, state_type, tasks = seen[-1]
+    name, state_type, found = seen[-1]
+    tasks = {task: state for task, (state, _) in found.items()}
     assert name == f"diamond/{run.run_id}"
     assert state_type == "FAILED"
     assert tasks["a"] == "Completed" and tasks["b"] == "Failed"
@@ -165,6 +170,46 @@ def test_a_steps_stderr_shows_once_in_the_terminal_and_in_prefects_logs(
         ),
         timeout=30,
     )
+
+
+def test_a_retried_steps_failed_attempt_is_in_its_prefect_log_before_the_retry(
+    m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    # The task run's log went `started (attempt 1)`, `boom`, `ok`, `started (attempt 2)`:
+    # the failed attempt was not said, the retry's start came after its output, and the
+    # task ended `succeeded in 0.0s` as though one attempt had done it.
+    spec = _write(
+        tmp_path,
+        textwrap.dedent("""\
+            name: flaky
+            pipeline:
+              - name: a
+                type: cpu
+                retries: 1
+                command: sh -c 'if [ -f again ]; then echo ok; else touch again; echo boom >&2; exit 3; fi'
+        """),
+    )
+    done = m27("run", str(spec), "--plain")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = node_state(m27_home).runs.values()
+    ended: list[tuple[str, str, Tasks]] = []
+    wait_until(
+        lambda: ended.append(_flow_run(prefect_env, run.flow_run_id)) or ended[-1][1] != "RUNNING",
+        timeout=30,
+    )
+    state, message = ended[-1][2]["a"]
+    assert state == "Completed" and message.startswith("succeeded in ")
+    assert message.endswith(" (attempt 2)")
+
+    def said() -> list[str] | None:
+        texts = prefect_log_messages(prefect_env, run.flow_run_id)
+        return texts if "ok" in texts else None
+
+    texts = wait_until(said, timeout=30, what="the step's output in Prefect")
+    lines = [t for t in texts if t in ("boom", "ok") or t.startswith(("started", "failed"))]
+    assert [line.split(" (")[0] for line in lines] == ["started", "boom", "failed", "started", "ok"]
+    assert lines[2] == "failed (attempt 1): exited with code 3 - retrying"
+    assert lines[3].startswith("started (attempt 2, pid ")
 
 
 def test_a_reader_that_goes_away_stops_the_output_not_the_run(

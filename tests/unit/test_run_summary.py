@@ -178,6 +178,13 @@ def test_a_steps_prefect_log_says_where_it_runs_and_why_slurm_holds_it() -> None
     assert _milestone(pending) == "Slurm job 192 pending: Resources"
     assert _milestone(ev.SlurmJobStateChanged(1.0, "r", "sim", "192", "RUNNING")) is None
     assert _milestone(ev.StepSucceeded(1.0, "r", "sim", 1, 2.0)) is None
+    # a failed attempt another follows is said (the task's state says only the last end)
+    retried = ev.StepFailed(1.0, "r", "sim", 1, 2.0, "exited with code 3", will_retry=True)
+    assert _milestone(retried) == "failed (attempt 1): exited with code 3 - retrying"
+    assert _milestone(retried, retry_delay=30.0) == (
+        "failed (attempt 1): exited with code 3 - retrying in 30.0s"
+    )
+    assert _milestone(ev.StepFailed(1.0, "r", "sim", 2, 2.0, "exited with code 3")) is None
 
 
 LOG_TO_A_DEAD_SERVER = """
