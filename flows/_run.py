@@ -23,6 +23,8 @@ from m27.events import (
     CancelRequested,
     CheckpointWritten,
     Event,
+    GuestStarted,
+    Promoted,
     SlurmJobStateChanged,
     SlurmJobSubmitted,
     StepFailed,
@@ -234,7 +236,15 @@ def _milestone(ev: Event, retry_delay: float = 0.0) -> str | None:
         where = f"GPU {','.join(map(str, ev.gpus))}" if ev.gpus else "CPU"
         proc = f"pid {ev.pid}" if ev.pid else "in Slurm"
         on = f" on {ev.host}" if ev.host else ""
-        return f"started (attempt {ev.attempt}, {proc}{on}, {where})"
+        resumed = f", resuming from {ev.resume_from}" if ev.resume_from else ""
+        return f"started (attempt {ev.attempt}, {proc}{on}, {where}{resumed})"
+    if isinstance(ev, GuestStarted):
+        return (
+            f"a guest on GPU {ev.gpu}, beside the GPU's primary: it computes in the "
+            "primary's I/O waits and is held while the primary computes"
+        )
+    if isinstance(ev, Promoted):
+        return f"promoted to primary on GPU {ev.gpu} (its primary is done)"
     if isinstance(ev, StepFailed) and ev.will_retry:
         again = f" in {format_duration(retry_delay)}" if retry_delay > 0 else ""
         return f"failed (attempt {ev.attempt}): {ev.reason} - retrying{again}"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from m27.events.state import StepState
-from tests.e2e._helpers import M27, ROOT, node_state, start_run
+from tests.e2e._helpers import M27, ROOT, node_state, prefect_log_messages, start_run
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -93,3 +93,15 @@ def test_power_cut_mid_step_then_resume_continues_from_the_checkpoint(
     assert steps == sorted(set(steps)) and steps[-1] == 6000
     assert len(steps) == len(set(steps))
     assert "m27-ckpt-md-crash-md-simulation" in _artifact_keys(prefect_env)
+    # Prefect's log of the step says it resumed, and from which checkpoint (it said only
+    # `started (attempt 1, pid P on HOST, GPU 0)`, as for a fresh start)
+    resumed_from = new.steps["md_simulation"].resume_from
+    assert resumed_from
+
+    def told() -> list[str] | None:
+        texts = prefect_log_messages(prefect_env, new.flow_run_id)
+        return texts if any(t.startswith("started (") for t in texts) else None
+
+    texts = wait_until(told, timeout=30, what="the step's start in Prefect's log")
+    (started,) = [t for t in texts if t.startswith("started (")]
+    assert started.endswith(f", resuming from {resumed_from})"), started

@@ -178,6 +178,15 @@ def test_a_steps_prefect_log_says_where_it_runs_and_why_slurm_holds_it() -> None
     assert _milestone(pending) == "Slurm job 192 pending: Resources"
     assert _milestone(ev.SlurmJobStateChanged(1.0, "r", "sim", "192", "RUNNING")) is None
     assert _milestone(ev.StepSucceeded(1.0, "r", "sim", 1, 2.0)) is None
+    resumed = ev.StepStarted(1.0, "r", "sim", 1, 41, 41, ("x",), (0,), resume_from="/c/7.json")
+    assert _milestone(resumed) == "started (attempt 1, pid 41, GPU 0, resuming from /c/7.json)"
+    assert _milestone(ev.GuestStarted(1.0, "r", "sim", 1)) == (
+        "a guest on GPU 1, beside the GPU's primary: it computes in the primary's I/O waits "
+        "and is held while the primary computes"
+    )
+    assert _milestone(ev.Promoted(1.0, "r", "sim", 1)) == (
+        "promoted to primary on GPU 1 (its primary is done)"
+    )
     # a failed attempt another follows is said (the task's state says only the last end)
     retried = ev.StepFailed(1.0, "r", "sim", 1, 2.0, "exited with code 3", will_retry=True)
     assert _milestone(retried) == "failed (attempt 1): exited with code 3 - retrying"
