@@ -160,6 +160,7 @@ def _step_failed(state: NodeState, e: ev.StepFailed) -> None:
         step.attempts = max(step.attempts, e.attempt)
         step.exit_code, step.signal = e.exit_code, e.signal
         step.log_tail, step.duration_s = e.log_tail, e.duration_s
+        step.retry_at = e.at + e.retry_delay if e.will_retry and e.retry_delay > 0 else None
 
 
 @_on(ev.StepSkipped)

@@ -57,6 +57,8 @@ class StepState:
     gpu_memory: int = 0
     queued_at: float | None = None
     duration_s: float | None = None
+    #: when a failed attempt's `retry_delay` ends and the next asks for its lease
+    retry_at: float | None = None
     outputs: tuple[str, ...] = ()
     resume_from: str | None = None
     restored_from: str | None = None

@@ -67,6 +67,8 @@ class StepFailed(StepEvent):
     signal: int | None = None
     log_tail: str = ""
     will_retry: bool = False
+    #: seconds before the next attempt asks for its lease (`retry_delay:`), when it retries
+    retry_delay: float = 0.0
 
 
 @event

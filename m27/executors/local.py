@@ -318,6 +318,7 @@ def finish_attempt(
             signal=end.signal,
             log_tail=_event_tail(sink.tail),
             will_retry=will_retry,
+            retry_delay=launch.retry_delay if will_retry else 0.0,
         )
     sink.flush()
     store.append([ev])

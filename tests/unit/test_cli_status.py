@@ -215,3 +215,54 @@ def test_a_step_the_agent_found_lost_in_a_crashed_run_shows_crashed(
     assert rows["s"].split()[1:3] == ["crashed", "1"], rows
     assert rows["s"].endswith("lost: its process and its requester (pid 9) are gone")
     assert rows["t"].split()[1] == "crashed", rows
+
+
+def test_a_step_waiting_out_its_retry_delay_says_when_its_next_attempt_asks(
+    m27_home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It showed `queued`, note `exited with code 3`, while `m27 queue` said `the queue is
+    empty` and `m27 queue --why` knew no such step: nothing said it waited, or how long."""
+    import os
+    import re
+    import time
+
+    monkeypatch.setenv("M27_GPUS", "sim:1")
+    now = time.time()
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(now - 20, RUN, "p", "p.yaml", ("md", "b"), pid=os.getpid()),
+            ev.StepQueued(now - 19, RUN, "md", "gpu", gpus=1),
+            ev.StepStarted(now - 18, RUN, "md", 1, os.getpid(), os.getpid(), ("x",), (0,)),
+            ev.StepFailed(
+                now - 10, RUN, "md", 1, 8.0, "exited with code 3", 3, will_retry=True,
+                retry_delay=600.0,
+            ),
+            ev.StepQueued(now - 19, RUN, "b", "cpu"),
+            # an earlier retry with no delay: it asks again at once, nothing to say
+            ev.StepFailed(now - 10, RUN, "b", 1, 8.0, "exited with code 1", 1, will_retry=True),
+        ]
+    )  # fmt: skip
+    store.close()
+    assert main(["status", RUN]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[3:]}
+    assert "queued" in rows["md"]
+    # (the time left depends on when the test reads it: within the 600 s delay)
+    left = r"\d+m\d+s"
+    assert re.search(rf"exited with code 3; attempt 2 in {left} \(retry_delay\)$", rows["md"])
+    assert "retry_delay" not in rows["b"]
+    assert main(["status", RUN, "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert steps["md"]["retry_at"] == pytest.approx(now + 590) and steps["b"]["retry_at"] is None
+
+    assert main(["queue"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "the queue is empty"
+    (said,) = out[1:]
+    assert re.fullmatch(
+        rf"{RUN}/md: waits out its retry_delay: attempt 2 asks for a GPU in {left} \(attempt "
+        r"1: exited with code 3\)",
+        said,
+    ), said
+    assert main(["queue", "--why", "md"]) == 0
+    assert capsys.readouterr().out.startswith(f"{RUN}/md: waits out its retry_delay: attempt 2")

@@ -8,7 +8,16 @@ import json
 import pytest
 
 from m27._exceptions import UnknownEventError
-from m27.events import EVENT_TYPES, Event, GpuLost, RunSubmitted, StepStarted, decode, encode
+from m27.events import (
+    EVENT_TYPES,
+    Event,
+    GpuLost,
+    RunSubmitted,
+    StepFailed,
+    StepStarted,
+    decode,
+    encode,
+)
 from tests.unit.event_samples import sample_event
 
 ALL = sorted(EVENT_TYPES.values(), key=lambda c: c.__name__)
@@ -117,5 +126,7 @@ def test_rows_of_an_older_log_still_load(kind: str, version: int, payload: str) 
     assert {k: again[k] for k in stored} == stored  # every stored field comes back as it was
     if isinstance(ev, StepStarted):
         assert again["pid_started"] is None  # unknown in an old log: liveness trusts the pid
+    elif isinstance(ev, StepFailed):
+        assert again["retry_delay"] == 0.0  # an old log's retry asked again at once
     else:
         assert encode(ev) == (kind, version, payload)

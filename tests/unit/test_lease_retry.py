@@ -50,7 +50,8 @@ def test_a_step_waiting_out_its_retry_delay_leaves_its_gpu_to_the_queue(
     m, f = md.wait(60), fit.wait(60)
     assert m is not None and m.ok and m.attempts == 2 and f is not None and f.ok
     failed = [(seq, e) for seq, e in _of(node, "md", ev.StepFailed)]
-    assert [(e.attempt, e.will_retry) for _, e in failed] == [(1, True)]  # type: ignore[attr-defined]
+    # the wait is in the event: `m27 status` and `m27 queue` say when attempt 2 asks
+    assert [(e.attempt, e.will_retry, e.retry_delay) for _, e in failed] == [(1, True, 0.2)]  # type: ignore[attr-defined]
     assert [e.attempt for _, e in _of(node, "md", ev.StepStarted)] == [1, 2]  # type: ignore[attr-defined]
     released = [seq for seq, _ in _of(node, "md", ev.LeaseReleased)]
     granted = [seq for seq, _ in _of(node, "md", ev.LeaseGranted)]

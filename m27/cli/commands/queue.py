@@ -21,13 +21,16 @@ from m27 import tables
 from m27.cli.commands import _common
 from m27.cli.commands._options import add_command
 from m27.config import load_settings, m27_home
+from m27.events.state import live_runs
 from m27.gpu import detect
 from m27.node.agent import policy_config
 from m27.node.book import BOOK_KINDS, Book, fold_book, policy_input
+from m27.node.lease import lease_wanted
 from m27.node.report import queue_rows, read_snapshot
 from m27.node.views import outside_m27
 from m27.policy import Decision, GpuView, PolicyConfig
 from m27.tables import Col
+from m27.units import format_duration
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -108,26 +111,55 @@ def run(args: argparse.Namespace) -> int:
     order, with their effective priority (base + bump + aging) and the reason they wait."""
     home = m27_home()
     snap = (_published(home) if (home / "events.db").exists() else None) or _folded()
+    retrying = _retrying() if (home / "events.db").exists() else []
     if args.why:
-        row = _find(snap, args.why)
+        row = _find(snap, args.why) or _find({"held": [], "waiting": retrying}, args.why)
         if row is None:
             print(f"m27 queue: no waiting or running step matches {args.why!r}", file=sys.stderr)
             return 2
         print(f"{row['step']}: {row.get('why') or row['step'] + ' is not pending'}")
         return 0
     if args.json:
-        _common.print_json(snap)
+        _common.print_json({**snap, "retrying": retrying})
         return 0
     if not snap["held"] and not snap["waiting"]:
         print("the queue is empty")
-        return 0
-    # A waiting step's STATE is why it waits (the reason `--why` explains in full).
-    rows: list[tuple[object, ...]] = []
-    for h in snap["held"]:
-        gpus = ",".join(map(str, h["gpus"])) or "-"
-        rows.append((h["step"], h["tier"], h["role"], gpus, h["priority"], h["state"]))
-    for w in snap["waiting"]:
-        rows.append((w["step"], "waiting", w["type"], w["gpus"], w["priority"], w["why"]))
-    cols = [Col("STEP", wrap=True), Col("TIER"), Col("ROLE"), Col("GPUS"), Col("PRIO", right=True)]
-    tables.show([*cols, Col("STATE", wrap=True)], rows)
+    else:
+        # A waiting step's STATE is why it waits (the reason `--why` explains in full).
+        rows: list[tuple[object, ...]] = []
+        for h in snap["held"]:
+            gpus = ",".join(map(str, h["gpus"])) or "-"
+            rows.append((h["step"], h["tier"], h["role"], gpus, h["priority"], h["state"]))
+        for w in snap["waiting"]:
+            rows.append((w["step"], "waiting", w["type"], w["gpus"], w["priority"], w["why"]))
+        cols = [Col("STEP", wrap=True), Col("TIER"), Col("ROLE"), Col("GPUS")]
+        cols += [Col("PRIO", right=True), Col("STATE", wrap=True)]
+        tables.show(cols, rows)
+    for r in retrying:
+        print(f"{r['step']}: {r['why']}")
     return 0
+
+
+def _retrying() -> list[dict[str, Any]]:
+    """Steps of live runs waiting out a `retry_delay`: out of the queue until their next
+    attempt asks again, so `m27 queue` said `the queue is empty` (and `--why` knew no such
+    step) while `m27 status` showed them queued."""
+    now = time.time()
+    with _common.store() as st:
+        state = _common.in_full(st, _common.outline(st), [])
+    found = []
+    for r in live_runs(state):
+        for s in r.steps.values():
+            if s.status == "queued" and s.retry_at is not None and s.retry_at > now:
+                attempt = s.attempts + 1
+                wait = format_duration(s.retry_at - now)
+                found.append(
+                    {
+                        "step": f"{r.run_id}/{s.name}",
+                        "retry_at": s.retry_at,
+                        "why": f"waits out its retry_delay: attempt {attempt} asks for "
+                        f"{lease_wanted(s.gpus_wanted)} "
+                        f"in {wait} (attempt {s.attempts}: {s.reason})",
+                    }
+                )
+    return found

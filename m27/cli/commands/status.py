@@ -47,6 +47,16 @@ def step_status(r: RunState, s: StepState) -> str:
     return s.status
 
 
+def retry_note(s: dict[str, Any], now: float) -> str:
+    """For a step waiting out its `retry_delay` after a failed attempt: when the next
+    attempt asks for its lease. It showed `queued` while `m27 queue` said the queue was
+    empty, and nothing said why or for how long."""
+    at = s.get("retry_at")
+    if at is None or at <= now:
+        return ""
+    return f"attempt {s['attempts'] + 1} in {format_duration(at - now)} (retry_delay)"
+
+
 def crash_truth(state: NodeState) -> None:
     """A run whose process died and that no one has closed yet: start the node service,
     whose crash watcher closes it in the log and marks it Crashed in Prefect."""
@@ -120,6 +130,7 @@ def _run_dict(
                 "slurm_state": s.slurm_state,
                 "slurm_reason": s.slurm_reason,
                 "log_path": s.log_path,
+                "retry_at": s.retry_at,
                 "last_checkpoint": s.last_checkpoint,
                 "checkpoint_step": s.checkpoint_step,
                 "energy_j": energy.by_step.get((r.run_id, name)),
@@ -200,6 +211,8 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
             note = f"Slurm {s['slurm_state']}{why} {note}".strip()
         if s["status"] == "failed":
             note = _common.how_it_failed(s["exit_code"], s["signal"], s["reason"])
+        if s["status"] == "queued" and (retry := retry_note(s, now)):
+            note = f"{note}; {retry}" if note else retry
         if (guest := s["guest"]) is not None:
             note = f"{_guest_note(r.run_id, guest)} {note}".strip()
         if s["energy_j"]:
