@@ -28,6 +28,7 @@ from m27.events import (
     SlurmJobStateChanged,
     SlurmJobSubmitted,
     StepFailed,
+    StepRequeued,
     StepStarted,
     StepSucceeded,
 )
@@ -186,9 +187,8 @@ class _StepLog:
             if isinstance(ev, StepSucceeded):
                 self.succeeded = ev
             if (said := _milestone(ev, self._retry_delay())) is not None:
-                (self.logger.warning if isinstance(ev, StepFailed) else self.logger.info)(
-                    "%s", said
-                )
+                warn = isinstance(ev, StepFailed | StepRequeued)
+                (self.logger.warning if warn else self.logger.info)("%s", said)
 
     def _retry_delay(self) -> float:
         return self.run.pipeline.step(self.step).retry_delay
@@ -238,6 +238,8 @@ def _milestone(ev: Event, retry_delay: float = 0.0) -> str | None:
         on = f" on {ev.host}" if ev.host else ""
         resumed = f", resuming from {ev.resume_from}" if ev.resume_from else ""
         return f"started (attempt {ev.attempt}, {proc}{on}, {where}{resumed})"
+    if isinstance(ev, StepRequeued):
+        return ev.line()
     if isinstance(ev, GuestStarted):
         return (
             f"a guest on GPU {ev.gpu}, beside the GPU's primary: it computes in the "

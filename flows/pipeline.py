@@ -63,7 +63,7 @@ from m27.events.state import fold
 from m27.executors.local import StepResult
 from m27.executors.slurm import run_slurm_step
 from m27.node.embed import ensure_agent
-from m27.node.lease import AgentLease, Granted, run_leased
+from m27.node.lease import AgentLease, run_leased
 from m27.paths import join_under
 from m27.spec import Pipeline, Step, problem_lines
 from m27.store import EventStore
@@ -106,9 +106,6 @@ def _step_body(run: _Run, step: Step) -> State:
             result = fut.result()
             told.catch_up()
         return result
-
-    def requeued(lease: Granted) -> None:
-        logger.warning("GPU %s lost under step %s: requeued", lease.gpus, step.name)
 
     try:
         launch = _launch(run, step, ())
@@ -153,7 +150,6 @@ def _step_body(run: _Run, step: Step) -> State:
         on_lines=on_lines,
         resume_from=lambda: run.resume_from(step.name),
         supervise=supervise,
-        on_requeue=requeued,
         time_limit=step.timeout,
         on_wait=lambda: logger.info("%s", waiting_line(step.name, step.gpus)),
     )

@@ -163,6 +163,14 @@ def _step_failed(state: NodeState, e: ev.StepFailed) -> None:
         step.retry_at = e.at + e.retry_delay if e.will_retry and e.retry_delay > 0 else None
 
 
+@_on(ev.StepRequeued)
+def _step_requeued(state: NodeState, e: ev.StepRequeued) -> None:
+    """Stopped to ask again for a lease (its GPU was lost): waiting, not ended."""
+    if step := _step(state, e.run_id, e.step):
+        _finish(step, "queued", e.at, f"{e.reason}: requeued")
+        step.attempts = max(step.attempts, e.attempt)
+
+
 @_on(ev.StepSkipped)
 def _step_skipped(state: NodeState, e: ev.StepSkipped) -> None:
     state.requests.pop((e.run_id, e.step), None)

@@ -110,6 +110,25 @@ class StepCancelled(StepEvent):
     reason: str = ""
 
 
+@event
+@dataclass(frozen=True)
+class StepRequeued(StepEvent):
+    """The step was stopped because its lease was lost (`GPU 0 lost`, the agent took it
+    back), not cancelled: it asks again and resumes from its last checkpoint. It was
+    recorded as ``StepCancelled``, so `m27 run` said `md: cancelled` and `m27 status`
+    showed it cancelled while it waited for another GPU."""
+
+    attempt: int
+    reason: str
+
+    def line(self) -> str:
+        """How `m27 run` and the step's Prefect log say it."""
+        return (
+            f"stopped: {self.reason}; requeued: it starts again when a GPU is free, from "
+            "its last checkpoint if it has one"
+        )
+
+
 # --- exporter: what a step reports about its own work -----------------------------------
 
 

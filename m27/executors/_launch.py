@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TypedDict
+from typing import IO, Protocol, TypedDict, runtime_checkable
 
 from m27._exceptions import RunnerError
 from m27.config import m27_home
@@ -128,6 +128,19 @@ class StepResult:
     #: the last attempt failed and another comes after ``retry_delay``, which the caller
     #: waits out (``StepLaunch.delay_outside``)
     will_retry: bool = False
+
+
+@runtime_checkable
+class Requeueing(Protocol):
+    """A stop flag that can tell a requeue from a cancel: the step's lease was lost (a
+    GPU vanished, the agent took it back), so it stops to ask again instead of ending."""
+
+    def requeue_reason(self) -> str | None: ...
+
+
+def requeue_reason(cancel: threading.Event | None) -> str | None:
+    """Why the step stops to ask again (`GPU 0 lost`), or None for a cancel or no stop."""
+    return cancel.requeue_reason() if isinstance(cancel, Requeueing) else None
 
 
 @dataclass(frozen=True)

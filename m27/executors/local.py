@@ -25,7 +25,14 @@ from pathlib import Path
 from m27 import liveness
 from m27._exceptions import M27Error
 from m27.clock import Clock, SystemClock
-from m27.events import Event, StepCancelled, StepFailed, StepStarted, StepSucceeded
+from m27.events import (
+    Event,
+    StepCancelled,
+    StepFailed,
+    StepRequeued,
+    StepStarted,
+    StepSucceeded,
+)
 from m27.executors import _proc
 from m27.executors._guard import SelfCheckpoint, open_guard
 from m27.executors._launch import (
@@ -35,6 +42,7 @@ from m27.executors._launch import (
     StepResult,
     child_env,
     default_log_path,
+    requeue_reason,
     resolve_argv,
 )
 from m27.executors.engines import error_said
@@ -123,7 +131,7 @@ def run_attempts(
     attempt = launch.first_attempt - 1
     while True:
         if cancel is not None and cancel.is_set():
-            return _cancelled(launch, store, clock, sink, attempt, started, None, None)
+            return _cancelled(launch, store, clock, sink, attempt, started, None, None, cancel)
         attempt += 1
         sink.tail.clear()
         t0 = clock.monotonic()
@@ -133,7 +141,7 @@ def run_attempts(
             sink.write(f"=== attempt {attempt} cancelled ===\n")
             sink.flush()
             return _cancelled(
-                launch, store, clock, sink, attempt, started, end.exit_code, end.signal
+                launch, store, clock, sink, attempt, started, end.exit_code, end.signal, cancel
             )
         will_retry = not end.ok and end.retryable and attempt <= launch.retries
         result = finish_attempt(launch, store, clock, sink, end, attempt, started, took, will_retry)
@@ -142,7 +150,7 @@ def run_attempts(
         if launch.delay_outside and launch.retry_delay > 0:
             return replace(result, will_retry=True)
         if wait_retry(clock, launch.retry_delay, cancel):
-            return _cancelled(launch, store, clock, sink, attempt, started, None, None)
+            return _cancelled(launch, store, clock, sink, attempt, started, None, None, cancel)
 
 
 def begin_attempt(
@@ -342,10 +350,11 @@ def _cancelled(
     started: float,
     exit_code: int | None,
     sig: int | None,
+    cancel: threading.Event | None,
 ) -> StepResult:
     return record_cancelled(
         launch, store, clock, attempts, clock.monotonic() - started, "\n".join(sink.tail),
-        exit_code, sig,
+        exit_code, sig, requeued=requeue_reason(cancel),
     )  # fmt: skip
 
 
@@ -358,16 +367,24 @@ def record_cancelled(
     log_tail: str = "",
     exit_code: int | None = None,
     sig: int | None = None,
+    *,
+    requeued: str | None = None,
 ) -> StepResult:
-    """Record that the step was cancelled (after `attempts` attempts) and say so."""
-    store.append([StepCancelled(**launch.head(clock.now()), reason="cancelled")])
+    """Record that the step was cancelled (after `attempts` attempts) and say so; or, with
+    `requeued` (why its lease was lost: `GPU 0 lost`), that it was stopped to ask again:
+    not an end, so not ``StepCancelled``."""
+    head = launch.head(clock.now())
+    if requeued is not None:
+        store.append([StepRequeued(**head, attempt=attempts, reason=requeued)])
+    else:
+        store.append([StepCancelled(**head, reason="cancelled")])
     return StepResult(
         ok=False,
         attempts=attempts,
         exit_code=exit_code,
         signal=sig,
         duration_s=took,
-        reason="cancelled",
+        reason=requeued or "cancelled",
         log_tail=log_tail,
         cancelled=True,
     )

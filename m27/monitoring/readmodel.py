@@ -282,7 +282,7 @@ class ReadModel:
             self._waiting_since[key] = e.at
         elif isinstance(e, ev.StepRequested):
             self._waiting_since.setdefault(key, e.at)
-        elif isinstance(e, ev.StepFailed) and e.will_retry:
+        elif (isinstance(e, ev.StepFailed) and e.will_retry) or isinstance(e, ev.StepRequeued):
             self._waiting_since[key] = e.at
         elif isinstance(e, ev.StepStarted):
             since = self._waiting_since.pop(key, None)

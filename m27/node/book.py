@@ -53,7 +53,7 @@ BOOK_KINDS: frozenset[type[Event]] = frozenset(
         ev.StepRequested, ev.LeaseGranted, ev.LeaseReleased, ev.StepStarted,
         ev.GuestStarted, ev.GuestPaused, ev.GuestResumed, ev.Promoted, ev.PriorityBumped,
         ev.GpuLost, ev.StepMemoryMeasured, ev.StepSucceeded, ev.StepSkipped,
-        ev.StepCancelled, ev.StepFailed,
+        ev.StepCancelled, ev.StepFailed, ev.StepRequeued,
     }
 )  # fmt: skip
 
@@ -215,6 +215,8 @@ class Book:
             self.requests.pop(k, None)
             if h := self.held.get(k):
                 h.ended = True
+        elif isinstance(e, ev.StepRequeued) and (h := self.held.get((e.run_id, e.step))):
+            h.ended = True  # stopped on a lost lease; it asks again
 
     def primaries(self) -> dict[int, Held]:
         """GPU index -> the lease that holds it as primary."""

@@ -59,22 +59,32 @@ class Granted:
     tier: str
     channel: str = ""
     lost: threading.Event = field(default_factory=threading.Event)
+    #: why `lost` was set (`GPU 0 lost`), for the step's StepRequeued
+    why: str = ""
 
 
 class _Either(threading.Event):
-    """An event that reads as set when any of its parts is (the runner only calls is_set)."""
+    """An event that reads as set when the run's cancel or the lease's loss is (the runner
+    only calls is_set), and says which (a loss is a requeue, not a cancel)."""
 
-    def __init__(self, *parts: threading.Event) -> None:
+    def __init__(self, cancel: threading.Event, granted: Granted) -> None:
         super().__init__()
-        self._parts = parts
+        self._cancel = cancel
+        self._granted = granted
 
     def is_set(self) -> bool:
-        return super().is_set() or any(p.is_set() for p in self._parts)
+        return super().is_set() or self._cancel.is_set() or self._granted.lost.is_set()
+
+    def requeue_reason(self) -> str | None:
+        """`GPU 0 lost` when the lease was lost and the run was not cancelled."""
+        if self._cancel.is_set() or not self._granted.lost.is_set():
+            return None
+        return self._granted.why or "its lease was lost"
 
 
-def either(*parts: threading.Event) -> threading.Event:
-    """A cancel flag for the runner that trips on any of `parts` (run cancel, lease lost)."""
-    return _Either(*parts)
+def either(cancel: threading.Event, granted: Granted) -> threading.Event:
+    """A stop flag for the runner that trips on the run's cancel or the lease's loss."""
+    return _Either(cancel, granted)
 
 
 class AgentLease:
@@ -226,11 +236,14 @@ class AgentLease:
         elif isinstance(e, ev.GpuLost):
             for g in self._held.values():
                 if e.gpu in g.gpus:
+                    g.why = g.why or f"GPU {e.gpu} lost"
                     g.lost.set()
         elif isinstance(e, ev.LeaseReleased):
             mine = self._held.get((e.run_id, e.step))
             if mine is not None:
-                mine.lost.set()  # released by someone else (the agent): the step must stop
+                # released by someone else (the agent): the step must stop
+                mine.why = mine.why or "the node agent took its lease back"
+                mine.lost.set()
 
     def _keep_agent(self) -> None:
         if not self.embed:
@@ -256,7 +269,6 @@ def run_leased(
     on_lines: Callable[[str, list[str]], None] | None = None,
     resume_from: Callable[[], str | None] | None = None,
     supervise: Callable[[Callable[[], StepResult]], StepResult] = lambda f: f(),
-    on_requeue: Callable[[Granted], None] | None = None,
     time_limit: float | None = None,
     on_wait: Callable[[], None] | None = None,
 ) -> StepResult | None:
@@ -293,7 +305,7 @@ def run_leased(
         if granted.channel:
             env["M27_CHANNEL"] = granted.channel
         leased = replace(launch, gpus=granted.gpus, env=env, first_attempt=attempts + 1)
-        stop = either(cancel, granted.lost)
+        stop = either(cancel, granted)
         try:
             result = supervise(
                 partial(
@@ -308,9 +320,8 @@ def run_leased(
         finally:
             lease.release(launch.run_id, launch.step, granted)
         if result.cancelled and granted.lost.is_set() and not cancel.is_set():
-            # Its GPU was lost: ask again; the step resumes from its last checkpoint.
-            if on_requeue is not None:
-                on_requeue(granted)
+            # Its GPU was lost: ask again (StepRequeued says so); the step resumes from its
+            # last checkpoint.
             continue
         if result.will_retry:
             attempts = result.attempts

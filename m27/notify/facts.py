@@ -123,6 +123,8 @@ def _apply(node: NodeFacts, e: ev.Event) -> None:
         node.run(e.run_id).step(e.step).status = "succeeded" if done else "skipped"
     elif isinstance(e, ev.StepCancelled):
         node.run(e.run_id).step(e.step).status = "cancelled"
+    elif isinstance(e, ev.StepRequeued):
+        node.run(e.run_id).step(e.step).status = "queued"  # its GPU was lost: it asks again
     elif isinstance(e, ev.StepEnergyMeasured):
         run = node.run(e.run_id)
         run.energy_j = (run.energy_j or 0.0) + e.joules

@@ -132,6 +132,14 @@ def test_a_lost_gpu_requeues_its_step_on_another_gpu(m27_home: Path, tmp_path: P
         if getattr(e, "step", "") == "md" and e.kind != "StepMemoryMeasured"
     ]
     assert kinds.count("LeaseReleased") == 2 and kinds[-2:] == ["StepSucceeded", "LeaseReleased"]
+    # stopped to ask again, not cancelled: `m27 run` said `md: cancelled`, `m27 status`
+    # showed it cancelled while it waited for the other GPU
+    assert "StepCancelled" not in kinds
+    (requeued,) = node.of(ev.StepRequeued)
+    assert (requeued.attempt, requeued.reason) == (1, f"GPU {first.gpus[0]} lost")  # type: ignore[attr-defined]
+    assert (
+        kinds.index("StepRequeued") < kinds.index("LeaseReleased") < kinds.index("StepRequested", 1)
+    )
     lease.close()
     node.close()
 

@@ -97,6 +97,26 @@ def test_a_capture_of_a_programs_checkpoint_shows_the_step_it_records(
     assert "sim: captured sim.cpt at step 7500 (#2) (2.0KiB written" in out
 
 
+def test_a_step_stopped_on_a_lost_gpu_says_it_is_requeued_not_cancelled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _shown(
+        tmp_path,
+        capsys,
+        [
+            ev.StepStarted(2.0, "r1", "sim", 1, 101, 101, ("echo", "sim"), (0,)),
+            ev.StepRequeued(2.5, "r1", "sim", 1, "GPU 0 lost"),
+            ev.StepStarted(3.0, "r1", "sim", 1, 102, 102, ("echo", "sim"), (1,)),
+        ],
+    )
+    assert "sim: cancelled" not in out
+    assert (
+        "sim: stopped: GPU 0 lost; requeued: it starts again when a GPU is free, from its "
+        "last checkpoint if it has one"
+    ) in out
+    assert "sim: started (attempt 1, pid 102, GPU 1)" in out
+
+
 def test_a_steps_first_output_line_comes_after_its_started_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -187,6 +187,10 @@ def test_a_steps_prefect_log_says_where_it_runs_and_why_slurm_holds_it() -> None
     assert _milestone(ev.Promoted(1.0, "r", "sim", 1)) == (
         "promoted to primary on GPU 1 (its primary is done)"
     )
+    assert _milestone(ev.StepRequeued(1.0, "r", "sim", 1, "GPU 0 lost")) == (
+        "stopped: GPU 0 lost; requeued: it starts again when a GPU is free, from its last "
+        "checkpoint if it has one"
+    )
     # a failed attempt another follows is said (the task's state says only the last end)
     retried = ev.StepFailed(1.0, "r", "sim", 1, 2.0, "exited with code 3", will_retry=True)
     assert _milestone(retried) == "failed (attempt 1): exited with code 3 - retrying"

@@ -145,6 +145,21 @@ def test_failed_attempt_with_retry_requeues_then_second_attempt_succeeds() -> No
     assert state.last_seq == 5
 
 
+def test_a_step_requeued_on_a_lost_gpu_waits_again_it_is_not_cancelled() -> None:
+    state = fold(
+        records(
+            submitted(),
+            started("md", attempt=1, pid=100),
+            ev.StepRequeued(at=T0 + 30, run_id="r1", step="md", attempt=1, reason="GPU 0 lost"),
+        )
+    )
+    md = state.runs["r1"].steps["md"]
+    assert (md.status, md.attempts, md.reason) == ("queued", 1, "GPU 0 lost: requeued")
+    assert not md.done and state.runs["r1"].status == "running"
+    apply(state, Recorded(4, started("md", attempt=1, at=T0 + 40, pid=200)))
+    assert (md.status, md.pid, md.reason) == ("running", 200, "")
+
+
 def test_final_failure_marks_the_step_and_run_failed_with_signal() -> None:
     state = fold(
         records(

@@ -38,6 +38,7 @@ from m27.events import (
     StepFailed,
     StepQueued,
     StepRequested,
+    StepRequeued,
     StepSkipped,
     StepStarted,
     StepSucceeded,
@@ -302,6 +303,10 @@ class Progress:
             elif isinstance(ev, StepCancelled):
                 row["status"] = "cancelled"
                 text = f"{step}: cancelled"
+            elif isinstance(ev, StepRequeued):
+                _unpause(row, ev.at)
+                row["status"] = "queued"
+                text = f"{step}: {ev.line()}"
             elif isinstance(ev, CheckpointWritten):
                 what = f"checkpoint at step {ev.sim_step}"
                 if ev.source == "files":
