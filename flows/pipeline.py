@@ -135,7 +135,7 @@ def _step_body(run: _Run, step: Step) -> State:
                 resume_from=lambda: run.resume_from(step.name),
             )
         )
-        return _state_of(result, told.succeeded)
+        return _state_of(result, told.succeeded, told.held)
     # The node agent answers the request (StepRequested -> LeaseGranted); a guest (tier
     # "ready") starts with its channel's gate closed and computes when the agent allows.
     result = run_leased(
@@ -153,12 +153,15 @@ def _step_body(run: _Run, step: Step) -> State:
         time_limit=step.timeout,
         on_wait=lambda: logger.info("%s", waiting_line(step.name, step.gpus)),
     )
-    return _state_of(result, told.succeeded)
+    return _state_of(result, told.succeeded, told.held)
 
 
-def _state_of(result: StepResult | None, succeeded: StepSucceeded | None = None) -> State:
+def _state_of(
+    result: StepResult | None, succeeded: StepSucceeded | None = None, held: float = 0.0
+) -> State:
     """The Prefect state of a step task from the runner's result; a success says what
-    `m27 run` said for it (`succeeded in 6ms`), and the attempt after a retry."""
+    `m27 run` said for it (`succeeded in 6.0s (held 4.0s as a guest)`), and the attempt
+    after a retry."""
     if result is None:
         return Cancelled(message="cancelled before it started")
     if result.ok:
@@ -166,6 +169,8 @@ def _state_of(result: StepResult | None, succeeded: StepSucceeded | None = None)
         if succeeded is not None:
             took, attempt = succeeded.duration_s, succeeded.attempt
         again = f" (attempt {attempt})" if attempt > 1 else ""
+        if held >= 0.5:  # as `m27 run` says it
+            again += f" (held {format_duration(held)} as a guest)"
         return Completed(message=f"succeeded in {format_duration(took)}{again}")
     if result.cancelled:
         return Cancelled(message="cancelled")

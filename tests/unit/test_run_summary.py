@@ -242,3 +242,42 @@ def test_a_run_the_users_second_ctrl_c_stopped_ends_cancelled_others_failed() ->
     assert isinstance(failed, ev.RunFailed) and failed.reason == "m27 run stopped: SystemExit: 3"
     bare = _stopped("r", MemoryError())
     assert isinstance(bare, ev.RunFailed) and bare.reason == "m27 run stopped: MemoryError"
+
+
+def test_a_guest_steps_prefect_state_says_how_long_it_was_held() -> None:
+    """`m27 run` said `succeeded in 6.0s (held 4.0s as a guest)`, Prefect's task state only
+    `succeeded in 6.0s`: the time the task showed was mostly the primary's."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from flows._run import _Run, _StepLog
+    from flows.pipeline import _state_of
+    from m27 import events as ev
+    from m27.executors.local import StepResult
+    from m27.store.memory import MemoryEventStore
+
+    store = MemoryEventStore()
+    steps = SimpleNamespace(step=lambda name: SimpleNamespace(retry_delay=0.0))
+    run = cast(_Run, SimpleNamespace(store=store, run_id="r", pipeline=steps))
+    said: list[str] = []
+    logger = SimpleNamespace(info=lambda f, m: said.append(m), warning=lambda f, m: None)
+    told = _StepLog(run, "ana", logger)
+    store.append(
+        [
+            ev.GuestStarted(1.0, "r", "ana", 0),
+            ev.StepStarted(1.0, "r", "ana", 1, 41, 41, ("x",), (0,)),
+            ev.GuestPaused(2.0, "r", "ana", 0),
+            ev.GuestResumed(4.5, "r", "ana", 0),
+            ev.GuestPaused(5.0, "r", "ana", 0),
+            ev.Promoted(6.5, "r", "ana", 0),
+            ev.StepSucceeded(7.0, "r", "ana", 1, 6.0),
+        ]
+    )
+    told.catch_up()
+    assert told.held == 4.0
+    result = StepResult(True, 1, 0, None, 6.0, "succeeded", "")
+    state = _state_of(result, told.succeeded, told.held)
+    assert state.message == "succeeded in 6.0s (held 4.0s as a guest)"
+    assert said[0].startswith("a guest on GPU 0") and said[-1].startswith("promoted to primary")
+    # a short hold is not worth saying (as `m27 run`)
+    assert _state_of(result, told.succeeded, 0.2).message == "succeeded in 6.0s"
