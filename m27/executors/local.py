@@ -138,7 +138,9 @@ def run_attempts(
         end = one_attempt(attempt)
         took = clock.monotonic() - t0
         if end.cancelled:
-            sink.write(f"=== attempt {attempt} cancelled ===\n")
+            why = requeue_reason(cancel)  # its GPU was lost: it starts again, not an end
+            ended = f"stopped: {why}; requeued" if why is not None else "cancelled"
+            sink.write(f"=== attempt {attempt} {ended} ===\n")
             sink.flush()
             return _cancelled(
                 launch, store, clock, sink, attempt, started, end.exit_code, end.signal, cancel

@@ -140,6 +140,10 @@ def test_a_lost_gpu_requeues_its_step_on_another_gpu(m27_home: Path, tmp_path: P
     assert (
         kinds.index("StepRequeued") < kinds.index("LeaseReleased") < kinds.index("StepRequested", 1)
     )
+    # and so does its log: `m27 logs` showed `=== attempt 1 cancelled ===`
+    log = (m27_home / "runs" / "r1" / "md.log").read_text()
+    assert f"=== attempt 1 stopped: GPU {first.gpus[0]} lost; requeued ===" in log, log
+    assert "cancelled" not in log, log
     lease.close()
     node.close()
 
