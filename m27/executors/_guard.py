@@ -64,6 +64,7 @@ class Guarded:
         grace: float,
         cancel: threading.Event | None,
         emit: Callable[[str, list[str]], None],
+        held: Callable[[], float] | None = None,
     ) -> _proc.Outcome:
         """:func:`_proc.supervise` with the file watcher running beside it."""
         with self.watching():
@@ -74,6 +75,7 @@ class Guarded:
                 cancel=cancel,
                 emit=emit,
                 stop_signal=self.stop_signal,
+                held=held,
             )
 
     @contextmanager

@@ -52,6 +52,9 @@ class Outcome:
     #: the stop signal the group outlived for the whole grace, so it got SIGKILL (None:
     #: it stopped in time, or was never asked to): a timeout's reason says so.
     ignored: signal.Signals | None = None
+    #: seconds it was held (a guest paused while its GPU's primary computed): not counted
+    #: against the timeout, and a timeout's reason says how long
+    held: float = 0.0
 
 
 class LineSplitter:
@@ -184,11 +187,15 @@ def supervise(
     cancel: threading.Event | None,
     emit: Callable[[str, list[str]], None],
     stop_signal: signal.Signals = signal.SIGTERM,
+    held: Callable[[], float] | None = None,
 ) -> Outcome:
     """Pump `proc`'s output to `emit` until it and its whole group are gone.
 
     On timeout or cancel the group gets `stop_signal` (SIGTERM unless the program
-    checkpoints on another), then SIGKILL `grace` seconds later. When
+    checkpoints on another), then SIGKILL `grace` seconds later. `held()` (a guest's
+    seconds paused so far) moves the timeout on by the time held since the start: a
+    `timeout: 10m` guest held nine minutes while the primary computed was killed after one
+    minute of running. When
     the leader exits on its own, members it left running get the same treatment. Real time
     is used on purpose: a deadline must pass in the world, not on a test's fake clock.
     `emit` gets the complete lines of each chunk read from one stream, as soon as it is read.
@@ -196,6 +203,8 @@ def supervise(
     assert proc.stdout is not None and proc.stderr is not None
     pgid = proc.pid
     deadline = None if timeout is None else time.monotonic() + timeout
+    held_before = held() if held is not None else 0.0
+    held_now = 0.0
     sel = selectors.DefaultSelector()
     splitters: dict[int, tuple[str, LineSplitter]] = {}
     for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
@@ -219,7 +228,9 @@ def supervise(
                 if rc is None and cancel is not None and cancel.is_set():
                     cancelled = True
                 elif rc is None and deadline is not None and now >= deadline:
-                    timed_out = True
+                    if held is not None:
+                        held_now = held() - held_before
+                    timed_out = now >= deadline + held_now
                 if cancelled or timed_out or (rc is not None and alive):
                     signal_group(pgid, stop_signal if rc is None else signal.SIGTERM)
                     # A paused (SIGSTOPped) guest only acts on SIGTERM once it runs again.
@@ -259,7 +270,7 @@ def supervise(
                 emit(name, lines)
         clean = True
         ignored = None if killed_at is None else stop_signal
-        return Outcome(proc.wait(), timed_out, cancelled, ignored)
+        return Outcome(proc.wait(), timed_out, cancelled, ignored, held_now)
     finally:
         sel.close()
         if clean:

@@ -67,17 +67,21 @@ def run_step(
     on_lines: Callable[[str, list[str]], None] | None = None,
     cancel: threading.Event | None = None,
     resume_from: Callable[[], str | None] | None = None,
+    held: Callable[[], float] | None = None,
 ) -> StepResult:
     """Run the step with its retries; record every attempt; never leave a process behind.
 
     Thread-safe: the flow calls this from one thread per running step. `on_lines(stream,
     lines)` gets the complete lines of each read, in order, one call at a time: on the
     calling thread, or for a note of the checkpoint file watcher (``no checkpoint after
-    ...``) on the watcher's.
+    ...``) on the watcher's. `held()`: the seconds a guest has been held so far (its
+    lease follows GuestPaused/GuestResumed), which its `timeout:` does not count.
     """
 
     def attempts(clock: Clock, sink: Sink, log_path: Path) -> Callable[[int], AttemptEnd]:
-        return lambda n: _attempt(launch, store, clock, sink, n, log_path, cancel, resume_from)
+        return lambda n: _attempt(
+            launch, store, clock, sink, n, log_path, cancel, resume_from, held
+        )
 
     return run_in_step_log(launch, store, clock, on_lines, cancel, attempts)
 
@@ -201,6 +205,7 @@ def _attempt(
     log_path: Path,
     cancel: threading.Event | None,
     resume_from: Callable[[], str | None] | None,
+    held: Callable[[], float] | None = None,
 ) -> AttemptEnd:
     opened = begin_attempt(launch, sink, attempt, resume_from)
     if isinstance(opened, AttemptEnd):
@@ -233,7 +238,12 @@ def _attempt(
             ]
         )
         outcome = g.supervise(
-            proc, timeout=launch.timeout, grace=launch.grace, cancel=cancel, emit=sink.emit
+            proc,
+            timeout=launch.timeout,
+            grace=launch.grace,
+            cancel=cancel,
+            emit=sink.emit,
+            held=held,
         )
     except BaseException:
         _proc.kill_now(proc)  # idempotent; supervise may already have done it
@@ -267,6 +277,8 @@ def _judge(launch: StepLaunch, outcome: _proc.Outcome, tail: Sequence[str]) -> A
         return AttemptEnd(False, "cancelled", code, sig, cancelled=True)
     if outcome.timed_out:
         why = f"timed out after {format_duration(launch.timeout or 0)}"
+        if outcome.held >= 0.5:  # the time held was not counted: say it ran that long
+            why += f" of running (and {format_duration(outcome.held)} held as a guest)"
         if outcome.ignored is not None:  # say why it took `grace` longer than the timeout
             why += (
                 f"; it did not stop on {outcome.ignored.name} within"

@@ -61,6 +61,14 @@ class Granted:
     lost: threading.Event = field(default_factory=threading.Event)
     #: why `lost` was set (`GPU 0 lost`), for the step's StepRequeued
     why: str = ""
+    #: seconds held as a guest (GuestPaused to GuestResumed/Promoted), and since when
+    held: float = 0.0
+    paused_since: float | None = None
+
+    def held_s(self, now: float) -> float:
+        """Seconds held so far: the time a step's `timeout:` does not count."""
+        since = self.paused_since
+        return self.held + (max(0.0, now - since) if since is not None else 0.0)
 
 
 class _Either(threading.Event):
@@ -233,6 +241,14 @@ class AgentLease:
             key = (e.run_id, e.step)
             if key in self._waiting:
                 self._granted[key] = Granted(tuple(e.gpus), e.tier, e.channel)
+        elif isinstance(e, ev.GuestPaused | ev.GuestResumed | ev.Promoted):
+            key = (e.run_id, e.step)
+            if (g := self._held.get(key) or self._granted.get(key)) is not None:
+                if isinstance(e, ev.GuestPaused):
+                    g.paused_since = g.paused_since if g.paused_since is not None else e.at
+                elif g.paused_since is not None:
+                    g.held += max(0.0, e.at - g.paused_since)
+                    g.paused_since = None
         elif isinstance(e, ev.GpuLost):
             for g in self._held.values():
                 if e.gpu in g.gpus:
@@ -254,6 +270,10 @@ class AgentLease:
             ensure_agent(self.home)
         except Exception as exc:  # the next poll tries again; waiting steps must not die
             log.warning("m27: cannot start an agent here: %s", exc)
+
+
+def _held_now(granted: Granted, clock: Clock) -> float:
+    return granted.held_s(clock.now())
 
 
 def run_leased(
@@ -315,6 +335,7 @@ def run_leased(
                     on_lines=on_lines,
                     cancel=stop,
                     resume_from=resume_from,
+                    held=partial(_held_now, granted, lease.clock),
                 )
             )
         finally:

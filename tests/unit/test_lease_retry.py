@@ -78,3 +78,26 @@ def test_a_step_cancelled_in_its_retry_delay_ends_cancelled_without_a_lease(
     assert len(_of(node, "md", ev.LeaseGranted)) == len(_of(node, "md", ev.LeaseReleased)) == 1
     assert len(_of(node, "md", ev.StepRequested)) == 1  # no lease asked for after the cancel
     lease.close()
+
+
+def test_a_lease_counts_the_time_its_guest_is_held(m27_home: Path) -> None:
+    """What the runner leaves out of a guest's `timeout:`: from each GuestPaused to the
+    GuestResumed (or Promoted) after it, and a hold still going, as the log says them."""
+    from m27.node.lease import AgentLease, Granted
+    from m27.store.memory import MemoryEventStore
+
+    lease = AgentLease(MemoryEventStore(), m27_home, embed=False)
+    granted = Granted((0,), "ready")
+    lease._held[("r1", "ana")] = granted
+    for e in [
+        ev.GuestPaused(10.0, "r1", "ana", 0),
+        ev.GuestPaused(11.0, "r1", "ana", 0),  # said again: still the hold from 10
+        ev.GuestResumed(14.0, "r1", "ana", 0),
+        ev.GuestPaused(20.0, "r2", "ana", 0),  # another run's step of the same name
+        ev.GuestPaused(30.0, "r1", "ana", 0),
+    ]:
+        lease._dispatch(e)
+    assert granted.held_s(now=32.5) == 6.5  # 4 s, and 2.5 s of the hold still going
+    lease._dispatch(ev.Promoted(33.0, "r1", "ana", 0))
+    assert granted.held_s(now=100.0) == 7.0
+    lease.close()

@@ -49,6 +49,35 @@ def test_timeout_kills_the_whole_group_including_grandchildren(store: MemoryEven
     assert isinstance(failed, StepFailed) and failed.reason == f"timed out after {READY_S}s"
 
 
+def test_time_held_as_a_guest_does_not_count_against_the_timeout(
+    store: MemoryEventStore,
+) -> None:
+    """A `timeout: 10m` guest held nine minutes while its GPU's primary computed was
+    killed `timed out` after one minute of running. Held for all of its life here (the
+    held seconds grow as the clock does), it never times out and ends on its own."""
+    import time
+
+    start = time.monotonic()
+    step = launch("import time; time.sleep(1.0); print('done')", timeout=0.2, grace=0.2)
+    result = run_step(step, store, held=lambda: time.monotonic() - start)
+    assert result.ok and result.log_tail == "done", result.reason
+
+
+def test_a_timeout_says_how_long_the_step_ran_and_how_long_it_was_held(
+    store: MemoryEventStore,
+) -> None:
+    looks = iter([0.0])  # nothing held when it starts, 600 ms by the time it is looked at
+
+    def held() -> float:
+        return next(looks, 0.6)
+
+    step = launch("import time; time.sleep(1000)", timeout=0.2, grace=0.2)
+    result = run_step(step, store, held=held)
+    assert not result.ok and result.reason == (
+        "timed out after 200ms of running (and 600ms held as a guest)"
+    )
+
+
 def test_group_ignoring_sigterm_is_killed_after_grace(store: MemoryEventStore) -> None:
     code = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + SPAWN_SLEEPERS
     lines: list[tuple[str, str]] = []
