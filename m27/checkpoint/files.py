@@ -144,6 +144,8 @@ class FileGuard:
         self._warn = warn
         self._started: float | None = None
         self._said = False
+        self._held: Callable[[], float] | None = None
+        self._held_before = 0.0
 
     def baseline(self) -> None:
         """What the workdir holds before the program starts is not a new checkpoint.
@@ -222,10 +224,13 @@ class FileGuard:
         self._last_capture = self._clock.monotonic()
         return True
 
-    def start(self, every: float) -> None:
-        """Poll every `every` seconds on a thread until :meth:`stop`."""
+    def start(self, every: float, held: Callable[[], float] | None = None) -> None:
+        """Poll every `every` seconds on a thread until :meth:`stop`. `held()`: seconds
+        the step has been held as a guest, which the "no checkpoint" notes leave out."""
         self._poll_every = every
         self._started = self._clock.monotonic()
+        self._held = held
+        self._held_before = held() if held is not None else 0.0
 
         def loop() -> None:
             while not self._stop.wait(every):
@@ -256,6 +261,8 @@ class FileGuard:
         if self._said or self.captures or not self._every or self._started is None:
             return None
         waited = self._clock.monotonic() - self._started
+        if self._held is not None:  # a guest held by the agent had no chance to write
+            waited -= self._held() - self._held_before
         return waited if waited >= self._every else None
 
     def overdue(self) -> str | None:

@@ -43,6 +43,8 @@ class SaveWatch:
         self._done = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._held: Callable[[], float] | None = None
+        self._held_before = 0.0
 
     def baseline(self) -> None:
         """The saves already there (an earlier attempt's, a resumed run's) are not this
@@ -60,6 +62,8 @@ class SaveWatch:
         if self._done or self._started is None:
             return None
         waited = self._clock.monotonic() - self._started
+        if self._held is not None:  # a guest held by the agent had no chance to save
+            waited -= self._held() - self._held_before
         if waited < 2 * self._every:
             return None
         self._done = True
@@ -73,10 +77,13 @@ class SaveWatch:
             "`ck.maybe_save(state, step)`); a crash now loses all of this attempt's work"
         )
 
-    def start(self, poll: float) -> None:
-        """Look every `poll` seconds on a thread until it has said its piece or :meth:`stop`."""
+    def start(self, poll: float, held: Callable[[], float] | None = None) -> None:
+        """Look every `poll` seconds on a thread until it has said its piece or :meth:`stop`;
+        `held()`: seconds the step has been held as a guest, which the note leaves out."""
         if self._started is None:
             self.baseline()
+        self._held = held
+        self._held_before = held() if held is not None else 0.0
 
         def loop() -> None:
             while not self._done and not self._stop.wait(poll):

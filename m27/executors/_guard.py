@@ -67,7 +67,7 @@ class Guarded:
         held: Callable[[], float] | None = None,
     ) -> _proc.Outcome:
         """:func:`_proc.supervise` with the file watcher running beside it."""
-        with self.watching():
+        with self.watching(held):
             return _proc.supervise(
                 proc,
                 timeout=timeout,
@@ -79,11 +79,13 @@ class Guarded:
             )
 
     @contextmanager
-    def watching(self) -> Iterator[None]:
-        """The file watcher runs inside the block; what is left is captured at its end."""
+    def watching(self, held: Callable[[], float] | None = None) -> Iterator[None]:
+        """The file watcher runs inside the block; what is left is captured at its end.
+        `held()` (a guest's seconds paused so far) is time its "no checkpoint after"
+        notes do not count: a guest held by the agent makes no progress to save."""
         watchers = [w for w in (self.guard, self.saves) if w is not None]
         for watcher in watchers:
-            watcher.start(self.poll)
+            watcher.start(self.poll, held)
         try:
             yield
         finally:

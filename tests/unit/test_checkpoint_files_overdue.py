@@ -43,6 +43,22 @@ def test_no_file_matching_files_is_said_after_two_intervals_once(tmp_path: Path)
     guard.stop()
 
 
+def test_time_held_as_a_guest_is_not_time_it_had_to_write(tmp_path: Path) -> None:
+    guard, clock = _guard(tmp_path)
+    held = [0.0]
+    guard.start(3600.0, held=lambda: held[0])  # (its thread does not look in this test)
+    guard._poll_every = 1.0
+    try:
+        clock.advance(900.0)
+        held[0] = 500.0  # held while the primary computed: 400 s of running
+        assert guard.overdue() is None
+        clock.advance(200.0)
+        said = guard.overdue()
+        assert said is not None and said.startswith("no checkpoint after 10m00s: no file")
+    finally:
+        guard.stop()
+
+
 def test_a_file_never_complete_or_never_changed_is_said_as_such(tmp_path: Path) -> None:
     torn, clock = _guard(tmp_path / "a", "*.cpt", validate=Gromacs().valid_file)
     (torn.workdir / "sim.cpt").write_bytes(HEAD + b"x" * 100)  # no footer: mdrun died writing

@@ -92,3 +92,20 @@ def test_the_runner_says_it_in_the_step_s_output_while_the_program_runs(
     assert note.startswith("m27: no checkpoint after ") and str(tmp_path / "ckpt") in note
     log = (m27_home / "runs" / "r1" / "s1.log").read_text()
     assert "nothing was saved to" in log
+
+
+def test_time_held_as_a_guest_is_not_time_it_had_to_save(tmp_path: Path) -> None:
+    """A guest held by the agent while its GPU's primary computes makes no progress: two
+    intervals of being held are no reason to say it saved nothing."""
+    watch, clock, _ = _watch(tmp_path / "ckpt")
+    held = [0.0]
+    watch.start(3600.0, held=lambda: held[0])  # (its thread does not look in this test)
+    try:
+        clock.advance(900.0)
+        held[0] = 500.0  # 400 s of running
+        assert watch.overdue() is None
+        clock.advance(200.0)  # 600 s of running
+        said = watch.overdue()
+        assert said is not None and said.startswith("no checkpoint after 10m00s: ")
+    finally:
+        watch.stop()
