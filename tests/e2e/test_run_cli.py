@@ -306,6 +306,47 @@ def test_a_second_run_writing_the_same_outputs_is_refused_until_the_first_ends(
     assert third.returncode == 0, third.stdout + third.stderr
 
 
+def test_a_second_run_writing_the_same_checkpoint_files_is_refused(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    # The seed pipeline's `gmx mdrun -deffnm simulation` declares no output: two runs of
+    # it in one folder wrote one simulation.cpt, and each resumed the other's trajectory.
+    gated_script(tmp_path / "sim.py", "open('state.dat', 'w').write('x')\n")
+    spec = _write(
+        tmp_path,
+        "name: sim\npipeline:\n  - name: md\n    type: cpu\n    command: python sim.py\n"
+        "    checkpoint: {every: 60s, files: [state.dat]}\n",
+    )
+    first = spawn_m27("run", str(spec), "--plain")
+    try:
+        running = wait_until(
+            lambda: next(
+                (
+                    r
+                    for r in node_state(m27_home).runs.values()
+                    if r.steps["md"].status == "running"
+                ),
+                None,
+            ),
+            timeout=240,
+            what="the first run's step running",
+        )
+        second = m27("run", str(spec), "--plain")
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert (
+            f"checkpoint file {tmp_path / 'state.dat'} is being written by run "
+            f"{running.run_id}" in second.stderr
+        )
+        assert list(node_state(m27_home).runs) == [running.run_id]  # nothing of the second
+        (tmp_path / "go").write_text("")
+        out, _ = first.communicate(timeout=240)
+        assert first.returncode == 0, out
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
 def test_resume_reruns_only_the_steps_that_did_not_succeed(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:

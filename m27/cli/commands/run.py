@@ -29,6 +29,7 @@ from m27.cli.prefect_run import (
     silence_prefect,
 )
 from m27.events import CancelRequested, RunCancelled, RunFailed
+from m27.executors.engines import plan_for_step
 from m27.gpu import detect
 from m27.locks import OutputLocks
 from m27.paths import make_home, same_file
@@ -167,20 +168,35 @@ def _claim_outputs(pipeline: Pipeline, run_id: str) -> OutputLocks | None:
     """
     from m27.config import m27_home
 
-    locks = OutputLocks(m27_home(), pipeline.output_paths())
+    own = _checkpoint_files(pipeline)
+    locks = OutputLocks(m27_home(), [*pipeline.output_paths(), *own])
     held = locks.acquire(f"run {run_id} ({pipeline.name})")
     if held is None:
         return locks
     by = held.note or "another run"
     if held.pid is not None:
         by += f", pid {held.pid}"
+    what = "checkpoint file" if held.path in own else "output"
     print(
-        f"m27: {pipeline.path}: output {held.path} is being written by {by}; two runs "
+        f"m27: {pipeline.path}: {what} {held.path} is being written by {by}; two runs "
         "writing it at once would mix their files. Wait for that run to end (m27 runs), "
         "cancel it (m27 cancel RUN), or give this run other outputs (--set NAME=...)",
         file=sys.stderr,
     )
     return None
+
+
+def _checkpoint_files(pipeline: Pipeline) -> list[str]:
+    """The files steps that checkpoint themselves write, as absolute paths: the seed
+    pipeline's `gmx mdrun -deffnm simulation` declares no output, and two runs of it in
+    one folder wrote one simulation.cpt (each resumed the other's trajectory)."""
+    found = []
+    for step in pipeline.steps:
+        plan = plan_for_step(step)
+        if plan is not None:
+            base = pipeline.workdir_of(step)
+            found += [os.path.normpath(base / os.path.expanduser(f)) for f in plan.files]
+    return found
 
 
 def _check_resources(pipeline: Pipeline) -> list[Problem]:
