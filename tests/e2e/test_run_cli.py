@@ -263,15 +263,24 @@ def test_an_output_that_cannot_be_written_stops_the_output_not_the_run(
     assert run.status == "succeeded"
 
 
-def test_a_second_run_writing_the_same_outputs_is_refused_until_the_first_ends(
-    m27: M27, tmp_path: Path, m27_home: Path
+@pytest.mark.parametrize(
+    ("writes", "field", "what"),
+    [
+        # Both "succeeded" before, each with the other's data mixed into its files.
+        ("out.txt", "output: out.txt", "output"),
+        # The seed pipeline's `gmx mdrun -deffnm simulation` declares no output: two runs
+        # of it in one folder wrote one simulation.cpt, and each resumed the other's.
+        ("state.dat", "checkpoint: {every: 60s, files: [state.dat]}", "checkpoint file"),
+    ],
+)
+def test_a_second_run_writing_the_same_files_is_refused_until_the_first_ends(
+    m27: M27, tmp_path: Path, m27_home: Path, writes: str, field: str, what: str
 ) -> None:
-    # Both "succeeded" before, each with the other's data mixed into its files.
-    gated_script(tmp_path / "write.py", "open('out.txt', 'w').write('x')\n")
+    gated_script(tmp_path / "write.py", f"open({writes!r}, 'w').write('x')\n")
     spec = _write(
         tmp_path,
         "name: writer\npipeline:\n  - name: write\n    type: cpu\n"
-        "    command: python write.py\n    output: out.txt\n",
+        f"    command: python write.py\n    {field}\n",
     )
     first = spawn_m27("run", str(spec), "--plain")
     try:
@@ -290,8 +299,7 @@ def test_a_second_run_writing_the_same_outputs_is_refused_until_the_first_ends(
         second = m27("run", str(spec), "--plain")
         assert second.returncode == 2, second.stdout + second.stderr
         assert (
-            f"output {tmp_path / 'out.txt'} is being written by run {running.run_id}"
-            in second.stderr
+            f"{what} {tmp_path / writes} is being written by run {running.run_id}" in second.stderr
         )
         assert "Traceback" not in second.stdout + second.stderr
         assert list(node_state(m27_home).runs) == [running.run_id]  # nothing of the second
@@ -302,49 +310,8 @@ def test_a_second_run_writing_the_same_outputs_is_refused_until_the_first_ends(
         if first.poll() is None:
             first.kill()
             first.wait()
-    third = m27("run", str(spec), "--plain")  # the outputs are free again at once
+    third = m27("run", str(spec), "--plain")  # the files are free again at once
     assert third.returncode == 0, third.stdout + third.stderr
-
-
-def test_a_second_run_writing_the_same_checkpoint_files_is_refused(
-    m27: M27, tmp_path: Path, m27_home: Path
-) -> None:
-    # The seed pipeline's `gmx mdrun -deffnm simulation` declares no output: two runs of
-    # it in one folder wrote one simulation.cpt, and each resumed the other's trajectory.
-    gated_script(tmp_path / "sim.py", "open('state.dat', 'w').write('x')\n")
-    spec = _write(
-        tmp_path,
-        "name: sim\npipeline:\n  - name: md\n    type: cpu\n    command: python sim.py\n"
-        "    checkpoint: {every: 60s, files: [state.dat]}\n",
-    )
-    first = spawn_m27("run", str(spec), "--plain")
-    try:
-        running = wait_until(
-            lambda: next(
-                (
-                    r
-                    for r in node_state(m27_home).runs.values()
-                    if r.steps["md"].status == "running"
-                ),
-                None,
-            ),
-            timeout=240,
-            what="the first run's step running",
-        )
-        second = m27("run", str(spec), "--plain")
-        assert second.returncode == 2, second.stdout + second.stderr
-        assert (
-            f"checkpoint file {tmp_path / 'state.dat'} is being written by run "
-            f"{running.run_id}" in second.stderr
-        )
-        assert list(node_state(m27_home).runs) == [running.run_id]  # nothing of the second
-        (tmp_path / "go").write_text("")
-        out, _ = first.communicate(timeout=240)
-        assert first.returncode == 0, out
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
 
 
 def test_resume_reruns_only_the_steps_that_did_not_succeed(
