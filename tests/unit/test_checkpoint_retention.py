@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +222,41 @@ def test_cli_accepts_a_checkpoint_directory(
 ) -> None:
     assert main(["checkpoints", "verify", str(run_dir)]) == 0
     assert "4 ok" in capsys.readouterr().out
+
+
+def test_cli_verify_says_each_result_as_it_reads_it(
+    run_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's checkpoints of tens of GiB take minutes to read: nothing was printed until
+    every one had been read. Each result now comes as soon as it is known, and a terminal
+    sees which checkpoint is being read."""
+    from m27.cli.commands import checkpoints
+
+    before: list[str] = []  # what had been printed when each checkpoint began to be read
+    real = checkpoints.verify
+
+    def spy(path: Path) -> object:
+        before.append(capsys.readouterr().out)
+        return real(path)
+
+    monkeypatch.setattr(checkpoints, "verify", spy)
+    assert main(["checkpoints", "verify", "20260101"]) == 0
+    assert len(before) == 4 and before[0] == ""
+    assert [b.split()[0] for b in before[1:]] == ["ok"] * 3
+    assert before[1].strip().endswith("ckpt-0000000001.json")
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    shown = Terminal()
+    monkeypatch.setattr(sys, "stdout", shown)
+    assert main(["checkpoints", "verify", "20260101"]) == 0
+    first = shown.getvalue().split("\r")[0]
+    assert first.startswith("checking ") and first.endswith(
+        "ckpt-0000000001.json (state 16.0KiB)..."
+    )
+    assert "\r\x1b[2Kok       " in shown.getvalue()  # the result over the `checking` line
 
 
 def test_cli_verify_without_a_run_says_what_it_needs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -167,10 +167,26 @@ def _list(targets: list[tuple[str, Path]], as_json: bool) -> int:
     return 0
 
 
+def _checking(entry: Listed) -> None:
+    """On a terminal, what is being read now (a checkpoint of tens of GiB takes a minute
+    at disk speed, and nothing was printed until every one was read): one line the next
+    result overwrites."""
+    if sys.stdout.isatty():
+        size = f" (state {format_size(entry.info.bytes_total)})" if entry.info else ""
+        print(f"checking {entry.path}{size}...", end="\r", flush=True)
+
+
+def _said(line: str) -> None:
+    """A result line, over the `checking ...` line on a terminal."""
+    print("\x1b[2K" + line if sys.stdout.isatty() else line, flush=True)
+
+
 def _verify(targets: list[tuple[str, Path]], as_json: bool) -> int:
     results = []
     for step, directory in targets:
         for entry in scan(directory):
+            if not as_json:
+                _checking(entry)
             try:
                 verify(entry.path)
                 problem = None
@@ -186,11 +202,15 @@ def _verify(targets: list[tuple[str, Path]], as_json: bool) -> int:
                     "file": None if problem is None else bad,
                 }
             )
+            if not as_json:  # as each is read: a long verify shows how far it has come
+                _said(
+                    f"ok       {entry.path}"
+                    if problem is None
+                    else f"CORRUPT  {entry.path}: {problem}"
+                )
     if as_json:
         print_json(results)
     else:
-        for r in results:
-            print(f"ok       {r['path']}" if r["ok"] else f"CORRUPT  {r['path']}: {r['problem']}")
         bad_count = sum(not r["ok"] for r in results)
         print(f"{len(results) - bad_count} ok, {bad_count} corrupt")
     return 1 if any(not r["ok"] for r in results) else 0
@@ -203,6 +223,8 @@ def _gc(targets: list[tuple[str, Path]], keep: int, as_json: bool) -> int:
     def intact(entry: Listed) -> bool:
         """Counted toward --keep only when every chunk reads back: a checkpoint whose pack
         was damaged must not push out the older one a restore falls back to."""
+        if not as_json:
+            _checking(entry)
         try:
             verify(entry.path)
         except CorruptCheckpointError as exc:
@@ -217,6 +239,8 @@ def _gc(targets: list[tuple[str, Path]], keep: int, as_json: bool) -> int:
     if as_json:
         print_json({"removed": removed, "corrupt": corrupt})
         return 0
+    if sys.stdout.isatty():
+        print("\x1b[2K", end="", flush=True)  # the last `checking ...` line
     for r in corrupt:
         print(f"corrupt  {r['path']}: {r['problem']} (not counted toward --keep {keep})")
     for r in removed:
