@@ -6,7 +6,7 @@ with their metrics; ``m27 simulate`` is a thin command over it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from m27.policy import PolicyConfig
 from m27.sim.engine import SimResult, SimulationError, simulate
@@ -37,10 +37,14 @@ def compare(
     gpus: int | None = None,
     config: PolicyConfig | None = None,
     window: float | None = None,
+    on_policy: Callable[[str, int], None] | None = None,
 ) -> list[tuple[SimResult, Metrics]]:
-    """Every policy on the same trace, in the order given."""
+    """Every policy on the same trace, in the order given; `on_policy(name, i)` before
+    the i-th (from 1), for a progress line: a large trace takes a minute."""
     out = []
-    for name in policies:
+    for i, name in enumerate(policies, 1):
+        if on_policy is not None:
+            on_policy(name, i)
         result = simulate(trace, make_scheduler(name, config), gpus)
         out.append((result, compute_metrics(result, window)))
     return out
