@@ -83,6 +83,7 @@ class Reader:
     problems: list[Problem] = field(default_factory=list)
     broken: set[str] = field(default_factory=set)  # variables whose definition was invalid
     used: set[str] = field(default_factory=set)  # variables some {{placeholder}} names
+    declared: set[str] = field(default_factory=set)  # variables `vars:` names, valued or not
     source: str = ""  # the file's text: marks index into it (the C loader keeps no buffer)
     dropped: int = 0  # problems found beyond MAX_PROBLEMS, counted and not kept
     rendered: int = 0  # characters the templated fields so far render to, all together
@@ -267,6 +268,11 @@ class Reader:
                     f"undefined variable {quoted(ph.name)}{hint}; define it with "
                     f"`--set {name}=...` or under vars:"
                 )
+                if ph.name in self.declared:  # `vars: {INPUT:}` declares a required one
+                    message = (
+                        f"variable {quoted(ph.name)} has no value: `vars:` declares it "
+                        f"without one, so each run must give it (`--set {name}=...`)"
+                    )
                 self.add(node, where, message, ph.start)
         if ok and placeholders and not self._fits(node, where, text, placeholders):
             ok = False

@@ -14,8 +14,6 @@ class Variables(Reader):
     """The checker's part that reads `vars:` and checks `--set` against it."""
 
     overrides: dict[str, str]
-    #: every variable `vars:` names, with or without a default
-    declared: set[str]
 
     def _file_problem(self, message: str) -> Problem:
         return Problem(self.file, 1, 1, "", message)

@@ -130,7 +130,9 @@ def test_set_overrides_vars_defaults_and_defaults_fill_the_rest(tmp_path: Path) 
 
 def test_null_var_is_declared_but_must_be_set(tmp_path: Path) -> None:
     head = "vars:\n  NEEDED:\n"
-    with pytest.raises(SpecError, match="undefined variable 'NEEDED'"):
+    # (it said `undefined variable 'NEEDED'; define it ... or under vars:`, where it is)
+    said = "variable 'NEEDED' has no value: `vars:` declares it without one, so each run must"
+    with pytest.raises(SpecError, match=said):
         _one_step(tmp_path, "type: cpu\ncommand: run {{NEEDED}}", head)
     assert _one_step(tmp_path, "type: cpu\ncommand: run {{NEEDED}}", head, NEEDED="x").argv == (
         "run",
