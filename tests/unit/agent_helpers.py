@@ -173,11 +173,18 @@ def run_step_leased(
     cancel: threading.Event | None = None,
     retries: int = 0,
     retry_delay: float = 0.0,
+    timeout: float | None = None,
 ) -> StepRun:
     """Lease and run one real step process on a thread, as the flow does."""
     result: list[StepResult | None] = [None]
     launch = StepLaunch(
-        run_id=run_id, step=step, argv=argv, grace=1.0, retries=retries, retry_delay=retry_delay
+        run_id=run_id,
+        step=step,
+        argv=argv,
+        grace=1.0,
+        retries=retries,
+        retry_delay=retry_delay,
+        timeout=timeout,
     )
     cancel = cancel or threading.Event()
 

@@ -157,6 +157,36 @@ def test_guest_computes_only_while_the_primary_waits_on_io_and_is_promoted_witho
     lease.close()
 
 
+def test_a_guests_timeout_does_not_count_the_time_it_is_held(node: Node, tmp_path: Path) -> None:
+    """A `timeout: 10m` guest held nine minutes beside a computing primary was killed
+    `timed out` after one minute of running: the lease now tells the runner how long it
+    was held, and the deadline moves on by that much."""
+    node.start()
+    lease = node.lease()
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    (ctl / "io").touch()  # the primary goes straight to computing until `end`
+    (ctl / "compute").touch()
+    prim = run_step_leased(
+        lease, "r1", "md", (sys.executable, "-c", PRIMARY, str(ctl)), priority=10
+    )
+    wait_until(lambda: _of_step(node, ev.StepStarted, "md"))
+    # computes 0.2 s in chunks, each after its gate: held there while the primary computes
+    ana = step_argv(tmp_path / "g.txt", cycles=1, compute=0.2, io=0.0)
+    guest = run_step_leased(lease, "r2", "ana", ana, gpu_memory=GiB, timeout=1.0)
+    (started,) = wait_until(lambda: _of_step(node, ev.StepStarted, "ana"), what="ana started")
+    wait_until(lambda: _of_step(node, ev.GuestPaused, "ana"), what="ana held")
+    # held past its whole timeout (a wait for time to pass, not a measure of it)
+    passed = started.at + 2.0  # type: ignore[attr-defined]
+    wait_until(lambda: time.time() > passed, timeout=30, what="ana held past its timeout")
+    assert not _of_step(node, ev.StepFailed, "ana")
+    (ctl / "end").touch()
+    p, g = prim.wait(), guest.wait()
+    assert p is not None and p.ok
+    assert g is not None and g.ok, g.reason
+    lease.close()
+
+
 def test_a_guest_without_a_gate_is_stopped_by_signal_and_continued_when_promoted(
     node: Node, m27_home: Path, tmp_path: Path
 ) -> None:
