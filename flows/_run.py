@@ -206,12 +206,15 @@ class _StepLog:
         return self.run.pipeline.step(self.step).retry_delay
 
     def before_output(self) -> None:
-        if self.run.store.last_seq() <= self.early:
+        try:
+            if self.run.store.last_seq() <= self.early:
+                return
+            for rec in self.run.store.read(self.early):
+                self.early = rec.seq
+                if self._mine(rec.event):
+                    self._tell(rec.seq, rec.event)
+        except StoreError:  # the output goes on; `catch_up` tells these lines later
             return
-        for rec in self.run.store.read(self.early):
-            self.early = rec.seq
-            if self._mine(rec.event):
-                self._tell(rec.seq, rec.event)
 
     def catch_up(self) -> None:
         from prefect.artifacts import create_markdown_artifact

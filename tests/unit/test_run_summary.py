@@ -281,3 +281,23 @@ def test_a_guest_steps_prefect_state_says_how_long_it_was_held() -> None:
     assert said[0].startswith("a guest on GPU 0") and said[-1].startswith("promoted to primary")
     # a short hold is not worth saying (as `m27 run`)
     assert _state_of(result, told.succeeded, 0.2).message == "succeeded in 6.0s"
+
+
+def test_a_log_that_cannot_be_read_does_not_stop_a_steps_output() -> None:
+    """Each batch of output first looks at the log for the step's news (a retry's start);
+    a log that fails then must not cost the output its way to Prefect and the terminal."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from flows._run import _Run, _StepLog
+    from m27 import StoreError
+    from m27.store.memory import MemoryEventStore
+
+    class Failing(MemoryEventStore):
+        def last_seq(self) -> int:
+            raise StoreError("disk I/O error")
+
+    run = cast(_Run, SimpleNamespace(store=MemoryEventStore(), run_id="r", pipeline=None))
+    told = _StepLog(run, "a", SimpleNamespace(info=print, warning=print))
+    run.store = Failing()  # type: ignore[misc]
+    told.before_output()  # says nothing, raises nothing
