@@ -22,8 +22,12 @@ from m27.units import format_duration
 
 
 def _newest(directory: Path) -> int:
-    """The newest save's number in `directory` (0: none)."""
-    found = manifests(directory)
+    """The newest save's number in `directory` (0: none, or a folder it cannot read: the
+    watcher only ever says something, it never stops a step)."""
+    try:
+        found = manifests(directory)
+    except OSError:
+        return 0
     parsed = parse_name(found[-1]) if found else None
     return parsed[0] if parsed else 0
 
@@ -87,11 +91,8 @@ class SaveWatch:
 
         def loop() -> None:
             while not self._done and not self._stop.wait(poll):
-                try:
-                    if (line := self.overdue()) is not None:
-                        self._warn(line)
-                except OSError:  # an unreadable folder says nothing; the step goes on
-                    continue
+                if (line := self.overdue()) is not None:
+                    self._warn(line)
 
         self._thread = threading.Thread(target=loop, name="m27-save-watch", daemon=True)
         self._thread.start()

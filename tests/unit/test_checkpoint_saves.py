@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from m27.checkpoint import Checkpointer
 from m27.checkpoint.saves import SaveWatch
@@ -109,3 +110,18 @@ def test_time_held_as_a_guest_is_not_time_it_had_to_save(tmp_path: Path) -> None
         assert said is not None and said.startswith("no checkpoint after 10m00s: ")
     finally:
         watch.stop()
+
+
+def test_a_folder_it_cannot_read_never_stops_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from m27.checkpoint import saves
+
+    def unreadable(directory: Path) -> list[Path]:
+        raise PermissionError(13, "Permission denied", str(directory))
+
+    monkeypatch.setattr(saves, "manifests", unreadable)
+    watch, clock, _ = _watch(tmp_path / "ckpt")  # its baseline looks at the folder
+    clock.advance(600.0)
+    said = watch.overdue()
+    assert said is not None and said.startswith("no checkpoint after 10m00s: nothing was saved")
