@@ -23,8 +23,6 @@ from m27.events import (
     CancelRequested,
     CheckpointWritten,
     Event,
-    GuestPaused,
-    GuestResumed,
     GuestStarted,
     Promoted,
     SlurmJobStateChanged,
@@ -34,6 +32,7 @@ from m27.events import (
     StepStarted,
     StepSucceeded,
 )
+from m27.events.holds import Hold
 from m27.events.state import fold
 from m27.executors.container import wrap_argv
 from m27.executors.engines import plan_for_step
@@ -173,9 +172,8 @@ class _StepLog:
         self.after = self.early = run.store.last_seq()
         #: the step's success, once told: the task's final state says what it says
         self.succeeded: StepSucceeded | None = None
-        #: seconds held as a guest while its GPU's primary computed, and since when
-        self.held = 0.0
-        self._paused_since: float | None = None
+        #: its holds as a guest while its GPU's primary computed
+        self.hold = Hold()
         self._told: set[int] = set()
         self._lock = threading.Lock()
 
@@ -191,13 +189,7 @@ class _StepLog:
             self._told.add(seq)
             if isinstance(ev, StepSucceeded):
                 self.succeeded = ev
-            if isinstance(ev, GuestPaused):
-                self._paused_since = self._paused_since or ev.at
-            elif self._paused_since is not None and isinstance(
-                ev, GuestResumed | Promoted | StepSucceeded | StepFailed | StepRequeued
-            ):
-                self.held += max(0.0, ev.at - self._paused_since)
-                self._paused_since = None
+            self.hold.apply(ev)
             if (said := _milestone(ev, self._retry_delay())) is not None:
                 warn = isinstance(ev, StepFailed | StepRequeued)
                 (self.logger.warning if warn else self.logger.info)("%s", said)

@@ -135,7 +135,7 @@ def _step_body(run: _Run, step: Step) -> State:
                 resume_from=lambda: run.resume_from(step.name),
             )
         )
-        return _state_of(result, told.succeeded, told.held)
+        return _state_of(result, told.succeeded, told.hold.seconds())
     # The node agent answers the request (StepRequested -> LeaseGranted); a guest (tier
     # "ready") starts with its channel's gate closed and computes when the agent allows.
     result = run_leased(
@@ -153,7 +153,7 @@ def _step_body(run: _Run, step: Step) -> State:
         time_limit=step.timeout,
         on_wait=lambda: logger.info("%s", waiting_line(step.name, step.gpus)),
     )
-    return _state_of(result, told.succeeded, told.held)
+    return _state_of(result, told.succeeded, told.hold.seconds())
 
 
 def _state_of(

@@ -28,6 +28,7 @@ from pathlib import Path
 from m27 import events as ev
 from m27 import liveness
 from m27.clock import Clock, SystemClock
+from m27.events.holds import Hold
 from m27.executors.local import StepLaunch, StepResult, record_cancelled, run_step, wait_retry
 from m27.store import EventStore
 
@@ -61,14 +62,9 @@ class Granted:
     lost: threading.Event = field(default_factory=threading.Event)
     #: why `lost` was set (`GPU 0 lost`), for the step's StepRequeued
     why: str = ""
-    #: seconds held as a guest (GuestPaused to GuestResumed/Promoted), and since when
-    held: float = 0.0
-    paused_since: float | None = None
-
-    def held_s(self, now: float) -> float:
-        """Seconds held so far: the time a step's `timeout:` does not count."""
-        since = self.paused_since
-        return self.held + (max(0.0, now - since) if since is not None else 0.0)
+    #: its holds as a guest (GuestPaused to GuestResumed/Promoted): the time its
+    #: `timeout:` does not count
+    hold: Hold = field(default_factory=Hold)
 
 
 class _Either(threading.Event):
@@ -244,11 +240,7 @@ class AgentLease:
         elif isinstance(e, ev.GuestPaused | ev.GuestResumed | ev.Promoted):
             key = (e.run_id, e.step)
             if (g := self._held.get(key) or self._granted.get(key)) is not None:
-                if isinstance(e, ev.GuestPaused):
-                    g.paused_since = g.paused_since if g.paused_since is not None else e.at
-                elif g.paused_since is not None:
-                    g.held += max(0.0, e.at - g.paused_since)
-                    g.paused_since = None
+                g.hold.apply(e)
         elif isinstance(e, ev.GpuLost):
             for g in self._held.values():
                 if e.gpu in g.gpus:
@@ -273,7 +265,7 @@ class AgentLease:
 
 
 def _held_now(granted: Granted, clock: Clock) -> float:
-    return granted.held_s(clock.now())
+    return granted.hold.seconds(clock.now())
 
 
 def run_leased(

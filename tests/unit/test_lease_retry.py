@@ -97,7 +97,7 @@ def test_a_lease_counts_the_time_its_guest_is_held(m27_home: Path) -> None:
         ev.GuestPaused(30.0, "r1", "ana", 0),
     ]:
         lease._dispatch(e)
-    assert granted.held_s(now=32.5) == 6.5  # 4 s, and 2.5 s of the hold still going
+    assert granted.hold.seconds(now=32.5) == 6.5  # 4 s, and 2.5 s of the hold still going
     lease._dispatch(ev.Promoted(33.0, "r1", "ana", 0))
-    assert granted.held_s(now=100.0) == 7.0
+    assert granted.hold.seconds(now=100.0) == 7.0
     lease.close()

@@ -274,9 +274,9 @@ def test_a_guest_steps_prefect_state_says_how_long_it_was_held() -> None:
         ]
     )
     told.catch_up()
-    assert told.held == 4.0
+    assert told.hold.seconds() == 4.0
     result = StepResult(True, 1, 0, None, 6.0, "succeeded", "")
-    state = _state_of(result, told.succeeded, told.held)
+    state = _state_of(result, told.succeeded, told.hold.seconds())
     assert state.message == "succeeded in 6.0s (held 4.0s as a guest)"
     assert said[0].startswith("a guest on GPU 0") and said[-1].startswith("promoted to primary")
     # a short hold is not worth saying (as `m27 run`)

@@ -43,6 +43,7 @@ from m27.events import (
     StepStarted,
     StepSucceeded,
 )
+from m27.events.holds import Hold
 from m27.events.state import STEP_DONE, RunState
 from m27.monitoring.energy import format_energy
 from m27.node.lease import WAIT_TOLD_S, lease_wanted
@@ -65,29 +66,18 @@ _STYLE = {
 }
 
 
-def _unpause(row: dict[str, Any], at: float) -> float:
-    """End a guest's hold at `at`; the seconds it has been held in all."""
-    if row["paused_since"] is not None:
-        row["paused"] += max(0.0, at - row["paused_since"])
-        row["paused_since"] = None
-    held: float = row["paused"]
-    return held
-
-
 def _guest(
     step: str, row: dict[str, Any], ev: GuestStarted | GuestPaused | GuestResumed | Promoted
 ) -> str | None:
     """A guest's life on its GPU: its first hold and its promotion get a line (a guest is
     held each time the primary computes, which may be every few seconds: those holds are
     summed into the step's end line instead), and the live table shows `paused`."""
-    if row["status"] in ("succeeded", "failed", "cancelled", "skipped"):
+    if row["status"] in STEP_DONE:
         return None  # the agent acted on the log before it read the step's end
     if isinstance(ev, GuestStarted):
         row["guest"] = ev.gpu
         return None
     if isinstance(ev, GuestPaused):
-        if row["paused_since"] is None:
-            row["paused_since"] = ev.at
         if row["status"] != "running" or row["held_told"]:
             return None  # not started yet: its started line says it is held
         row["held_told"] = True
@@ -95,7 +85,6 @@ def _guest(
             f"{step}: held on GPU {ev.gpu} while the GPU's primary computes "
             "(a guest runs in the primary's I/O waits)"
         )
-    _unpause(row, ev.at)
     if isinstance(ev, Promoted):
         row["guest"] = None
         return f"{step}: promoted to primary on GPU {ev.gpu} (its primary is done)"
@@ -129,8 +118,7 @@ class Progress:
                 "took": None,
                 "last": "",
                 "guest": None,  # the GPU it shares as a guest, until promoted or done
-                "paused_since": None,  # a guest held while its GPU's primary computes
-                "paused": 0.0,  # seconds held so far
+                "hold": Hold(),  # a guest held while its GPU's primary computes
                 "held_told": False,  # the first hold has been shown (later ones are summed)
                 "requested": None,  # (at, gpus) of its request for a lease, until granted
                 "wait_told": False,
@@ -249,6 +237,8 @@ class Progress:
         row = self.rows.get(step) if isinstance(step, str) else None
         text: str | None = None
         with self._lock:
+            if row is not None and row["status"] not in STEP_DONE:
+                row["hold"].apply(ev)
             if isinstance(ev, RunSubmitted):
                 if ev.prefect_url:
                     text = f"Prefect flow run: {ev.prefect_url}"
@@ -276,7 +266,7 @@ class Progress:
                 where = f"GPU {','.join(map(str, ev.gpus))}" if ev.gpus else "CPU"
                 if row["guest"] is not None:
                     where += ", as a guest beside the GPU's primary"
-                    if row["paused_since"] is not None and not row["held_told"]:
+                    if row["hold"].held and not row["held_told"]:
                         row["held_told"] = True
                         where += ", held while it computes"
                 resumed = f", resuming from {ev.resume_from}" if ev.resume_from else ""
@@ -285,13 +275,12 @@ class Progress:
                 proc = f"pid {ev.pid}" if ev.pid else job
                 text = f"{step}: started (attempt {ev.attempt}, {proc}, {where}{resumed})"
             elif isinstance(ev, StepSucceeded):
-                held = _unpause(row, ev.at)
+                held = row["hold"].seconds()
                 row.update(status="succeeded", took=ev.duration_s)
                 text = f"{step}: succeeded in {format_duration(ev.duration_s)}"
                 if held >= 0.5:
                     text += f" (held {format_duration(held)} as a guest)"
             elif isinstance(ev, StepFailed):
-                _unpause(row, ev.at)
                 row.update(status="queued" if ev.will_retry else "failed", took=ev.duration_s)
                 again = " - retrying" if ev.will_retry else ""
                 if ev.will_retry and (delay := self._retry_delay(ev.step)):
@@ -304,7 +293,6 @@ class Progress:
                 row["status"] = "cancelled"
                 text = f"{step}: cancelled"
             elif isinstance(ev, StepRequeued):
-                _unpause(row, ev.at)
                 row["status"] = "queued"
                 text = f"{step}: {ev.line()}"
             elif isinstance(ev, CheckpointWritten):
@@ -365,7 +353,7 @@ class Progress:
                 if took is None and row["since"] is not None:
                     took = now - row["since"]
                 status = row["status"]
-                if status == "running" and row["paused_since"] is not None:
+                if status == "running" and row["hold"].held:
                     status = "paused"  # a guest held while its GPU's primary computes
                 table.add_row(
                     name,
