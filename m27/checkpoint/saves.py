@@ -32,8 +32,15 @@ def _newest(directory: Path) -> int:
     return parsed[0] if parsed else 0
 
 
+#: A program's Checkpointer counts its interval from its own start, after the imports
+#: and the loading of its data: with `checkpoint: 2s` that came after two intervals on a
+#: busy machine. The note waits at least this much longer than one interval.
+STARTUP_SLACK_S = 30.0
+
+
 class SaveWatch:
-    """Says, once, when the step has saved no checkpoint for two of its intervals."""
+    """Says, once, when the step has saved no checkpoint for two of its intervals (and at
+    least :data:`STARTUP_SLACK_S` more than one)."""
 
     def __init__(
         self, directory: Path, every: float, *, clock: Clock, warn: Callable[[str], None]
@@ -68,7 +75,7 @@ class SaveWatch:
         waited = self._clock.monotonic() - self._started
         if self._held is not None:  # a guest held by the agent had no chance to save
             waited -= self._held() - self._held_before
-        if waited < 2 * self._every:
+        if waited < max(2 * self._every, self._every + STARTUP_SLACK_S):
             return None
         self._done = True
         if self.saved():

@@ -4,7 +4,6 @@ that does not use m27): before, the crash that found nothing to restore said it 
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +12,7 @@ import pytest
 from m27.checkpoint import Checkpointer
 from m27.checkpoint.saves import SaveWatch
 from m27.clock import FakeClock
-from m27.executors.local import run_step
 from m27.store.memory import MemoryEventStore
-from tests.unit.runner_helpers import launch
 from tests.waiting import wait_until
 
 
@@ -59,40 +56,42 @@ def test_a_save_of_this_attempt_is_enough_and_an_earlier_one_is_not(tmp_path: Pa
     assert saver.overdue() is None
 
 
+def test_a_short_interval_leaves_the_program_time_to_start(tmp_path: Path) -> None:
+    """`checkpoint: 2s` counts from the Checkpointer's creation, after the program's
+    imports and its data: a busy machine took longer than two intervals to get there."""
+    clock, said = FakeClock(), []
+    watch = SaveWatch(tmp_path / "ckpt", 2.0, clock=clock, warn=said.append)
+    watch.baseline()
+    clock.advance(31.9)
+    assert watch.overdue() is None
+    clock.advance(0.1)
+    note = watch.overdue()
+    assert note is not None and note.startswith("no checkpoint after 32.0s: nothing was saved")
+
+
 def test_the_runner_says_it_in_the_step_s_output_while_the_program_runs(
-    tmp_path: Path, m27_home: Path
+    tmp_path: Path,
 ) -> None:
-    """The runner watches a step with a checkpoint interval and no files to capture; its
-    note is a `m27: ...` line of the step's output (its log, `m27 run`, Prefect)."""
-    store, cancel, lines = MemoryEventStore(), threading.Event(), []
+    """open_guard watches a step with a checkpoint interval and no files to capture, and
+    hands the watcher the runner's note (a `m27: ...` line of the step's output: its log,
+    `m27 run`, Prefect); the watcher's loop looks while the program runs."""
+    from m27.executors._guard import open_guard
+    from tests.unit.test_checkpoint_files import _Launch
 
-    def on_lines(stream: str, batch: list[str]) -> None:
-        lines.extend(batch)
-
-    step = launch(
-        "import time; time.sleep(120)",  # a program that never saves
-        checkpoint_dir=tmp_path / "ckpt",
-        checkpoint_interval=0.05,
-        grace=0.2,
-    )
-    done: list[object] = []
-    runner = threading.Thread(
-        target=lambda: done.append(run_step(step, store, on_lines=on_lines, cancel=cancel))
-    )
-    runner.start()
-    try:
-        wait_until(
-            lambda: any("no checkpoint after" in line for line in lines),
-            timeout=30,
-            what="the runner's note",
-        )
-    finally:
-        cancel.set()
-        runner.join(30)
-    (note,) = [line for line in lines if "no checkpoint after" in line]
-    assert note.startswith("m27: no checkpoint after ") and str(tmp_path / "ckpt") in note
-    log = (m27_home / "runs" / "r1" / "s1.log").read_text()
-    assert "nothing was saved to" in log
+    work, clock, notes = tmp_path / "work", FakeClock(), []
+    work.mkdir()
+    launch = _Launch(work, tmp_path / "ckpt", None, checkpoint_interval=300.0)  # type: ignore[arg-type]
+    g = open_guard(launch, ("prog",), MemoryEventStore(), clock, notes.append)
+    g.poll = 0.01
+    with g.watching():
+        clock.advance(600.0)
+        wait_until(lambda: notes, timeout=30, what="the watcher's note")
+    assert notes == [
+        f"no checkpoint after 10m00s: nothing was saved to {tmp_path / 'ckpt'} "
+        "(M27_CHECKPOINT_DIR; m27.Checkpointer saves there at most every 5m00s, "
+        "M27_CHECKPOINT_INTERVAL, when the program calls `ck.maybe_save(state, step)`); a "
+        "crash now loses all of this attempt's work"
+    ]
 
 
 def test_time_held_as_a_guest_is_not_time_it_had_to_save(tmp_path: Path) -> None:
