@@ -192,12 +192,12 @@ def supervise(
     """Pump `proc`'s output to `emit` until it and its whole group are gone.
 
     On timeout or cancel the group gets `stop_signal` (SIGTERM unless the program
-    checkpoints on another), then SIGKILL `grace` seconds later. `held()` (a guest's
+    checkpoints on another), then SIGKILL `grace` seconds later. When the leader exits on
+    its own, members it left running get the same treatment. Real time is used on purpose:
+    a deadline must pass in the world, not on a test's fake clock. `held()` (a guest's
     seconds paused so far) moves the timeout on by the time held since the start: a
     `timeout: 10m` guest held nine minutes while the primary computed was killed after one
-    minute of running. When
-    the leader exits on its own, members it left running get the same treatment. Real time
-    is used on purpose: a deadline must pass in the world, not on a test's fake clock.
+    minute of running.
     `emit` gets the complete lines of each chunk read from one stream, as soon as it is read.
     """
     assert proc.stdout is not None and proc.stderr is not None
