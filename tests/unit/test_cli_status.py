@@ -266,3 +266,32 @@ def test_a_step_waiting_out_its_retry_delay_says_when_its_next_attempt_asks(
     ), said
     assert main(["queue", "--why", "md"]) == 0
     assert capsys.readouterr().out.startswith(f"{RUN}/md: waits out its retry_delay: attempt 2")
+
+
+def test_queue_why_names_the_steps_a_name_shared_by_two_runs_could_mean(
+    m27_home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of one pipeline each have a step `md`: `m27 queue --why md` said `no
+    waiting or running step matches 'md'`, as for a step that is nowhere."""
+    import os
+    import time
+
+    monkeypatch.setenv("M27_GPUS", "sim:1")
+    now, runs = time.time(), (RUN, "20261203-100000-bbbb")
+    store = SqliteEventStore(m27_home / "events.db")
+    for run in runs:
+        store.append(
+            [
+                ev.RunSubmitted(now - 20, run, "p", "p.yaml", ("md",), pid=os.getpid()),
+                ev.StepQueued(now - 19, run, "md", "gpu", gpus=1),
+                ev.StepFailed(now - 10, run, "md", 1, 8.0, "exited with code 3", 3,
+                              will_retry=True, retry_delay=600.0),
+            ]
+        )  # fmt: skip
+    store.close()
+    assert main(["queue", "--why", "md"]) == 2
+    assert capsys.readouterr().err == (
+        f"m27 queue: 'md' matches 2 steps ({runs[0]}/md, {runs[1]}/md): name one as RUN/STEP\n"
+    )
+    assert main(["queue", "--why", f"{runs[1]}/md"]) == 0
+    assert capsys.readouterr().out.startswith(f"{runs[1]}/md: waits out its retry_delay")

@@ -64,14 +64,13 @@ def _decide(book: Book, views: list[GpuView], now: float, cfg: PolicyConfig) -> 
     return decide(policy_input(book, views, now, cfg, usage=book.usage.at(now)))
 
 
-def _find(snap: dict[str, Any], name: str) -> dict[str, Any] | None:
-    """The held or waiting row of step `name` (``RUN/STEP``, a prefix of it, or STEP)."""
-    rows: list[dict[str, Any]] = [*snap["held"], *snap["waiting"]]
-    for row in rows:
-        if row["step"] == name:
-            return row
-    matches = [r for r in rows if r["step"].split("/", 1)[1] == name or r["step"].startswith(name)]
-    return matches[0] if len(matches) == 1 else None
+def _matching(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """The held, waiting or retrying rows step `name` can mean: ``RUN/STEP`` exactly, else
+    every row it is the STEP of or a prefix of."""
+    exact = [row for row in rows if row["step"] == name]
+    if exact:
+        return exact[:1]
+    return [r for r in rows if r["step"].split("/", 1)[1] == name or r["step"].startswith(name)]
 
 
 def _published(home: Path) -> dict[str, Any] | None:
@@ -113,10 +112,11 @@ def run(args: argparse.Namespace) -> int:
     snap = (_published(home) if (home / "events.db").exists() else None) or _folded()
     retrying = _retrying() if (home / "events.db").exists() else []
     if args.why:
-        row = _find(snap, args.why) or _find({"held": [], "waiting": retrying}, args.why)
-        if row is None:
-            print(f"m27 queue: no waiting or running step matches {args.why!r}", file=sys.stderr)
+        found = _matching([*snap["held"], *snap["waiting"], *retrying], args.why)
+        if len(found) != 1:
+            print(f"m27 queue: {_not_one(args.why, found)}", file=sys.stderr)
             return 2
+        row = found[0]
         print(f"{row['step']}: {row.get('why') or row['step'] + ' is not pending'}")
         return 0
     if args.json:
@@ -138,6 +138,15 @@ def run(args: argparse.Namespace) -> int:
     for r in retrying:
         print(f"{r['step']}: {r['why']}")
     return 0
+
+
+def _not_one(name: str, found: list[dict[str, Any]]) -> str:
+    """Why `--why NAME` names no step: none matches, or several do (two runs of one
+    pipeline each have a step `md`: it said `no waiting or running step matches 'md'`)."""
+    if not found:
+        return f"no waiting or running step matches {name!r}"
+    shown = ", ".join(r["step"] for r in found[:5]) + (", ..." if len(found) > 5 else "")
+    return f"{name!r} matches {len(found)} steps ({shown}): name one as RUN/STEP"
 
 
 def _retrying() -> list[dict[str, Any]]:
