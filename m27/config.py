@@ -13,7 +13,6 @@ worse than an error.
 from __future__ import annotations
 
 import configparser
-import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -28,7 +27,7 @@ from m27._exceptions import ConfigError
 from m27.paths import config_path as config_path
 from m27.paths import m27_home as m27_home
 from m27.paths import not_a_file, user_home
-from m27.units import parse_duration, parse_size, quoted
+from m27.units import closest, parse_duration, parse_size, quoted
 
 
 def _default_cpu_slots() -> int:
@@ -353,9 +352,8 @@ def _suggest(
 ) -> str:
     """A close match among `choices`, else the `listed` ones (default: all of them)."""
     options = sorted(choices)
-    match = difflib.get_close_matches(word.lower(), options, n=1, cutoff=0.6)
-    if match:
-        return f"; did you mean {match[0]!r}?"
+    if (match := closest(word, options)) is not None:
+        return f"; did you mean {match!r}?"
     return f"; known: {', '.join(sorted(listed) if listed is not None else options)}"
 
 

@@ -6,7 +6,9 @@ IEC spellings KiB/MiB/GiB mean the same. A bare number is seconds or bytes.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Collection
 
 _SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*", re.IGNORECASE)
@@ -107,3 +109,12 @@ def quoted(value: object, most: int = QUOTE_MAX) -> str:
     if len(text) <= most:
         return repr(value)
     return f"{text[:most]!r}... ({len(text):,} characters)"
+
+
+def closest(word: str, choices: Collection[str]) -> str | None:
+    """The choice `word` was most likely a typo of, ignoring case, or None: what every
+    `did you mean ...?` of m27 names (a pipeline's keys, a setting, a lab option, a
+    pipeline's name in `m27 runs --pipeline`)."""
+    lowered = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[close[0]] if close else None

@@ -8,7 +8,6 @@ boolean guesses are never what a command line meant.
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from m27.spec._limits import RENDERED_FIELD_MAX, RENDERED_TOTAL_MIN
 from m27.spec._model import Problem
 from m27.spec._template import Placeholder, scan
-from m27.units import QUOTE_MAX, parse_duration, parse_size, quoted
+from m27.units import QUOTE_MAX, closest, parse_duration, parse_size, quoted
 
 T = TypeVar("T")
 N = TypeVar("N", int, float)
@@ -48,13 +47,6 @@ def describe(node: Node) -> str:
     if node.tag == NULL:
         return "nothing"
     return quoted(node.value)
-
-
-def closest(word: str, choices: Collection[str]) -> str | None:
-    """The choice `word` was most likely a typo of, ignoring case, or None."""
-    lowered = {c.lower(): c for c in choices}
-    close = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
-    return lowered[close[0]] if close else None
 
 
 def suggest(word: str, choices: Collection[str]) -> str:

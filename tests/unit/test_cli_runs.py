@@ -69,7 +69,12 @@ def test_runs_are_filtered_by_status_and_pipeline(
     ]
     assert main(["runs", "--pipeline", "prep"]) == 0
     assert _listed(capsys)[0] == ["20261203-110000-prep", "20261203-110001-prep"]
+    # a pipeline name no run has: a typo is named (it said only `no run matches`)
+    assert main(["runs", "--pipeline", "perp"]) == 0
+    assert capsys.readouterr().out == "no run of a pipeline called 'perp'; did you mean 'prep'?\n"
     assert main(["runs", "--pipeline", "nope"]) == 0
+    assert capsys.readouterr().out == "no run of a pipeline called 'nope' (pipelines: md, prep)\n"
+    assert main(["runs", "--pipeline", "prep", "--status", "succeeded"]) == 0
     out = capsys.readouterr().out
     assert out.strip() == "no run matches; this node has 27 (`m27 runs --limit 0`)"
 

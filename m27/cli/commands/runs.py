@@ -11,7 +11,7 @@ from m27 import tables
 from m27.cli.commands import SUMMARY, _common
 from m27.cli.commands.status import crash_truth
 from m27.tables import Col
-from m27.units import format_duration
+from m27.units import closest, format_duration
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -84,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
         _common.print_json(rows)
         return 0
     if not rows:
-        if known.runs:
+        names = {r.pipeline for r in known.runs.values()}
+        if args.pipeline and args.pipeline not in names:
+            close = closest(args.pipeline, names)
+            hint = f"; did you mean {close!r}?" if close else f" (pipelines: {_listed(names)})"
+            print(f"no run of a pipeline called {args.pipeline!r}{hint}")
+        elif known.runs:
             print(f"no run matches; this node has {len(known.runs)} (`m27 runs --limit 0`)")
         else:
             print("no runs yet: start one with `m27 run PIPELINE.yaml`")
@@ -114,3 +119,9 @@ def run(args: argparse.Namespace) -> int:
     if len(rows) < len(matching) and sys.stdout.isatty():  # a person reads the table
         print(f"(the newest {len(rows)} of {len(matching)}; --limit 0 shows all)")
     return 0
+
+
+def _listed(names: set[str]) -> str:
+    """A few of the node's pipeline names, for a `--pipeline` that matches none."""
+    shown = sorted(names)
+    return ", ".join(shown[:10]) + (f" and {len(shown) - 10} more" if len(shown) > 10 else "")

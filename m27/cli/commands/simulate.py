@@ -14,7 +14,7 @@ from m27._exceptions import SpecError
 from m27.cli.commands import SUMMARY
 from m27.cli.commands._options import number, whole
 from m27.paths import not_a_file
-from m27.units import count, parse_duration
+from m27.units import closest, count, parse_duration
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -188,16 +188,14 @@ _LAB_KEYS = {
 
 def _lab_options(text: str) -> tuple[int, float]:
     """``lab[:seed=N,load=X]`` -> (seed, load), with a clean message for a bad option."""
-    import difflib
-
     seed, load = 0, 1.0
     for item in text.partition(":")[2].split(","):
         if not item:
             continue
         key, eq, value = item.partition("=")
         if key not in _LAB_KEYS:
-            close = difflib.get_close_matches(key, list(_LAB_KEYS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else " (known: seed, load)"
+            close = closest(key, _LAB_KEYS)
+            hint = f"; did you mean {close!r}?" if close else " (known: seed, load)"
             raise SpecError(f"{text}: unknown option {key!r}{hint}", value=text)
         try:
             if not eq:
