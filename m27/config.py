@@ -42,6 +42,9 @@ class Settings:
     memory_overprovision: float = 1.0
     io_timeout: float = 0.05
     cpu_slots: int = field(default_factory=_default_cpu_slots)
+    #: the cores a GPU step runs on: "share" (its GPUs' share of the node's cores, see
+    #: m27.gpu.cpus), "all", or "auto" (share on NVML GPUs, all on simulated ones)
+    gpu_cpus: str = "auto"
     compression_level: int = 3
     diff_threshold: int = 131072
     keep_last: int = 3
@@ -94,6 +97,16 @@ def _celsius(text: str) -> float:
     return value
 
 
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError("not one of the choices")
+        return value
+
+    return parse
+
+
 def _positive_duration(text: str) -> float:
     value = parse_duration(text)
     if value <= 0:
@@ -115,6 +128,11 @@ KEYS: dict[str, _Key] = {
         "performance", _positive_duration, "a duration > 0, e.g. 50ms or 0.05", "duration"
     ),
     "cpu_slots": _Key("performance", _int_between(1), "a whole number >= 1, e.g. 8"),
+    "gpu_cpus": _Key(
+        "performance",
+        _one_of("auto", "share", "all"),
+        "auto, share (each GPU step on its GPUs' share of the cores) or all",
+    ),
     "compression_level": _Key(
         "checkpoint", _int_between(0, 22), "a whole number from 0 (store raw) to 22"
     ),

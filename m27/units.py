@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 _SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*", re.IGNORECASE)
@@ -118,3 +118,17 @@ def closest(word: str, choices: Collection[str]) -> str | None:
     lowered = {c.lower(): c for c in choices}
     close = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
     return lowered[close[0]] if close else None
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    """``0-3,8-11``: CPU numbers as taskset and /proc write them (m27.gpu.cpus's shares)."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)

@@ -28,11 +28,13 @@ class StepRequested(StepDemand):
 @dataclass(frozen=True)
 class LeaseGranted(StepEvent):
     """The agent's answer to a StepRequested; ``channel`` is the step's channel file (its
-    ``M27_CHANNEL``), empty for steps that get none (cpu)."""
+    ``M27_CHANNEL``), empty for steps that get none (cpu); ``cpus`` the cores a GPU step
+    runs on (its GPUs' share, m27.gpu.cpus; empty: not confined)."""
 
     gpus: tuple[int, ...]
     tier: str = "immediate"
     channel: str = ""
+    cpus: tuple[int, ...] = ()
 
 
 @event

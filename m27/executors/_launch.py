@@ -34,6 +34,7 @@ STEP_VARS = (
     "M27_CHECKPOINT_DIR",
     "M27_CHECKPOINT_INTERVAL",
     "M27_RESUME_FROM",
+    "M27_CPUS",
 )
 
 
@@ -58,6 +59,8 @@ class StepLaunch:
     retries: int = 0
     outputs: tuple[str, ...] = ()
     gpus: tuple[int, ...] = ()
+    #: the cores it runs on, its GPUs' share of the node's (m27.gpu.cpus); () = any
+    cpus: tuple[int, ...] = ()
     checkpoint_dir: Path | None = None
     checkpoint_interval: float | None = None
     log_path: Path | None = None
@@ -194,6 +197,12 @@ def child_env(launch: StepLaunch, attempt: int, resume_from: str | None) -> dict
         env.pop("M27_RESUME_FROM", None)
     # A step without GPUs gets an empty list so CUDA cannot pick one behind the agent's back.
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in launch.gpus)
+    if launch.cpus:
+        # OpenMP programs start one thread per core of the machine, not of their mask; the
+        # step's own env: says otherwise if it wants to.
+        env["M27_CPUS"] = str(len(launch.cpus))
+        if "OMP_NUM_THREADS" not in launch.env:
+            env["OMP_NUM_THREADS"] = str(len(launch.cpus))
     return env
 
 

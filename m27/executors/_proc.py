@@ -21,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +114,29 @@ class LineSplitter:
 def _clean(line: str) -> str:
     line = line.rstrip("\r")
     return line.rsplit("\r", 1)[-1] if "\r" in line else line
+
+
+@contextlib.contextmanager
+def pinned(cpus: Collection[int]) -> Iterator[str | None]:
+    """This thread on `cpus` while the body starts a child, which inherits the mask: the
+    program's first thread is already there (set on the child after its start, the
+    threads it made first would keep every core). Linux's sched_setaffinity(0) is the
+    calling thread's alone, so the rest of the process is untouched, and the old mask is
+    put back after. Yields why the mask could not be set (the child then runs anywhere).
+    """
+    if not cpus:
+        yield None
+        return
+    try:
+        old = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, cpus)
+    except (AttributeError, OSError) as exc:
+        yield getattr(exc, "strerror", None) or str(exc)
+        return
+    try:
+        yield None
+    finally:
+        os.sched_setaffinity(0, old)
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: Path | None) -> subprocess.Popen[bytes]:

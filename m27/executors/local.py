@@ -45,10 +45,10 @@ from m27.executors._launch import (
     requeue_reason,
     resolve_argv,
 )
-from m27.executors.engines import error_said
+from m27.executors.engines import error_said, with_threads
 from m27.paths import is_pattern, not_runnable
 from m27.store import EventStore
-from m27.units import format_duration
+from m27.units import cpu_list, format_duration
 
 log = logging.getLogger(__name__)
 
@@ -212,14 +212,20 @@ def _attempt(
         return opened
     g = open_guard(launch, opened[0], store, clock, sink.note)
     argv, resume = g.argv, opened[1] or g.resume_path
+    did = ""
+    if launch.cpus:
+        argv, did = with_threads(argv, len(launch.cpus))
     env = child_env(launch, attempt, resume)
     cwd = launch.workdir
     try:
-        proc = _proc.spawn(argv, env, cwd)
+        with _proc.pinned(launch.cpus) as unpinned:
+            proc = _proc.spawn(argv, env, cwd)
     except OSError as exc:
         code, reason = _spawn_error(argv[0], cwd, exc)
         sink.note(reason)
         return AttemptEnd(False, reason, exit_code=code, retryable=False)
+    if launch.cpus:
+        sink.note(_cores_said(launch.cpus, unpinned, did))
     try:
         store.append(
             [
@@ -249,6 +255,16 @@ def _attempt(
         _proc.kill_now(proc)  # idempotent; supervise may already have done it
         raise
     return _judge(launch, outcome, sink.tail)
+
+
+def _cores_said(cpus: tuple[int, ...], unpinned: str | None, did: str) -> str:
+    """The step log's line on where a GPU step runs (m27.gpu.cpus)."""
+    n = len(cpus)
+    said = f"OMP_NUM_THREADS={n}, M27_CPUS={n}" + (f", {did}" if did else "")
+    cores = ("cores " if n > 1 else "core ") + cpu_list(cpus)
+    if unpinned is not None:
+        return f"cannot confine it to {cores} ({unpinned}): it may run on any core; {said}"
+    return f"on {cores}, its GPUs' share of the node's (gpu_cpus in [performance]): {said}"
 
 
 def _spawn_error(program: str, cwd: Path | None, exc: OSError) -> tuple[int, str]:

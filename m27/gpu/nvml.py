@@ -14,6 +14,7 @@ Promises, in the spirit of nvitop:
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -100,6 +101,27 @@ class NvmlBackend(BackendBase):
 
     def _sample_all(self, now: float) -> list[GpuSample]:
         return [self._sample_one(info, now) for info in self._infos]
+
+    def near_cpus(self, index: int) -> tuple[int, ...] | None:
+        """The logical CPUs NVML names nearest GPU `index` (its NUMA node's), or None when
+        it cannot say (a lost GPU, a driver without the call): m27.gpu.cpus splits the
+        node's cores among the GPUs near them."""
+        handle = self._handles[index] if 0 <= index < len(self._handles) else None
+        fn = getattr(self._nvml, "nvmlDeviceGetCpuAffinity", None)
+        if handle is None or fn is None:
+            return None
+        words = ((os.cpu_count() or 1) + 63) // 64
+        with self._lock:
+            try:
+                mask = self._field(fn, handle, words)
+            except _Lost:
+                return None
+        if mask is None:
+            return None
+        cpus = tuple(
+            64 * w + bit for w, word in enumerate(mask) for bit in range(64) if int(word) >> bit & 1
+        )
+        return cpus or None
 
     def close(self) -> None:
         with self._lock:

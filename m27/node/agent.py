@@ -52,6 +52,7 @@ from m27.events import (
     StepStarted,
 )
 from m27.gpu import GpuBackend, GpuSample
+from m27.gpu.cpus import step_cpus
 from m27.node.book import Book, Held, policy_config, policy_input
 from m27.node.follow import FollowControl, IoWatch
 from m27.node.guests import GuestControl
@@ -116,6 +117,7 @@ class Agent(ViewControl, GuestControl, FollowControl):
         on_decision: Callable[[Decision, Sequence[Event]], None] | None = None,
         health: Health | None = None,
         snapshot_every: float | None = 1.0,
+        cpu_shares: Mapping[int, tuple[int, ...]] | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -131,6 +133,8 @@ class Agent(ViewControl, GuestControl, FollowControl):
         self.on_decision = on_decision
         self.health = health or Health()
         self.snapshot_every = snapshot_every
+        #: each GPU's cores (m27.gpu.cpus): a GPU step's lease names its GPUs' cores
+        self.cpu_shares = dict(cpu_shares or {})
         self._snapshot_at = -math.inf
         self._published_seq = -1  # the book's last_seq in the last snapshot
         self._sampler = Sampler(backend)
@@ -306,7 +310,13 @@ class Agent(ViewControl, GuestControl, FollowControl):
             write_snapshot(
                 self.home,
                 snapshot(
-                    samples, self.book, self.backend.kind, now, queue=queue, outside=self._foreign
+                    samples,
+                    self.book,
+                    self.backend.kind,
+                    now,
+                    queue=queue,
+                    outside=self._foreign,
+                    cores=self.cpu_shares,
                 ),
             )
         except OSError as exc:
@@ -396,7 +406,8 @@ class Agent(ViewControl, GuestControl, FollowControl):
                     self._repeats(f"m27 agent: cannot create a step's channel: {exc}")
                     continue
                 run_id, step = a.key
-                out.append(LeaseGranted(now, run_id, step, a.gpus, a.tier, str(path)))
+                cpus = step_cpus(a.gpus, self.cpu_shares)
+                out.append(LeaseGranted(now, run_id, step, a.gpus, a.tier, str(path), cpus))
                 if as_guest:
                     out.append(GuestStarted(at=now, run_id=run_id, step=step, gpu=a.gpus[0]))
                     out.append(GuestPaused(at=now, run_id=run_id, step=step, gpu=a.gpus[0]))

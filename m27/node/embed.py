@@ -30,6 +30,7 @@ from m27 import liveness
 from m27.config import load_settings
 from m27.events import Event
 from m27.gpu import detect
+from m27.gpu.cpus import gpu_shares
 from m27.locks import NodeLock
 from m27.node.agent import Agent, policy_config
 from m27.node.report import Health
@@ -88,8 +89,15 @@ def build_agent(
     settings = load_settings()
     config = policy_config(settings, **overrides)
     health = Health(temp_alert_c=settings.gpu_temperature)
+    backend = detect()
     return Agent(
-        open_store(home), detect(), home, config=config, on_decision=on_decision, health=health
+        open_store(home),
+        backend,
+        home,
+        config=config,
+        on_decision=on_decision,
+        health=health,
+        cpu_shares=gpu_shares(settings.gpu_cpus, backend),
     )
 
 

@@ -59,6 +59,8 @@ class Granted:
     gpus: tuple[int, ...]
     tier: str
     channel: str = ""
+    #: the cores the step runs on (its GPUs' share of the node's; empty: not confined)
+    cpus: tuple[int, ...] = ()
     lost: threading.Event = field(default_factory=threading.Event)
     #: why `lost` was set (`GPU 0 lost`), for the step's StepRequeued
     why: str = ""
@@ -236,7 +238,7 @@ class AgentLease:
         if isinstance(e, ev.LeaseGranted):
             key = (e.run_id, e.step)
             if key in self._waiting:
-                self._granted[key] = Granted(tuple(e.gpus), e.tier, e.channel)
+                self._granted[key] = Granted(tuple(e.gpus), e.tier, e.channel, tuple(e.cpus))
         elif isinstance(e, ev.GuestPaused | ev.GuestResumed | ev.Promoted):
             key = (e.run_id, e.step)
             if (g := self._held.get(key) or self._granted.get(key)) is not None:
@@ -316,7 +318,9 @@ def run_leased(
         env = dict(launch.env)
         if granted.channel:
             env["M27_CHANNEL"] = granted.channel
-        leased = replace(launch, gpus=granted.gpus, env=env, first_attempt=attempts + 1)
+        leased = replace(
+            launch, gpus=granted.gpus, cpus=granted.cpus, env=env, first_attempt=attempts + 1
+        )
         stop = either(cancel, granted)
         try:
             result = supervise(

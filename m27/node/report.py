@@ -216,10 +216,12 @@ def snapshot(
     pid: int | None = None,
     queue: Mapping[str, Any] | None = None,
     outside: Mapping[int, int] | None = None,
+    cores: Mapping[int, Sequence[int]] | None = None,
 ) -> dict[str, Any]:
     """What ``gpus.json`` holds; with `queue` (:func:`queue_rows`) also the queue as of
     the book's ``last_seq`` (``seq``), with `outside` each GPU's memory held by processes
-    m27 did not start (``outside_memory``)."""
+    m27 did not start (``outside_memory``), with `cores` each GPU's share of the node's
+    cores (``cores``, m27.gpu.cpus; [] where GPU steps are not confined)."""
     primaries, guests = occupancy(book)
     rows = []
     for s in samples:
@@ -229,6 +231,7 @@ def snapshot(
         )
         if outside is not None:
             row["outside_memory"] = outside.get(s.index, 0)
+        row["cores"] = list((cores or {}).get(s.index, ()))
         rows.append(row)
     pid = os.getpid() if pid is None else pid
     return {

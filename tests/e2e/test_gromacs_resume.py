@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from m27.events import CheckpointRestored, StepStarted
+from m27.events import CheckpointRestored, LeaseGranted, StepStarted
+from m27.gpu.cpus import core_of, node_cpus, split_cores, step_cpus
 from tests.e2e._helpers import M27, ROOT, events, file_captures, node_state, start_run
 from tests.services import need_program
 from tests.waiting import wait_until
@@ -225,3 +226,51 @@ def test_cancel_of_a_running_mdrun_leaves_a_checkpoint_that_resume_uses(
     done, _ = _resume(m27, run_id, m27_home)
     assert _continued_from(done.stdout) == int(written[-1])
     _assert_whole_energy_file(out)
+
+
+def test_two_mdruns_side_by_side_each_get_their_gpus_share_of_the_cores(
+    m27: M27, tmp_path: Path, m27_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Left alone, each mdrun starts a thread per hardware thread of the node and pins them
+    from core 0: two of them on one node fight over the same cores. With the GPUs' share,
+    each mdrun runs `-nt N` threads on the cores of its GPU, and GROMACS, finding the
+    affinity set, does not pin over it."""
+    monkeypatch.setenv("M27_GPU_CPUS", "share")  # sim:2: two GPUs, but simulated
+    out = tmp_path / "out"
+    spec = tmp_path / "two.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        name: gmx-two
+        pipeline:
+          - name: prep
+            type: cpu
+            command: python {EXAMPLE / "prepare.py"} --nsteps 200 --out {out} --box 2.1
+          - name: a
+            type: gpu
+            depends_on: [prep]
+            workdir: {out}
+            command: gmx mdrun -s simulation.tpr -deffnm a
+          - name: b
+            type: gpu
+            depends_on: [prep]
+            workdir: {out}
+            command: gmx mdrun -s simulation.tpr -deffnm b
+        """)
+    )
+    done = m27("run", str(spec), "--plain", timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    granted = {e.step: e for e in events(m27_home) if isinstance(e, LeaseGranted)}
+    started = {e.step: e for e in events(m27_home) if isinstance(e, StepStarted)}
+    shares = split_cores(node_cpus(), 2, core=core_of)
+    for step in ("a", "b"):
+        cpus = granted[step].cpus
+        assert cpus == step_cpus(granted[step].gpus, shares) != ()
+        n = len(cpus)
+        assert started[step].command[:4] == ("gmx", "mdrun", "-nt", str(n))
+        log = (out / f"{step}.log").read_text()
+        assert "Non-default thread affinity set, disabling internal thread affinity" in log
+        ranks = int(re.search(r"Using (\d+) MPI threads?", log).group(1))  # type: ignore[union-attr]
+        threads = int(re.search(r"Using (\d+) OpenMP threads?", log).group(1))  # type: ignore[union-attr]
+        assert ranks * threads == n
+        assert f"[{step}] m27: on core" in done.stdout
+    assert granted["a"].gpus != granted["b"].gpus

@@ -170,7 +170,7 @@ def test_an_unknown_key_without_a_close_match_lists_its_sections_keys(home: Path
     with pytest.raises(ConfigError) as info:
         load_settings({"HOME": str(home)})
     known = str(info.value).split("; known: ")[1].split(", ")
-    assert known == ["cpu_slots", "gpu_streams", "io_timeout", "memory_overprovision"]
+    assert known == ["cpu_slots", "gpu_cpus", "gpu_streams", "io_timeout", "memory_overprovision"]
 
 
 def test_unknown_section_suggests_the_known_one(home: Path) -> None:

@@ -38,6 +38,7 @@ class FakeDevice:
         self.failing: dict[str, type[pynvml.NVMLError]] = {}
         self.lost = False
         self.util_timestamps: list[int] = []
+        self.near: list[int] = [0, 1, 2, 3, 64, 65]  # the cores of its NUMA node
 
 
 class FakeNvml:
@@ -120,6 +121,15 @@ class FakeNvml:
         assert clock == pynvml.NVML_CLOCK_SM
         self._enter(dev, "clock")
         return dev.sm_clock
+
+    def nvmlDeviceGetCpuAffinity(self, dev: FakeDevice, words: int) -> list[int]:
+        """NVML's mask: `words` 64-bit words, bit j of word i for CPU 64 * i + j."""
+        self._enter(dev, "affinity")
+        mask = [0] * words
+        for cpu in dev.near:
+            if cpu // 64 < words:
+                mask[cpu // 64] |= 1 << (cpu % 64)
+        return mask
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, dev: FakeDevice) -> int:
         self._enter(dev, "reasons")
@@ -309,3 +319,20 @@ def test_shutdown_error_is_swallowed() -> None:
     fake.shutdown_error = pynvml.NVMLError_Uninitialized
     NvmlBackend(nvml=fake).close()
     assert fake.shutdowns == 1
+
+
+def test_near_cpus_reads_nvmls_affinity_mask_and_is_none_when_it_cannot_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 128)  # two words of mask
+    nvml = FakeNvml(3)
+    nvml.devices[1].near = [5, 100]
+    nvml.devices[2].unsupported.add("affinity")
+    backend = NvmlBackend(nvml)
+    assert backend.near_cpus(0) == (0, 1, 2, 3, 64, 65)
+    assert backend.near_cpus(1) == (5, 100)
+    assert backend.near_cpus(2) is None  # NotSupported: split as if near every core
+    assert backend.near_cpus(7) is None
+    nvml.devices[0].lost = True
+    assert backend.near_cpus(0) is None
+    backend.close()

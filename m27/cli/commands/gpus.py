@@ -19,7 +19,7 @@ from m27._exceptions import M27Error
 from m27.cli.commands._options import add_command, seconds
 from m27.gpu import GpuBackend, detect
 from m27.tables import Col
-from m27.units import format_size
+from m27.units import cpu_list, format_size
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,7 +47,8 @@ class _Source:
         self.live_from: int | None = None  # the agent's pid when its snapshot is shown
 
     def rows(self) -> list[dict[str, Any]]:
-        from m27.config import m27_home
+        from m27.config import load_settings, m27_home
+        from m27.gpu.cpus import gpu_shares
         from m27.node.report import read_snapshot, sample_row
         from m27.node.views import outside_m27
 
@@ -61,6 +62,7 @@ class _Source:
             self.backend.sample(time.time())  # the first NVML utilization is discarded
         samples = self.backend.sample(time.time())
         primaries, guests = _occupancy()
+        cores = gpu_shares(load_settings().gpu_cpus, self.backend)
         # a GPU without a lease in the log has no process of m27's: all of it is outside
         outside = outside_m27(samples, ())
         rows = []
@@ -72,6 +74,7 @@ class _Source:
                 primary=primaries.get(s.index, []),
                 guests=guests.get(s.index, []),
                 outside_memory=0 if mine else outside[s.index],
+                cores=list(cores.get(s.index, ())),
             )
             rows.append(row)
         return rows
@@ -134,6 +137,10 @@ def _table(rows: list[dict[str, Any]], live_from: int | None, interval: float | 
         Col("PRIMARY", wrap=True),
         Col("GUESTS", wrap=True),
     ]
+    # a node that confines its GPU steps (gpu_cpus) says to which cores, GPU by GPU
+    shared = any(r.get("cores") for r in rows)
+    if shared:
+        cols.insert(7, Col("CORES", max_width=20))
     table = [
         (
             r["index"],
@@ -143,6 +150,7 @@ def _table(rows: list[dict[str, Any]], live_from: int | None, interval: float | 
             _memory(r),
             _fmt(r.get("temperature_c"), "{:.0f}C"),
             _fmt(r.get("power_w"), "{:.0f}W"),
+            *([cpu_list(r.get("cores") or ()) or "-"] if shared else []),
             ", ".join(r["primary"]) or _outside(r),
             ", ".join(r["guests"]) or "-",
         )

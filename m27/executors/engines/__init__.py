@@ -96,6 +96,18 @@ def plan_checkpoint(
     )
 
 
+def with_threads(argv: Sequence[str], n: int) -> tuple[tuple[str, ...], str]:
+    """`argv` for a step given `n` cores: the engine's thread option added where its recipe
+    knows one (`gmx mdrun -nt n`), and what was done ("" for none)."""
+    argv = tuple(argv)
+    for recipe in RECIPES:
+        index = engine_index(argv, recipe.programs)
+        if index is not None and recipe.matches(argv, index):
+            threads = getattr(recipe, "threads", None)  # a registered recipe may lack it
+            return threads(argv, index, n) if threads is not None else (argv, "")
+    return argv, ""
+
+
 class StepLike(Protocol):
     """The fields of a validated spec Step that decide its checkpoint plan."""
 
@@ -199,4 +211,5 @@ __all__ = [
     "register",
     "saves_at_stop",
     "uses_checkpointer",
+    "with_threads",
 ]

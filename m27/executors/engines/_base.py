@@ -66,6 +66,13 @@ class Recipe(Protocol):
         """The resume arguments to use now that the capture is back in `workdir`."""
         return resume
 
+    def threads(self, argv: Argv, index: int, n: int) -> tuple[Argv, str]:
+        """The command for a step given `n` cores (m27.gpu.cpus), and what was done, for
+        the step's log: an engine that counts the node's cores, not its affinity mask,
+        gets its thread option here. The default leaves the command as it is
+        (``OMP_NUM_THREADS`` is set for every such step)."""
+        return argv, ""
+
 
 def engine_index(argv: Sequence[str], programs: Sequence[str]) -> int | None:
     """Where the engine's program is in `argv` (after `mpirun -np 4`, `srun`, `env X=1`)."""

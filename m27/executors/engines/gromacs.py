@@ -29,6 +29,8 @@ from m27.units import format_duration
 #: XDR ints at the start and the end of every complete .cpt (GROMACS's CPT_MAGIC1/2).
 CPT_MAGIC1 = 171817
 CPT_MAGIC2 = 171819
+#: mdrun options that set its thread count: given by the user, m27 adds no -nt.
+_THREAD_OPTIONS = ("-nt", "-ntmpi", "-ntomp")
 #: GROMACS checksums at most this many bytes before each recorded output offset.
 CHECKSUM_SPAN = 1 << 20
 
@@ -76,6 +78,19 @@ class Gromacs(Recipe):
             how = "as new part files" if "-noappend" in argv else "appending to its outputs"
             notes.append(f"on resume: -cpi {cpt} ({how})")
         return RecipePlan(out, (cpt,), resume, "TERM", tuple(notes))
+
+    def threads(self, argv: Argv, index: int, n: int) -> tuple[Argv, str]:
+        """``-nt n`` after `mdrun`: it starts one thread per hardware thread of the node
+        whatever its affinity mask (measured with GROMACS 2022: under ``taskset -c 1`` it
+        ran 2 threads on that one core; ``OMP_NUM_THREADS=1`` gave 2 thread-MPI ranks).
+        An MPI build (`gmx_mpi`) has no ``-nt``: its ranks read ``OMP_NUM_THREADS``."""
+        at = index if os.path.basename(argv[index]).startswith("mdrun") else index + 1
+        if "_mpi" in os.path.basename(argv[index]):
+            return argv, f"OMP_NUM_THREADS={n} (an MPI mdrun has no -nt)"
+        given = next((a for a in argv[at + 1 :] if a in _THREAD_OPTIONS), None)
+        if given is not None:
+            return argv, f"mdrun's own {given} kept"
+        return (*argv[: at + 1], "-nt", str(n), *argv[at + 1 :]), f"mdrun -nt {n}"
 
     def valid_file(self, path: Path) -> str | None:
         if not path.name.endswith(".cpt"):

@@ -1,0 +1,261 @@
+"""GPU steps on their GPUs' share of the node's cores (m27.gpu.cpus): the split, the child's
+affinity mask and thread variables, `gmx mdrun -nt`, the agent's grant and the setting."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from m27 import events as ev
+from m27.config import load_settings
+from m27.executors.engines import with_threads
+from m27.executors.local import run_step
+from m27.gpu.cpus import core_of, gpu_shares, node_cpus, split_cores, step_cpus
+from m27.gpu.sim import SimBackend
+from m27.store.memory import MemoryEventStore
+from m27.units import cpu_list
+from tests.unit.agent_helpers import make_node, run_step_leased
+from tests.unit.runner_helpers import collect, launch
+
+#: A child that prints its affinity mask and the thread variables m27 sets, as JSON.
+SHOW = (
+    "import json, os; print(json.dumps([sorted(os.sched_getaffinity(0)),"
+    " os.environ.get('OMP_NUM_THREADS'), os.environ.get('M27_CPUS')]))"
+)
+
+
+# --- the split ---------------------------------------------------------------------------
+
+
+def test_cores_are_split_evenly_among_the_gpus_in_order() -> None:
+    assert split_cores(range(8), 2) == {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)}
+    assert split_cores(range(8), 3) == {0: (0, 1), 1: (2, 3, 4), 2: (5, 6, 7)}
+
+
+def test_both_hardware_threads_of_a_core_go_to_the_same_gpu() -> None:
+    # Linux numbers the second hyperthread of core i as i + 4 on this 4-core, 8-thread node:
+    # a split by number would give GPU 1 the siblings of GPU 0's cores.
+    shares = split_cores(range(8), 2, core=lambda cpu: cpu % 4)
+    assert shares == {0: (0, 1, 4, 5), 1: (2, 3, 6, 7)}
+
+
+def test_gpus_split_the_cores_nvml_names_nearest_them() -> None:
+    # Two sockets: GPUs 0-1 sit by cores 0-3, GPUs 2-3 by cores 4-7.
+    near = {0: range(4), 1: range(4), 2: range(4, 8), 3: range(4, 8)}
+    assert split_cores(range(8), 4, near) == {0: (0, 1), 1: (2, 3), 2: (4, 5), 3: (6, 7)}
+
+
+def test_nearest_cores_outside_the_agents_mask_count_as_unknown() -> None:
+    # The agent may use cores 0-3 only (a container); NVML names 8-15 for GPU 1: it is
+    # as if NVML had not said, and the two GPUs split the cores the agent has.
+    shares = split_cores(range(4), 2, {0: range(4), 1: range(8, 16)})
+    assert shares == {0: (0, 1), 1: (2, 3)}
+
+
+def test_more_gpus_than_cores_share_a_core_each() -> None:
+    assert split_cores([0, 1], 4) == {0: (0,), 1: (0,), 2: (1,), 3: (1,)}
+
+
+def test_a_step_gets_its_gpus_shares_and_none_when_that_is_every_core() -> None:
+    shares = split_cores(range(8), 4)
+    assert step_cpus((1,), shares) == (2, 3)
+    assert step_cpus((0, 3), shares) == (0, 1, 6, 7)
+    assert step_cpus((0, 1, 2, 3), shares) == ()  # all of them: not confined
+    assert step_cpus((7,), shares) == ()  # a GPU with no share
+    assert step_cpus((0,), {}) == ()
+
+
+def test_cpu_lists_read_as_taskset_writes_them() -> None:
+    assert cpu_list([3, 0, 1, 2, 8, 10, 11]) == "0-3,8,10-11"
+    assert cpu_list([5]) == "5"
+
+
+def test_core_of_reads_the_kernels_topology_and_names_an_unknown_cpu_itself() -> None:
+    cpus = node_cpus()
+    assert cpus and all(isinstance(c, int) for c in cpus)
+    hash(core_of(cpus[0]))
+    assert core_of(1 << 20) == ("cpu", 1 << 20)
+
+
+def test_the_setting_decides_which_nodes_confine_their_gpu_steps() -> None:
+    sim2, sim1 = SimBackend(2), SimBackend(1)
+    try:
+        # simulated GPUs stand in for ones a laptop lacks: its steps compute on the CPU
+        assert gpu_shares("auto", sim2) == {}
+        assert gpu_shares("all", sim2) == {}
+        assert gpu_shares("share", sim1) == {}  # one GPU: every core is its share
+        assert gpu_shares("share", sim2) == split_cores(node_cpus(), 2, core=core_of)
+    finally:
+        sim2.close()
+        sim1.close()
+
+
+def test_gpu_cpus_is_a_performance_setting_with_named_choices(tmp_path: Path) -> None:
+    assert load_settings({"HOME": str(tmp_path)}).gpu_cpus == "auto"
+    assert load_settings({"HOME": str(tmp_path), "M27_GPU_CPUS": "Share"}).gpu_cpus == "share"
+    with pytest.raises(Exception, match="gpu_cpus must be auto, share"):
+        load_settings({"HOME": str(tmp_path), "M27_GPU_CPUS": "half"})
+
+
+# --- the step's process ------------------------------------------------------------------
+
+
+def test_a_confined_step_starts_on_its_cores_with_its_thread_count() -> None:
+    cpu = node_cpus()[-1]
+    before = os.sched_getaffinity(0)
+    lines: list[tuple[str, str]] = []
+    result = run_step(launch(SHOW, cpus=(cpu,)), MemoryEventStore(), on_lines=collect(lines))
+    assert result.ok
+    out = [json.loads(line) for stream, line in lines if stream == "stdout"]
+    assert out == [[[cpu], "1", "1"]]
+    notes = [line for stream, line in lines if stream == "stderr"]
+    assert notes == [
+        f"m27: on core {cpu}, its GPUs' share of the node's (gpu_cpus in [performance]):"
+        " OMP_NUM_THREADS=1, M27_CPUS=1"
+    ]
+    assert os.sched_getaffinity(0) == before  # the runner's thread got its mask back
+
+
+def test_the_steps_own_omp_num_threads_wins_and_an_unconfined_step_sets_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("M27_CPUS", "9")  # a leftover of a step that started this process
+    cpu = node_cpus()[0]
+    lines: list[tuple[str, str]] = []
+    step = launch(SHOW, cpus=(cpu,), env={"OMP_NUM_THREADS": "3"})
+    assert run_step(step, MemoryEventStore(), on_lines=collect(lines)).ok
+    free: list[tuple[str, str]] = []
+    assert run_step(launch(SHOW), MemoryEventStore(), on_lines=collect(free)).ok
+    assert json.loads(lines[-1][1]) == [[cpu], "3", "1"]
+    assert json.loads(free[-1][1])[0] == sorted(os.sched_getaffinity(0))
+    assert json.loads(free[-1][1])[2] is None
+    assert not [line for stream, line in free if stream == "stderr"]
+
+
+def test_cores_that_cannot_be_set_are_said_and_the_step_still_runs() -> None:
+    lines: list[tuple[str, str]] = []
+    result = run_step(launch(SHOW, cpus=(4000,)), MemoryEventStore(), on_lines=collect(lines))
+    assert result.ok
+    note = next(line for stream, line in lines if stream == "stderr")
+    assert note.startswith("m27: cannot confine it to core 4000 (")
+    assert "it may run on any core; OMP_NUM_THREADS=1" in note
+
+
+# --- engines -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "expected", "said"),
+    [
+        ("gmx mdrun -deffnm md -v", "gmx mdrun -nt 4 -deffnm md -v", "mdrun -nt 4"),
+        (
+            "/opt/gmx/bin/gmx_d mdrun -s x.tpr",
+            "/opt/gmx/bin/gmx_d mdrun -nt 4 -s x.tpr",
+            "mdrun -nt 4",
+        ),
+        (
+            "gmx mdrun -ntomp 2 -deffnm md",
+            "gmx mdrun -ntomp 2 -deffnm md",
+            "mdrun's own -ntomp kept",
+        ),
+        (
+            "mpirun -np 2 gmx_mpi mdrun -deffnm md",
+            "mpirun -np 2 gmx_mpi mdrun -deffnm md",
+            "OMP_NUM_THREADS=4 (an MPI mdrun has no -nt)",
+        ),
+        ("gmx grompp -f md.mdp", "gmx grompp -f md.mdp", ""),
+        ("python train.py", "python train.py", ""),
+    ],
+)
+def test_mdrun_gets_its_share_as_nt_unless_it_sets_its_threads(
+    command: str, expected: str, said: str
+) -> None:
+    assert with_threads(command.split(), 4) == (tuple(expected.split()), said)
+
+
+# --- the agent ---------------------------------------------------------------------------
+
+
+def test_the_agent_grants_each_gpu_step_its_gpus_cores(tmp_path: Path) -> None:
+    node = make_node(tmp_path, gpus=2)
+    shares = split_cores(node_cpus(), 2, core=core_of)
+    node.agent.cpu_shares = shares
+    node.start()
+    try:
+        lease = node.lease()
+        outs = {name: tmp_path / f"{name}.json" for name in ("a", "b", "c")}
+        runs = [
+            run_step_leased(
+                lease,
+                "R",
+                name,
+                (sys.executable, "-c", f"import sys; sys.stdout = open({str(out)!r}, 'w'); {SHOW}"),
+                type="cpu" if name == "c" else "gpu",
+                gpu_memory=1 << 30,
+            )
+            for name, out in outs.items()
+        ]
+        assert all(r.wait() is not None and r.wait().ok for r in runs)  # type: ignore[union-attr]
+        granted = {e.step: e for e in node.of(ev.LeaseGranted) if isinstance(e, ev.LeaseGranted)}
+        for name in ("a", "b"):
+            cpus = step_cpus(granted[name].gpus, shares)
+            assert tuple(granted[name].cpus) == cpus
+            mask, omp, m27_cpus = json.loads(outs[name].read_text())
+            if cpus:  # (a one-core machine gives both GPUs every core: nothing to confine)
+                assert [mask, omp, m27_cpus] == [list(cpus), str(len(cpus)), str(len(cpus))]
+        assert granted["c"].cpus == ()  # a CPU step is not confined
+        assert json.loads(outs["c"].read_text())[0] == sorted(os.sched_getaffinity(0))
+    finally:
+        node.close()
+
+
+# --- m27 gpus ----------------------------------------------------------------------------
+
+
+def _gpus(argv: list[str]) -> int:
+    import argparse
+
+    from m27.cli.commands import gpus
+
+    parser = argparse.ArgumentParser(prog="m27")
+    gpus.register(parser.add_subparsers(required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def test_m27_gpus_names_each_gpus_cores_where_gpu_steps_are_confined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("M27_HOME", str(tmp_path))
+    monkeypatch.setenv("M27_GPUS", "sim:2")
+    assert _gpus(["gpus"]) == 0
+    assert "CORES" not in capsys.readouterr().out  # auto on simulated GPUs: not confined
+    monkeypatch.setenv("M27_GPU_CPUS", "share")
+    shares = split_cores(node_cpus(), 2, core=core_of)
+    assert _gpus(["gpus", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [tuple(r["cores"]) for r in rows] == [shares[0], shares[1]]
+    assert _gpus(["gpus"]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.split()[7] == "CORES"
+    assert [line.split()[-3] for line in lines] == [cpu_list(shares[0]), cpu_list(shares[1])]
+
+
+def test_the_agents_snapshot_names_each_gpus_cores(tmp_path: Path) -> None:
+    from m27.node.report import read_snapshot
+
+    node = make_node(tmp_path, gpus=2)
+    node.agent.cpu_shares = {0: (0, 1), 1: (2, 3)}
+    try:
+        node.agent.start()
+        node.agent.tick()
+        snap = read_snapshot(tmp_path)
+        assert snap is not None
+        assert [row["cores"] for row in snap["gpus"]] == [[0, 1], [2, 3]]
+    finally:
+        node.close()
