@@ -9,8 +9,9 @@ tier, highest tier first (:mod:`m27.lab.capacity`).
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from m27._exceptions import ConfigError
@@ -84,10 +85,17 @@ class DeploymentSpec:
     timezone: str | None = None
     pool: str = POOL_NAME
     description: str = ""
+    #: the pipeline's variables with the values its runs get unless they give their own
+    #: (the file's `vars:`, then --set), shown in the deployment's run form
+    variables: Mapping[str, str] = field(default_factory=dict)
+    #: variables `vars:` declares without a value and no --set gave: each run gives them
+    each_run: tuple[str, ...] = ()
 
     def check(self) -> None:
         """Refuse what Prefect would refuse, before any server is asked (or started), in
-        one line naming the option: a name with / % & < >, a bad --cron or --timezone."""
+        one line naming the option: a name with / % & < >, a bad --cron or --timezone; and
+        a schedule for a pipeline whose runs must each give a variable (a scheduled run
+        gives none, so every one would fail)."""
         if any(c in self.name for c in _NAME_FORBIDDEN):
             raise ConfigError(
                 f"--name {self.name!r}: a deployment name cannot contain "
@@ -96,6 +104,40 @@ class DeploymentSpec:
             )
         if self.cron:
             schedule_of(self.cron, self.timezone)
+            if self.each_run:
+                names = ", ".join(self.each_run)
+                sets = " ".join(f"--set {n}=..." for n in self.each_run)
+                raise ConfigError(
+                    f"--cron: a scheduled run gives no variables, and `vars:` declares {names}"
+                    f" without a value; give {'it' if len(self.each_run) == 1 else 'them'} "
+                    f"here: {sets}",
+                    variables=list(self.each_run),
+                )
+
+    def parameter_schema(self, base: Mapping[str, Any]) -> dict[str, Any]:
+        """The flow's parameter schema `base` with `overrides` spelled out: one text field
+        per variable, its default the value a run gets without one, and the variables each
+        run must give required, so Prefect's run form asks for them by name."""
+        schema = copy.deepcopy(dict(base))
+        if not (self.variables or self.each_run):
+            return schema
+        fields: dict[str, Any] = {}
+        for name, value in self.variables.items():
+            fields[name] = {"type": "string", "title": name, "default": value}
+        for name in self.each_run:
+            fields[name] = {"type": "string", "title": name}
+        old = schema["properties"]["overrides"]
+        schema["properties"]["overrides"] = {
+            **{k: old[k] for k in ("position",) if k in old},
+            "title": "overrides",
+            "description": "the pipeline's {{VARS}}: a run uses these values, the file's "
+            "`vars:` and the deployment's --set, unless it gives its own",
+            "type": "object",
+            "properties": fields,
+            "required": list(self.each_run),
+            "additionalProperties": {"type": "string"},
+        }
+        return schema
 
     def parameters(self) -> dict[str, Any]:
         return {
@@ -166,7 +208,9 @@ async def deploy(client: PrefectClient, spec: DeploymentSpec) -> dict[str, Any]:
         tags=spec.tags(),
         entrypoint=ENTRYPOINT,
         pull_steps=pull_steps(),
-        parameter_openapi_schema=parameter_schema(pipeline_flow.fn).model_dump_for_openapi(),
+        parameter_openapi_schema=spec.parameter_schema(
+            parameter_schema(pipeline_flow.fn).model_dump_for_openapi()
+        ),
         schedules=schedules,
         enforce_parameter_schema=False,
     )
@@ -187,5 +231,6 @@ async def deploy(client: PrefectClient, spec: DeploymentSpec) -> dict[str, Any]:
         "pool": spec.pool,
         "queue": spec.tier,
         "parameters": spec.parameters(),
+        "each_run": list(spec.each_run),
         "schedule": {"cron": spec.cron, "timezone": spec.timezone or "UTC"} if spec.cron else None,
     }

@@ -64,8 +64,12 @@ _LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _RETRY_LIMIT = 256 * 1024
 
 
-def load_pipeline(path: str | Path, overrides: Mapping[str, str] | None = None) -> Pipeline:
-    """Read, validate and render the pipeline file at `path`; raises SpecError."""
+def load_pipeline(
+    path: str | Path, overrides: Mapping[str, str] | None = None, *, each_run: bool = False
+) -> Pipeline:
+    """Read, validate and render the pipeline file at `path`; raises SpecError. With
+    `each_run`, a variable `vars:` declares without a value is no problem: it is left to
+    each run (`Pipeline.unset`), as a deployment's runs give it."""
     try:
         data = _read(Path(path))
     except OSError as exc:
@@ -80,7 +84,7 @@ def load_pipeline(path: str | Path, overrides: Mapping[str, str] | None = None) 
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _error([_not_utf8(str(path), data, exc)], path) from None
-    return parse_pipeline(text, path, overrides)
+    return parse_pipeline(text, path, overrides, each_run=each_run)
 
 
 def _read(path: Path) -> bytes:
@@ -105,12 +109,16 @@ def _read(path: Path) -> bytes:
 
 
 def parse_pipeline(
-    text: str, path: str | Path, overrides: Mapping[str, str] | None = None
+    text: str,
+    path: str | Path,
+    overrides: Mapping[str, str] | None = None,
+    *,
+    each_run: bool = False,
 ) -> Pipeline:
     """Validate and render pipeline `text`; `path` names it in problems and anchors
     relative paths and the default name. Raises SpecError listing every problem."""
     with _collector_paused():
-        return _parse(text, path, overrides)
+        return _parse(text, path, overrides, each_run)
 
 
 @contextlib.contextmanager
@@ -127,8 +135,10 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _parse(text: str, path: str | Path, overrides: Mapping[str, str] | None) -> Pipeline:
-    checker = Checker(str(path), Path(path), overrides or {})
+def _parse(
+    text: str, path: str | Path, overrides: Mapping[str, str] | None, each_run: bool = False
+) -> Pipeline:
+    checker = Checker(str(path), Path(path), overrides or {}, each_run)
     checker.source = text
     try:
         root = _compose(text)

@@ -56,8 +56,12 @@ _ARG_MAX = os.sysconf("SC_ARG_MAX")
 
 
 class Checker(Variables):
-    def __init__(self, file: str, path: Path, overrides: Mapping[str, str]) -> None:
+    def __init__(
+        self, file: str, path: Path, overrides: Mapping[str, str], each_run: bool = False
+    ) -> None:
         super().__init__(file)
+        self.each_run = each_run
+        self.unset: list[str] = []
         self.path = path
         self.base = path.resolve().parent
         self.overrides = dict(overrides)
@@ -114,6 +118,7 @@ class Checker(Variables):
             vars=MappingProxyType(dict(self.values)),
             priority=self.priority,
             workdir=Path(self.workdir) if self.workdir else self.base,
+            unset=tuple(self.unset),
         )
 
     def _pipeline_name(self, top: dict[str, tuple[Node, Node]]) -> str | None:

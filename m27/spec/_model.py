@@ -97,6 +97,9 @@ class Pipeline:
     vars: Mapping[str, str]
     priority: int = 0
     workdir: Path = Path(".")
+    #: variables `vars:` declares without a value, left to each run: only a load with
+    #: ``each_run=True`` (`m27 deploy`) has any, and their placeholders stay as written
+    unset: tuple[str, ...] = ()
 
     def step(self, name: str) -> Step:
         found = self._by_name.get(name)

@@ -263,7 +263,8 @@ class Reader:
                 if ph.name in self.declared:  # `vars: {INPUT:}` declares a required one
                     message = (
                         f"variable {quoted(ph.name)} has no value: `vars:` declares it "
-                        f"without one, so each run must give it (`--set {name}=...`)"
+                        f"without one, so each run must give it (`--set {name}=...`, or "
+                        "a deployment's run in its overrides)"
                     )
                 self.add(node, where, message, ph.start)
         if ok and placeholders and not self._fits(node, where, text, placeholders):

@@ -14,6 +14,10 @@ class Variables(Reader):
     """The checker's part that reads `vars:` and checks `--set` against it."""
 
     overrides: dict[str, str]
+    #: leave the variables declared without a value to each run (`m27 deploy`): they stand
+    #: for themselves, `{{NAME}}`, and are listed in `unset`
+    each_run: bool = False
+    unset: list[str]
 
     def _file_problem(self, message: str) -> Problem:
         return Problem(self.file, 1, 1, "", message)
@@ -40,6 +44,12 @@ class Variables(Reader):
                 )
         self.values = {**{k: text for k, (text, _) in defaults.items()}, **self.overrides}
         self.declared = set(mapping or {})
+        self.unset = []
+        if self.each_run:
+            for key in mapping or {}:
+                if key not in self.values and key not in self.broken and VAR_NAME.match(key):
+                    self.values[key] = "{{" + key + "}}"
+                    self.unset.append(key)
         for key, (text, node) in defaults.items():
             if key not in self.overrides:
                 self._default_names_a_variable(key, text, node)

@@ -35,6 +35,7 @@ from m27.events import (
     RunCrashed,
     RunSubmitted,
     RunSucceeded,
+    StepStarted,
 )
 from m27.events.state import fold
 from m27.liveness import alive as pid_alive
@@ -279,6 +280,54 @@ def test_prefect_yaml_deploys_what_m27_deploy_would(lab: dict[str, Any]) -> None
     assert {k: getattr(yaml_dep, k) for k in same} == {k: getattr(m27_dep, k) for k in same}
     assert set(yaml_dep.parameters) == set(m27_dep.parameters)
     assert sorted(yaml_dep.tags) == ["m27", "pipeline:md-example", "tier:background"]
+
+
+def test_a_variable_without_a_value_is_asked_of_each_run_by_name(
+    lab: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`vars: {SECONDS:}` declares a variable each run must give: the deployment's run form
+    asks for it by name (required), shows the others with the value a run gets, and a run
+    that gives it in its overrides runs with it."""
+    spec = tmp_path / "each.yaml"
+    spec.write_text(
+        "name: each-run\nvars:\n  SECONDS:\n  LABEL: plain\n"
+        "pipeline:\n  - name: work\n    type: cpu\n"
+        "    command: sh -c 'sleep {{SECONDS}}; echo {{LABEL}}'\n"
+    )
+    _free(lab)
+    assert (
+        _cli(
+            deploy_cmd,
+            ["deploy", str(spec), "--name", "each", "--tier", "immediate", "--set", "LABEL=given"],
+        )
+        == 0
+    )
+    said = capsys.readouterr().out
+    assert "each run gives SECONDS in its overrides" in said
+    assert """--params '{"overrides": {"LABEL": "given", "SECONDS": "..."}}'""" in said
+    with sync_client(lab["lab"]) as client:
+        dep = client.read_deployment_by_name("m27-pipeline/each")
+        overrides = dep.parameter_openapi_schema["properties"]["overrides"]
+        assert overrides["required"] == ["SECONDS"]
+        assert overrides["properties"]["LABEL"]["default"] == "given"
+        assert "default" not in overrides["properties"]["SECONDS"]
+        assert dep.parameters["overrides"] == {"LABEL": "given"}
+        fr = client.create_flow_run_from_deployment(
+            dep.id, parameters={"overrides": {"SECONDS": "0", "LABEL": "given"}}
+        ).id
+        wait_until(
+            lambda: _state(client, fr) == "COMPLETED",
+            timeout=120,
+            interval=0.3,
+            what=f"the run that gave SECONDS to complete\n{_debug(lab)}",
+        )
+        client.delete_deployment(dep.id)
+    node = _where(lab, fr)
+    assert node is not None
+    run_id = runids.from_flow_run(str(fr))
+    assert node.state().runs[run_id].status == "succeeded"
+    (started,) = [e for e in _events(node) if isinstance(e, StepStarted) and e.run_id == run_id]
+    assert started.command[-1] == "sleep 0; echo given"
 
 
 def test_deploy_refuses_a_bad_pipeline_before_calling_prefect(

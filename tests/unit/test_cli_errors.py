@@ -103,6 +103,11 @@ def test_a_prefect_server_that_cannot_be_reached_is_one_line(
         (["--cron", "bad cron"], "--cron 'bad cron': Invalid cron string: \"bad cron\""),
         (["--cron", "0 2 * * *", "--timezone", "Mars/Base"], "--timezone 'Mars/Base': Invalid"),
         (["--name", "a/b"], "--name 'a/b': a deployment name cannot contain / % & < >"),
+        (
+            ["--cron", "0 2 * * *"],
+            "--cron: a scheduled run gives no variables, and `vars:` declares NEEDED without"
+            " a value; give it here: --set NEEDED=...",
+        ),
     ],
 )
 def test_a_bad_deployment_option_is_one_line_before_any_server_starts(
@@ -115,7 +120,9 @@ def test_a_bad_deployment_option_is_one_line_before_any_server_starts(
 ) -> None:
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     spec = tmp_path / "p.yaml"
-    spec.write_text("pipeline:\n  - name: a\n    type: cpu\n    command: 'true'\n")
+    spec.write_text(
+        "vars:\n  NEEDED:\npipeline:\n  - name: a\n    type: cpu\n    command: echo {{NEEDED}}\n"
+    )
     assert main(["deploy", str(spec), "--name", "n", *options]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"m27: {said}") and len(err.strip().splitlines()) == 1, err

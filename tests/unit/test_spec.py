@@ -140,6 +140,24 @@ def test_null_var_is_declared_but_must_be_set(tmp_path: Path) -> None:
     )
 
 
+def test_a_deployment_leaves_a_variable_without_a_value_to_each_run(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "vars:\n  NEEDED:\n  KEPT: k\npipeline:\n  - name: s\n    type: cpu\n"
+        "    command: run {{NEEDED}} {{KEPT}}\n    workdir: out/{{NEEDED}}\n"
+    )
+    pipeline = load_pipeline(path, each_run=True)
+    assert pipeline.unset == ("NEEDED",)
+    assert pipeline.steps[0].argv == ("run", "{{NEEDED}}", "k")  # as written, for each run
+    assert load_pipeline(path, {"NEEDED": "x"}, each_run=True).unset == ()
+    with pytest.raises(SpecError, match="has no value"):
+        load_pipeline(path)  # a run must give it
+    # the rest of the file is still checked
+    path.write_text("vars:\n  NEEDED:\npipeline:\n  - name: s\n    type: tpu\n    command: x\n")
+    with pytest.raises(SpecError, match="type"):
+        load_pipeline(path, each_run=True)
+
+
 @pytest.mark.parametrize(
     ("written", "said"),
     [

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "flows/pipeline.py with FILE and the --set values as parameters, in work pool m27 "
         "on the queue of --tier. With --cron the deployment runs on that schedule. The "
         "server is PREFECT_API_URL's, or without it this node's own (the node service's, "
-        "started when none runs); `m27 worker` runs the flow runs. Exit code 2 for a bad "
-        "file.",
+        "started when none runs); `m27 worker` runs the flow runs. A variable `vars:` declares "
+        "without a value is left to each run (its overrides); --cron then needs it in --set. "
+        "Exit code 2 for a bad file.",
     )
     p.add_argument(
         "file",
@@ -52,7 +55,9 @@ async def _deploy(spec: DeploymentSpec) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     overrides = parse_set_args(args.sets)
-    pipeline = load_pipeline(args.file, overrides)  # SpecError -> exit 2 before any API call
+    # SpecError -> exit 2 before any API call; a variable declared without a value is
+    # left to each run
+    pipeline = load_pipeline(args.file, overrides, each_run=True)
     spec = DeploymentSpec(
         name=args.name,
         spec_path=str(Path(args.file).resolve()),
@@ -62,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         cron=args.cron,
         timezone=args.timezone,
         pool=args.pool,
+        variables={k: v for k, v in pipeline.vars.items() if k not in pipeline.unset},
+        each_run=pipeline.unset,
     )
     spec.check()  # before a server is asked, or started
     with lab_server() as server:
@@ -72,7 +79,15 @@ def run(args: argparse.Namespace) -> int:
         when = f", cron {args.cron!r} ({args.timezone or 'UTC'})" if args.cron else ""
         print(f"deployment {result['name']}: pool {result['pool']}, queue {result['queue']}{when}")
         api = f"PREFECT_API_URL={server.url} " if server.node_home is not None else ""
-        print(f"run it now: {api}prefect deployment run '{result['name']}'")
+        given = ""
+        if spec.each_run:
+            names = ", ".join(spec.each_run)
+            print(f"each run gives {names} in its overrides (`vars:` declares no value)")
+            # a run's overrides replace the deployment's whole (Prefect replaces a
+            # parameter), so the example carries the --set values too
+            values = {**overrides, **{n: "..." for n in spec.each_run}}
+            given = f" --params {shlex.quote(json.dumps({'overrides': values}))}"
+        print(f"run it now: {api}prefect deployment run '{result['name']}'{given}")
         if server.node_home is not None:
             print(f"its runs start when a worker polls pool {result['pool']}: `m27 worker`")
     return 0
