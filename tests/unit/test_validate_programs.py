@@ -159,7 +159,12 @@ def test_a_program_path_that_cannot_be_started_and_a_missing_workdir_are_noted(
         "  - {name: wd, type: cpu, workdir: later, command: 'true'}\n"
         "  - {name: good, type: cpu, command: ./ok.sh}\n"
         "  - {name: built, type: cpu, command: ./made-by-an-earlier-step}\n"
-        "  - {name: sh, type: cpu, command: sh ./bare.sh}\n",
+        "  - {name: sh, type: cpu, command: sh ./bare.sh}\n"
+        # out/ is made for prep's output before prep starts, so before md: no note
+        "  - {name: prep, type: cpu, command: 'true', output: out/sub/x.tpr}\n"
+        "  - {name: mid, type: cpu, command: 'true', depends_on: [prep]}\n"
+        "  - {name: md, type: cpu, workdir: out, command: 'true', depends_on: [mid]}\n"
+        "  - {name: free, type: cpu, workdir: out, command: 'true'}\n",
     )
     assert _validate(path) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
@@ -174,6 +179,8 @@ def test_a_program_path_that_cannot_be_started_and_a_missing_workdir_are_noted(
         f"note: p.yaml:5: step dir: {tmp_path}: it is a folder, not a program; the step fails"
         " when it starts, unless an earlier step replaces it",
         f"note: p.yaml:6: step wd: its workdir {tmp_path / 'later'} is not a folder here; the"
+        " step fails `workdir not found` when it starts, unless an earlier step makes it",
+        f"note: p.yaml:13: step free: its workdir {tmp_path / 'out'} is not a folder here; the"
         " step fails `workdir not found` when it starts, unless an earlier step makes it",
     ]
 

@@ -45,7 +45,7 @@ def unrunnable_programs(pipeline: Pipeline) -> list[str]:
         if step.executor != "local":  # a Slurm step runs on another node
             continue
         workdir = pipeline.workdir_of(step)
-        if not is_dir(workdir):
+        if not is_dir(workdir) and not _made_before(pipeline, step, workdir):
             lines.append(
                 f"{shown}:{step.line}: step {step.name}: its workdir {workdir} is not a folder "
                 "here; the step fails `workdir not found` when it starts, unless an earlier "
@@ -62,6 +62,29 @@ def unrunnable_programs(pipeline: Pipeline) -> list[str]:
                 "it starts, unless an earlier step replaces it"
             )
     return lines
+
+
+def _made_before(pipeline: Pipeline, step: Step, folder: Path) -> bool:
+    """Whether a step `step` waits for (`depends_on`, all the way up) declares an output in
+    `folder` or below it: the runner makes an output's folder before that step starts, so
+    the folder is there by the time `step` runs (the examples' `workdir: "{{OUT}}"` after
+    a step whose output is `{{OUT}}/simulation.tpr`)."""
+    folder = Path(os.path.normpath(os.path.abspath(folder)))
+    seen: set[str] = set()
+    todo = list(step.depends_on)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        up = pipeline.step(name)
+        base = pipeline.workdir_of(up)
+        for out in up.outputs:
+            parent = Path(os.path.normpath(base / os.path.expanduser(out))).parent
+            if not is_pattern(str(parent)) and parent.is_relative_to(folder):
+                return True
+        todo.extend(up.depends_on)
+    return False
 
 
 def missing_programs(pipeline: Pipeline) -> list[str]:
