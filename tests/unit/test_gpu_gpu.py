@@ -63,3 +63,15 @@ def test_detect_prefers_nvml_on_a_gpu_node(backend: NvmlBackend) -> None:
         assert [d.uuid for d in detected.devices()] == [d.uuid for d in backend.devices()]
     finally:
         detected.close()
+
+
+def test_nvml_names_cores_near_each_gpu_that_this_machine_has(backend: NvmlBackend) -> None:
+    """The cores m27.gpu.cpus splits among the GPUs near them: NVML's CPU affinity of each
+    GPU, a set of this machine's logical CPUs (None only where the driver cannot say)."""
+    import os
+
+    count = os.cpu_count() or 1
+    for info in backend.devices():
+        near = backend.near_cpus(info.index)
+        if near is not None:
+            assert near and all(0 <= cpu < count for cpu in near), near
