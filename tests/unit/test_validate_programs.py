@@ -267,3 +267,32 @@ def test_a_command_naming_another_step_s_output_without_waiting_for_it_is_noted(
     path.write_text(fixed.replace("--out=ana.txt'}", "--out=ana.txt', depends_on: [ana]}"))
     assert _validate(path) == 0
     assert "does not wait" not in capsys.readouterr().out  # through ana and md: waits
+
+
+def test_looking_up_the_steps_that_make_a_workdir_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chain of 100,000 steps in one missing workdir that its first step makes walked
+    the whole chain up from each step: quadratic, a `m27 validate` that never ended. The
+    walks share a budget; past it a folder counts as made (a note is advice)."""
+    from m27.cli.commands._notes import _MadeBefore
+    from m27.spec import load_pipeline
+
+    steps = "  - {name: s0, type: cpu, command: 'true', output: w/x}\n" + "".join(
+        f"  - {{name: s{i}, type: cpu, command: 'true', workdir: w, depends_on: [s{i - 1}]}}\n"
+        for i in range(1, 50)
+    )
+    # a chain beside it, in the same folder, that does not wait for s0
+    steps += "  - {name: t0, type: cpu, command: 'true', workdir: w}\n" + "".join(
+        f"  - {{name: t{i}, type: cpu, command: 'true', workdir: w, depends_on: [t{i - 1}]}}\n"
+        for i in range(1, 50)
+    )
+    pipeline = load_pipeline(_pipeline(tmp_path, steps))
+    made = _MadeBefore(pipeline)
+    assert made(pipeline.step("s1"), tmp_path / "w")
+    assert made(pipeline.step("s49"), tmp_path / "w")  # 48 steps up
+    assert not made(pipeline.step("t49"), tmp_path / "w")  # 49 steps up, none makes it
+    assert not made(pipeline.step("s49"), tmp_path / "other")  # no output makes it
+    monkeypatch.setattr(_MadeBefore, "BUDGET", 10)
+    made = _MadeBefore(pipeline)
+    assert made(pipeline.step("t49"), tmp_path / "w")  # the budget spent: counted as made
