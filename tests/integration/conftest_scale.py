@@ -7,6 +7,7 @@ The server is started once per session (cached here, so a second importer reuses
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -25,6 +26,26 @@ ROOT = Path(__file__).resolve().parents[2]
 START_PG = ROOT / "infra" / "scripts" / "start-postgres.sh"
 
 T = TypeVar("T")
+
+#: The scale tests' pipeline: one CPU step that sleeps SECONDS.
+SLEEPER = """\
+name: sleeper
+vars:
+  SECONDS: "1"
+pipeline:
+  - name: work
+    type: cpu
+    command: sleep {{SECONDS}}
+"""
+
+
+def cli(module: Any, argv: list[str]) -> int:
+    """`m27 ARGV` through the command `module` (its register() and func), in-process."""
+    parser = argparse.ArgumentParser()
+    module.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
 
 
 @dataclass

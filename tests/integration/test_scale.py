@@ -7,7 +7,6 @@ each node's log), so what the workers take, and in which order, is decided by th
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -22,7 +21,6 @@ import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from m27 import runids
-from m27._exceptions import SpecError
 from m27.cli.commands import deploy as deploy_cmd
 from m27.cli.commands import pool as pool_cmd
 from m27.events import (
@@ -41,7 +39,9 @@ from m27.events.state import fold
 from m27.liveness import alive as pid_alive
 from m27.store.sqlite import open_store
 from tests.integration.conftest_scale import (
+    SLEEPER,
     Lab,
+    cli,
     postgres_prefect,  # noqa: F401  (fixture)
     start_worker,
     stop_worker,
@@ -51,24 +51,6 @@ from tests.integration.conftest_scale import (
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
-
-PIPELINE = """\
-name: sleeper
-vars:
-  SECONDS: "1"
-pipeline:
-  - name: work
-    type: cpu
-    command: sleep {{SECONDS}}
-"""
-
-
-def _cli(module: Any, argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    module.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
 
 
 class Node:
@@ -134,13 +116,13 @@ def lab(
 ) -> Iterator[dict[str, Any]]:
     base = tmp_path_factory.mktemp("scale")
     spec = base / "sleeper.yaml"
-    spec.write_text(PIPELINE)
+    spec.write_text(SLEEPER)
     nodes = {n: Node(n, base / f"node-{n}") for n in ("a", "b")}
     for node in nodes.values():
         node.home.mkdir()
         node.occupy()
     with temporary_settings({PREFECT_API_URL: postgres_prefect.api_url}):
-        assert _cli(pool_cmd, ["pool", "init"]) == 0
+        assert cli(pool_cmd, ["pool", "init"]) == 0
         # Deployed first so its minute boundary passes while the other tests run.
         _deploy(
             {"spec": spec},
@@ -168,7 +150,7 @@ def lab(
 
 def _deploy(lab: dict[str, Any], name: str, tier: str, *extra: str) -> None:
     argv = ["deploy", str(lab["spec"]), "--name", name, "--tier", tier, *extra]
-    assert _cli(deploy_cmd, argv) == 0
+    assert cli(deploy_cmd, argv) == 0
 
 
 def _run(client: Any, name: str) -> UUID:
@@ -204,7 +186,7 @@ def _debug(lab: dict[str, Any]) -> str:
 
 
 def test_pool_init_makes_tier_queues_and_is_idempotent(lab: dict[str, Any]) -> None:
-    assert _cli(pool_cmd, ["pool", "init"]) == 0  # second time: nothing changes
+    assert cli(pool_cmd, ["pool", "init"]) == 0  # second time: nothing changes
     with sync_client(lab["lab"]) as client:
         pool = client.read_work_pool("m27")
         queues = {q.name: q.priority for q in client.read_work_queues(work_pool_name="m27")}
@@ -214,129 +196,6 @@ def test_pool_init_makes_tier_queues_and_is_idempotent(lab: dict[str, Any]) -> N
         "ready": 2,
         "background": 3,
     }
-
-
-def test_deploy_creates_then_updates_one_deployment(lab: dict[str, Any]) -> None:
-    _deploy(
-        lab,
-        "nightly",
-        "background",
-        "--cron",
-        "0 2 * * *",
-        "--timezone",
-        "Europe/Berlin",
-        "--set",
-        "SECONDS=7",
-    )
-    _deploy(lab, "nightly", "ready", "--cron", "30 3 * * *", "--set", "SECONDS=8")
-    with sync_client(lab["lab"]) as client:
-        dep = client.read_deployment_by_name("m27-pipeline/nightly")
-        schedules = client.read_deployment_schedules(dep.id)
-        client.delete_deployment(dep.id)
-    assert dep.work_pool_name == "m27" and dep.work_queue_name == "ready"
-    assert dep.parameters == {
-        "spec_path": str(lab["spec"].resolve()),
-        "overrides": {"SECONDS": "8"},
-        "pipeline_name": "sleeper",
-    }
-    assert [(s.schedule.cron, s.schedule.timezone) for s in schedules] == [("30 3 * * *", "UTC")]
-    assert dep.entrypoint == "flows/pipeline.py:pipeline_flow"
-    assert dep.pull_steps == [
-        {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $M27_FLOWS_DIR }}"}}
-    ]
-
-
-def test_prefect_yaml_deploys_what_m27_deploy_would(lab: dict[str, Any]) -> None:
-    import sys
-
-    from tests.integration.conftest_scale import ROOT
-
-    env = lab["lab"].client_env(PREFECT_HOME=str(lab["base"] / "cli-home"))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "--no-prompt",
-            "deploy",
-            "--all",
-            "--prefect-file",
-            "deployments/prefect.yaml",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    _deploy(lab, "via-m27", "background")
-    with sync_client(lab["lab"]) as client:
-        yaml_dep = client.read_deployment_by_name("m27-pipeline/md-example-nightly")
-        m27_dep = client.read_deployment_by_name("m27-pipeline/via-m27")
-        client.delete_deployment(yaml_dep.id)
-        client.delete_deployment(m27_dep.id)
-    same = ("entrypoint", "work_pool_name", "work_queue_name", "pull_steps")
-    assert {k: getattr(yaml_dep, k) for k in same} == {k: getattr(m27_dep, k) for k in same}
-    assert set(yaml_dep.parameters) == set(m27_dep.parameters)
-    assert sorted(yaml_dep.tags) == ["m27", "pipeline:md-example", "tier:background"]
-
-
-def test_a_variable_without_a_value_is_asked_of_each_run_by_name(
-    lab: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`vars: {SECONDS:}` declares a variable each run must give: the deployment's run form
-    asks for it by name (required), shows the others with the value a run gets, and a run
-    that gives it in its overrides runs with it."""
-    spec = tmp_path / "each.yaml"
-    spec.write_text(
-        "name: each-run\nvars:\n  SECONDS:\n  LABEL: plain\n"
-        "pipeline:\n  - name: work\n    type: cpu\n"
-        "    command: sh -c 'sleep {{SECONDS}}; echo {{LABEL}}'\n"
-    )
-    _free(lab)
-    assert (
-        _cli(
-            deploy_cmd,
-            ["deploy", str(spec), "--name", "each", "--tier", "immediate", "--set", "LABEL=given"],
-        )
-        == 0
-    )
-    said = capsys.readouterr().out
-    assert "each run gives SECONDS in its overrides" in said
-    assert """--params '{"overrides": {"LABEL": "given", "SECONDS": "..."}}'""" in said
-    with sync_client(lab["lab"]) as client:
-        dep = client.read_deployment_by_name("m27-pipeline/each")
-        overrides = dep.parameter_openapi_schema["properties"]["overrides"]
-        assert overrides["required"] == ["SECONDS"]
-        assert overrides["properties"]["LABEL"]["default"] == "given"
-        assert "default" not in overrides["properties"]["SECONDS"]
-        assert dep.parameters["overrides"] == {"LABEL": "given"}
-        fr = client.create_flow_run_from_deployment(
-            dep.id, parameters={"overrides": {"SECONDS": "0", "LABEL": "given"}}
-        ).id
-        wait_until(
-            lambda: _state(client, fr) == "COMPLETED",
-            timeout=120,
-            interval=0.3,
-            what=f"the run that gave SECONDS to complete\n{_debug(lab)}",
-        )
-        client.delete_deployment(dep.id)
-    node = _where(lab, fr)
-    assert node is not None
-    run_id = runids.from_flow_run(str(fr))
-    assert node.state().runs[run_id].status == "succeeded"
-    (started,) = [e for e in _events(node) if isinstance(e, StepStarted) and e.run_id == run_id]
-    assert started.command[-1] == "sleep 0; echo given"
-
-
-def test_deploy_refuses_a_bad_pipeline_before_calling_prefect(
-    lab: dict[str, Any], tmp_path: Path
-) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("pipeline:\n  - name: x\n    type: tpu\n    command: echo\n")
-    with pytest.raises(SpecError):
-        _cli(deploy_cmd, ["deploy", str(bad), "--name", "bad"])
 
 
 def test_busy_nodes_take_nothing_then_start_waiting_runs_in_tier_order(
@@ -373,6 +232,54 @@ def test_busy_nodes_take_nothing_then_start_waiting_runs_in_tier_order(
     assert not set(ids) & set(b.admitted())
     assert all(a.state().runs[r].status == "succeeded" for r in ids)
     b.release()
+
+
+def test_a_variable_without_a_value_is_asked_of_each_run_by_name(
+    lab: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`vars: {SECONDS:}` declares a variable each run must give: the deployment's run form
+    asks for it by name (required), shows the others with the value a run gets, and a run
+    that gives it in its overrides runs with it."""
+    spec = tmp_path / "each.yaml"
+    spec.write_text(
+        "name: each-run\nvars:\n  SECONDS:\n  LABEL: plain\n"
+        "pipeline:\n  - name: work\n    type: cpu\n"
+        "    command: sh -c 'sleep {{SECONDS}}; echo {{LABEL}}'\n"
+    )
+    _free(lab)
+    assert (
+        cli(
+            deploy_cmd,
+            ["deploy", str(spec), "--name", "each", "--tier", "immediate", "--set", "LABEL=given"],
+        )
+        == 0
+    )
+    said = capsys.readouterr().out
+    assert "each run gives SECONDS in its overrides" in said
+    assert """--params '{"overrides": {"LABEL": "given", "SECONDS": "..."}}'""" in said
+    with sync_client(lab["lab"]) as client:
+        dep = client.read_deployment_by_name("m27-pipeline/each")
+        overrides = dep.parameter_openapi_schema["properties"]["overrides"]
+        assert overrides["required"] == ["SECONDS"]
+        assert overrides["properties"]["LABEL"]["default"] == "given"
+        assert "default" not in overrides["properties"]["SECONDS"]
+        assert dep.parameters["overrides"] == {"LABEL": "given"}
+        fr = client.create_flow_run_from_deployment(
+            dep.id, parameters={"overrides": {"SECONDS": "0", "LABEL": "given"}}
+        ).id
+        wait_until(
+            lambda: _state(client, fr) == "COMPLETED",
+            timeout=120,
+            interval=0.3,
+            what=f"the run that gave SECONDS to complete\n{_debug(lab)}",
+        )
+        client.delete_deployment(dep.id)
+    node = _where(lab, fr)
+    assert node is not None
+    run_id = runids.from_flow_run(str(fr))
+    assert node.state().runs[run_id].status == "succeeded"
+    (started,) = [e for e in _events(node) if isinstance(e, StepStarted) and e.run_id == run_id]
+    assert started.command[-1] == "sleep 0; echo given"
 
 
 def test_worker_publishes_its_node_capacity(lab: dict[str, Any]) -> None:
