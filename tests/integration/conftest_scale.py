@@ -7,7 +7,6 @@ The server is started once per session (cached here, so a second importer reuses
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -37,15 +36,6 @@ pipeline:
     type: cpu
     command: sleep {{SECONDS}}
 """
-
-
-def cli(module: Any, argv: list[str]) -> int:
-    """`m27 ARGV` through the command `module` (its register() and func), in-process."""
-    parser = argparse.ArgumentParser()
-    module.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
 
 
 @dataclass

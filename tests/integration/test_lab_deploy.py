@@ -15,10 +15,10 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from m27._exceptions import SpecError
 from m27.cli.commands import deploy as deploy_cmd
 from m27.cli.commands import pool as pool_cmd
+from tests.commands import cli
 from tests.integration.conftest_scale import (
     SLEEPER,
     Lab,
-    cli,
     postgres_prefect,  # noqa: F401  (fixture)
     sync_client,
 )

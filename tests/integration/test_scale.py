@@ -38,10 +38,10 @@ from m27.events import (
 from m27.events.state import fold
 from m27.liveness import alive as pid_alive
 from m27.store.sqlite import open_store
+from tests.commands import cli
 from tests.integration.conftest_scale import (
     SLEEPER,
     Lab,
-    cli,
     postgres_prefect,  # noqa: F401  (fixture)
     start_worker,
     stop_worker,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
+from m27.cli.commands import gpus
 from m27.config import load_settings
 from m27.executors.engines import with_threads
 from m27.executors.local import run_step
@@ -18,6 +19,7 @@ from m27.gpu.cpus import core_of, gpu_shares, node_cpus, split_cores, step_cpus
 from m27.gpu.sim import SimBackend
 from m27.store.memory import MemoryEventStore
 from m27.units import cpu_list
+from tests.commands import cli
 from tests.unit.agent_helpers import make_node, run_step_leased
 from tests.unit.runner_helpers import collect, launch
 
@@ -216,31 +218,19 @@ def test_the_agent_grants_each_gpu_step_its_gpus_cores(tmp_path: Path) -> None:
 # --- m27 gpus ----------------------------------------------------------------------------
 
 
-def _gpus(argv: list[str]) -> int:
-    import argparse
-
-    from m27.cli.commands import gpus
-
-    parser = argparse.ArgumentParser(prog="m27")
-    gpus.register(parser.add_subparsers(required=True))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
-
-
 def test_m27_gpus_names_each_gpus_cores_where_gpu_steps_are_confined(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("M27_HOME", str(tmp_path))
     monkeypatch.setenv("M27_GPUS", "sim:2")
-    assert _gpus(["gpus"]) == 0
+    assert cli(gpus, ["gpus"]) == 0
     assert "CORES" not in capsys.readouterr().out  # auto on simulated GPUs: not confined
     monkeypatch.setenv("M27_GPU_CPUS", "share")
     shares = split_cores(node_cpus(), 2, core=core_of)
-    assert _gpus(["gpus", "--json"]) == 0
+    assert cli(gpus, ["gpus", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [tuple(r["cores"]) for r in rows] == [shares[0], shares[1]]
-    assert _gpus(["gpus"]) == 0
+    assert cli(gpus, ["gpus"]) == 0
     header, *lines = capsys.readouterr().out.splitlines()
     assert header.split()[7] == "CORES"
     assert [line.split()[-3] for line in lines] == [cpu_list(shares[0]), cpu_list(shares[1])]
