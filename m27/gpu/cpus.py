@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+
+from m27.gpu import GpuBackend
 
 __all__ = ["core_of", "gpu_shares", "node_cpus", "split_cores", "step_cpus"]
 
@@ -95,13 +96,7 @@ def step_cpus(gpus: Iterable[int], shares: Mapping[int, tuple[int, ...]]) -> tup
     return () if not mine or mine >= every else tuple(sorted(mine))
 
 
-class _Backend(Protocol):
-    kind: str
-
-    def devices(self) -> Sequence[object]: ...
-
-
-def gpu_shares(mode: str, backend: _Backend) -> dict[int, tuple[int, ...]]:
+def gpu_shares(mode: str, backend: GpuBackend) -> dict[int, tuple[int, ...]]:
     """Each GPU's cores for the ``gpu_cpus`` setting (`auto`, `share`, `all`); {} when GPU
     steps are not confined: `all`, a node of one GPU, or `auto` on simulated GPUs (they
     stand in for GPUs a laptop does not have, and its steps then compute on the CPU)."""
