@@ -225,7 +225,7 @@ def _attempt(
         sink.note(reason)
         return AttemptEnd(False, reason, exit_code=code, retryable=False)
     if launch.cpus:
-        sink.note(_cores_said(launch.cpus, unpinned, did))
+        sink.note(_cores_said(launch.cpus, unpinned, did, env.get("OMP_NUM_THREADS", "")))
     try:
         store.append(
             [
@@ -257,10 +257,11 @@ def _attempt(
     return _judge(launch, outcome, sink.tail)
 
 
-def _cores_said(cpus: tuple[int, ...], unpinned: str | None, did: str) -> str:
-    """The step log's line on where a GPU step runs (m27.gpu.cpus)."""
+def _cores_said(cpus: tuple[int, ...], unpinned: str | None, did: str, omp: str) -> str:
+    """The step log's line on where a GPU step runs (m27.gpu.cpus); `omp` is the step's
+    OMP_NUM_THREADS (its own `env:` may set it)."""
     n = len(cpus)
-    said = f"OMP_NUM_THREADS={n}, M27_CPUS={n}" + (f", {did}" if did else "")
+    said = f"OMP_NUM_THREADS={omp}, M27_CPUS={n}" + (f", {did}" if did else "")
     cores = ("cores " if n > 1 else "core ") + cpu_list(cpus)
     if unpinned is not None:
         return f"cannot confine it to {cores} ({unpinned}): it may run on any core; {said}"

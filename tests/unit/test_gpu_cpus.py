@@ -133,6 +133,8 @@ def test_the_steps_own_omp_num_threads_wins_and_an_unconfined_step_sets_none(
     free: list[tuple[str, str]] = []
     assert run_step(launch(SHOW), MemoryEventStore(), on_lines=collect(free)).ok
     assert json.loads(lines[-1][1]) == [[cpu], "3", "1"]
+    note = next(line for stream, line in lines if stream == "stderr")
+    assert note.endswith(": OMP_NUM_THREADS=3, M27_CPUS=1")  # what the step got, said
     assert json.loads(free[-1][1])[0] == sorted(os.sched_getaffinity(0))
     assert json.loads(free[-1][1])[2] is None
     assert not [line for stream, line in free if stream == "stderr"]
@@ -167,7 +169,7 @@ def test_cores_that_cannot_be_set_are_said_and_the_step_still_runs() -> None:
         (
             "mpirun -np 2 gmx_mpi mdrun -deffnm md",
             "mpirun -np 2 gmx_mpi mdrun -deffnm md",
-            "OMP_NUM_THREADS=4 (an MPI mdrun has no -nt)",
+            "no -nt for an MPI mdrun (its ranks read OMP_NUM_THREADS)",
         ),
         ("gmx grompp -f md.mdp", "gmx grompp -f md.mdp", ""),
         ("python train.py", "python train.py", ""),

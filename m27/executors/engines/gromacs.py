@@ -86,7 +86,7 @@ class Gromacs(Recipe):
         An MPI build (`gmx_mpi`) has no ``-nt``: its ranks read ``OMP_NUM_THREADS``."""
         at = index if os.path.basename(argv[index]).startswith("mdrun") else index + 1
         if "_mpi" in os.path.basename(argv[index]):
-            return argv, f"OMP_NUM_THREADS={n} (an MPI mdrun has no -nt)"
+            return argv, "no -nt for an MPI mdrun (its ranks read OMP_NUM_THREADS)"
         given = next((a for a in argv[at + 1 :] if a in _THREAD_OPTIONS), None)
         if given is not None:
             return argv, f"mdrun's own {given} kept"
