@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol, TypedDict, runtime_checkable
@@ -199,11 +199,30 @@ def child_env(launch: StepLaunch, attempt: int, resume_from: str | None) -> dict
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in launch.gpus)
     if launch.cpus:
         # OpenMP programs start one thread per core of the machine, not of their mask; the
-        # step's own env: says otherwise if it wants to.
+        # step's own env: says otherwise if it wants to. Under `mpirun -np 4` each rank
+        # gets its part of the cores.
         env["M27_CPUS"] = str(len(launch.cpus))
         if "OMP_NUM_THREADS" not in launch.env:
-            env["OMP_NUM_THREADS"] = str(len(launch.cpus))
+            env["OMP_NUM_THREADS"] = str(max(1, len(launch.cpus) // mpi_ranks(launch.argv)))
     return env
+
+
+#: Programs that start MPI ranks, and their options that say how many.
+_MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "srun")
+_RANK_OPTIONS = ("-np", "-n", "--np", "--ntasks")
+
+
+def mpi_ranks(argv: Sequence[str]) -> int:
+    """How many processes `mpirun -np 4 prog` (or `mpiexec -n`, `srun --ntasks=4`) starts
+    on this node; 1 for a command that is not started by an MPI launcher or does not say."""
+    if not argv or os.path.basename(argv[0]) not in _MPI_LAUNCHERS:
+        return 1
+    for i, arg in enumerate(argv[1:], start=1):
+        name, eq, value = arg.partition("=")
+        if name in _RANK_OPTIONS:
+            text = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            return int(text) if text.isdigit() and int(text) > 0 else 1
+    return 1
 
 
 class Sink:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,25 @@ def test_the_agents_snapshot_names_each_gpus_cores(tmp_path: Path) -> None:
         assert [row["cores"] for row in snap["gpus"]] == [[0, 1], [2, 3]]
     finally:
         node.close()
+
+
+@pytest.mark.parametrize(
+    ("command", "ranks"),
+    [
+        ("mpirun -np 4 gmx_mpi mdrun -deffnm md", 4),
+        ("mpiexec -n 2 lmp -in in.melt", 2),
+        ("srun --ntasks=8 gmx_mpi mdrun", 8),
+        ("mpirun --np 3 ./a.out", 3),
+        ("mpirun ./a.out", 1),  # it does not say: one part
+        ("gmx mdrun -n index.ndx", 1),  # -n of a program, not of a launcher
+        ("mpirun -np x ./a.out", 1),
+    ],
+)
+def test_each_mpi_rank_gets_its_part_of_the_cores(command: str, ranks: int) -> None:
+    """Before, a lone `mpirun -np 4 gmx_mpi` on a node's 8 cores let GROMACS give each rank
+    2 threads; OMP_NUM_THREADS=8 would have made it 32 threads on the 8."""
+    from m27.executors.local import child_env
+
+    step = launch(SHOW, cpus=tuple(range(8)))
+    env = child_env(replace(step, argv=tuple(command.split())), 1, None)
+    assert (env["OMP_NUM_THREADS"], env["M27_CPUS"]) == (str(max(1, 8 // ranks)), "8")
