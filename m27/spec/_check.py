@@ -115,10 +115,11 @@ class Checker(Variables):
             name=name,
             path=self.path.resolve(),
             steps=tuple(self._build(d) for d in drafts),
-            vars=MappingProxyType(dict(self.values)),
+            # (a variable left to each run stands in for itself: not a value of the file's)
+            vars=MappingProxyType({k: v for k, v in self.values.items() if k not in self.unset}),
             priority=self.priority,
             workdir=Path(self.workdir) if self.workdir else self.base,
-            unset=tuple(self.unset),
+            unset=tuple(k for k in self.unset if k in self.used),  # one no step uses: none
         )
 
     def _pipeline_name(self, top: dict[str, tuple[Node, Node]]) -> str | None:

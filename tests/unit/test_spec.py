@@ -143,11 +143,12 @@ def test_null_var_is_declared_but_must_be_set(tmp_path: Path) -> None:
 def test_a_deployment_leaves_a_variable_without_a_value_to_each_run(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(
-        "vars:\n  NEEDED:\n  KEPT: k\npipeline:\n  - name: s\n    type: cpu\n"
+        "vars:\n  NEEDED:\n  UNUSED:\n  KEPT: k\npipeline:\n  - name: s\n    type: cpu\n"
         "    command: run {{NEEDED}} {{KEPT}}\n    workdir: out/{{NEEDED}}\n"
     )
     pipeline = load_pipeline(path, each_run=True)
-    assert pipeline.unset == ("NEEDED",)
+    assert pipeline.unset == ("NEEDED",)  # UNUSED: no run needs it
+    assert dict(pipeline.vars) == {"KEPT": "k"}  # no stand-in among the values
     assert pipeline.steps[0].argv == ("run", "{{NEEDED}}", "k")  # as written, for each run
     assert load_pipeline(path, {"NEEDED": "x"}, each_run=True).unset == ()
     with pytest.raises(SpecError, match="has no value"):

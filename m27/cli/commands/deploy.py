@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         cron=args.cron,
         timezone=args.timezone,
         pool=args.pool,
-        variables={k: v for k, v in pipeline.vars.items() if k not in pipeline.unset},
+        variables=dict(pipeline.vars),
         each_run=pipeline.unset,
     )
     spec.check()  # before a server is asked, or started
