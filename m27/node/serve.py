@@ -47,6 +47,7 @@ from m27.node.prefect_server import PrefectServer
 from m27.node.runner import WarmRunner
 from m27.node.settle import ended_runs, settle
 from m27.store.sqlite import open_store
+from m27.units import cpu_list
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import PrefectClient
@@ -222,6 +223,9 @@ def serve(
             f"m27 agent: serving {home} with {len(devices)} "
             f"{agent.backend.kind} GPU(s), tick {agent.tick_s * 1000:.0f} ms"
         )
+        if agent.cpu_shares:  # (gpu_cpus: docs/agent.md, "CPU cores of GPU steps")
+            shares = ", ".join(f"GPU {g}: {cpu_list(c)}" for g, c in agent.cpu_shares.items())
+            log(f"m27 agent: GPU steps run on their GPUs' cores ({shares})")
         sim_memory = devices[0].memory_total if agent.backend.kind == "sim" and devices else 0
         info = _replace(
             info, gpu_backend=agent.backend.kind, gpu_count=len(devices), gpu_memory=sim_memory

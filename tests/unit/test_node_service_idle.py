@@ -92,3 +92,29 @@ def test_a_port_in_use_given_with_port_is_refused_by_name(tmp_path: Path) -> Non
         done.stdout + done.stderr
     )
     assert not (tmp_path / "home" / "prefect" / "server.log").exists()  # no server tried
+
+
+def test_the_service_says_which_cores_its_gpu_steps_run_on(tmp_path: Path) -> None:
+    """Its first lines name each GPU's share of the cores (gpu_cpus), where an admin
+    reading service.log looks. (A port in use ends it before any Prefect server starts.)"""
+    from m27.gpu.cpus import core_of, node_cpus, split_cores
+    from m27.units import cpu_list
+
+    env = {**os.environ, "M27_HOME": str(tmp_path / "home"), "M27_GPUS": "sim:2"}
+    env.pop("PREFECT_API_URL", None)
+    said = []
+    for mode in ("share", "auto"):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            done = subprocess.run(
+                [sys.executable, "-m", "m27.cli", "agent", "serve", "--port", str(port)],
+                env={**env, "M27_GPU_CPUS": mode}, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+        assert done.returncode == 2, done.stdout + done.stderr
+        said.append(done.stdout + done.stderr)
+    shares = split_cores(node_cpus(), 2, core=core_of)
+    line = f"GPU 0: {cpu_list(shares[0])}, GPU 1: {cpu_list(shares[1])}"
+    assert f"m27 agent: GPU steps run on their GPUs' cores ({line})" in said[0]
+    assert "GPU steps run on" not in said[1]  # auto on simulated GPUs: every core
