@@ -173,6 +173,11 @@ def test_gromacs_recipe_minutes_deffnm_cpo_and_user_options() -> None:
     explicit = plan_checkpoint(["gmx", "mdrun"], 60.0, files=["x.cpt"], resume=["-cpi", "x.cpt"])
     assert (explicit.files, explicit.resume) == (("x.cpt",), ("-cpi", "x.cpt"))
     assert plan_checkpoint(["gmx", "grompp"], 60.0).recipe is None
+    assert plan_checkpoint(["gmx", "-quiet", "grompp"], 60.0).recipe is None
+    # gmx's own flags before mdrun: it was not taken for mdrun (no -cpt, no capture)
+    quiet = plan_checkpoint(["gmx", "-quiet", "mdrun", "-deffnm", "s"], 60.0)
+    assert quiet.argv == ("gmx", "-quiet", "mdrun", "-cpt", "1", "-deffnm", "s")
+    assert quiet.files == ("s.cpt",)
     assert plan_checkpoint(["/bin/sh", "-c", "gmx mdrun"], 60.0, shell=True).recipe is None
 
 

@@ -45,17 +45,28 @@ class OutputRecord:
     checksum: str
 
 
+def _mdrun_at(argv: Argv, index: int) -> int | None:
+    """Where `mdrun` is in a command whose program is at `index`: the program itself
+    (`mdrun_mpi`), or the first word after `gmx` and its own flags (`gmx -quiet mdrun`,
+    `gmx -nobackup mdrun`: the flags before the subcommand take no value); None when the
+    command is another gmx tool (`gmx grompp`)."""
+    if os.path.basename(argv[index]).startswith("mdrun"):
+        return index
+    at = index + 1
+    while at < len(argv) and argv[at].startswith("-"):
+        at += 1
+    return at if at < len(argv) and argv[at] == "mdrun" else None
+
+
 class Gromacs(Recipe):
     name = "gromacs"
     programs: tuple[str, ...] = ("gmx", "gmx_mpi", "gmx_d", "gmx_mpi_d", "mdrun", "mdrun_mpi")
 
     def matches(self, argv: Argv, index: int) -> bool:
-        if os.path.basename(argv[index]).startswith("mdrun"):
-            return True
-        return len(argv) > index + 1 and argv[index + 1] == "mdrun"
+        return _mdrun_at(argv, index) is not None
 
     def plan(self, argv: Argv, index: int, every: float | None) -> RecipePlan:
-        at = index if os.path.basename(argv[index]).startswith("mdrun") else index + 1
+        at = _mdrun_at(argv, index) or index
         notes: list[str] = []
         cpo = option(argv, "-cpo", at)
         deffnm = option(argv, "-deffnm", at)
@@ -84,7 +95,7 @@ class Gromacs(Recipe):
         whatever its affinity mask (measured with GROMACS 2022: under ``taskset -c 1`` it
         ran 2 threads on that one core; ``OMP_NUM_THREADS=1`` gave 2 thread-MPI ranks).
         An MPI build (`gmx_mpi`) has no ``-nt``: its ranks read ``OMP_NUM_THREADS``."""
-        at = index if os.path.basename(argv[index]).startswith("mdrun") else index + 1
+        at = _mdrun_at(argv, index) or index
         if "_mpi" in os.path.basename(argv[index]):
             return argv, "no -nt for an MPI mdrun (its ranks read OMP_NUM_THREADS)"
         given = next((a for a in argv[at + 1 :] if a in _THREAD_OPTIONS), None)
