@@ -213,19 +213,26 @@ def _attempt(
     g = open_guard(launch, opened[0], store, clock, sink.note)
     argv, resume = g.argv, opened[1] or g.resume_path
     did = ""
+    pin: tuple[int, ...] = ()
     if launch.cpus:
-        argv, did = with_threads(argv, len(launch.cpus))
+        # Bound to its cores only when m27 set the program's thread count (`mdrun -nt`): a
+        # program that starts a thread per core of the node (mdrun in a script) runs many
+        # times slower on a few of them (measured: 1.7 instead of 100 ns/day).
+        threaded, did = with_threads(argv, len(launch.cpus))
+        pin = launch.cpus if threaded != argv else ()
+        argv = threaded
     env = child_env(launch, attempt, resume)
     cwd = launch.workdir
     try:
-        with _proc.pinned(launch.cpus) as unpinned:
+        with _proc.pinned(pin) as unpinned:
             proc = _proc.spawn(argv, env, cwd)
     except OSError as exc:
         code, reason = _spawn_error(argv[0], cwd, exc)
         sink.note(reason)
         return AttemptEnd(False, reason, exit_code=code, retryable=False)
     if launch.cpus:
-        sink.note(_cores_said(launch.cpus, unpinned, did, env.get("OMP_NUM_THREADS", "")))
+        omp = env.get("OMP_NUM_THREADS", "")
+        sink.note(_cores_said(launch.cpus, bool(pin), unpinned, did, omp))
     try:
         store.append(
             [
@@ -257,14 +264,21 @@ def _attempt(
     return _judge(launch, outcome, sink.tail)
 
 
-def _cores_said(cpus: tuple[int, ...], unpinned: str | None, did: str, omp: str) -> str:
-    """The step log's line on where a GPU step runs (m27.gpu.cpus); `omp` is the step's
+def _cores_said(
+    cpus: tuple[int, ...], bound: bool, unpinned: str | None, did: str, omp: str
+) -> str:
+    """The step log's line on the cores of a GPU step (m27.gpu.cpus); `omp` is the step's
     OMP_NUM_THREADS (its own `env:` may set it)."""
     n = len(cpus)
     said = f"OMP_NUM_THREADS={omp}, M27_CPUS={n}" + (f", {did}" if did else "")
     cores = ("cores " if n > 1 else "core ") + cpu_list(cpus)
+    if not bound:
+        return (
+            f"its GPUs' share of the node's cores is {cores} (gpu_cpus in [performance]): "
+            f"{said}; not bound to them, as m27 sets no thread option of this program"
+        )
     if unpinned is not None:
-        return f"cannot confine it to {cores} ({unpinned}): it may run on any core; {said}"
+        return f"cannot bind it to {cores} ({unpinned}): it may run on any core; {said}"
     return f"on {cores}, its GPUs' share of the node's (gpu_cpus in [performance]): {said}"
 
 

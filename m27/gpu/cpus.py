@@ -6,8 +6,10 @@ mdruns the agent starts side by side then all pin to the same cores (measured wi
 GROMACS 2022: two mdruns on one node each took every core). So, like Slurm's
 `--cpus-per-gpu`, each GPU owns an even share of the cores the agent may use, the cores
 nearest the GPU where NVML says which those are, and a step gets the shares of its GPUs:
-it starts under that affinity mask (mdrun then does not pin by itself), with
-``OMP_NUM_THREADS`` and ``M27_CPUS`` set to their number, and `gmx mdrun` gets ``-nt``.
+``OMP_NUM_THREADS`` and ``M27_CPUS`` say their number, and `gmx mdrun` gets ``-nt`` and
+starts under that affinity mask (it then does not pin by itself). Only a program whose
+thread count m27 sets is bound: one that starts a thread per core of the node runs many
+times slower on a few of them (the runner, m27.executors.local).
 
 The share is static: a lone step on an idle node of 4 GPUs gets a quarter of its cores.
 That is what keeps a second step from slowing the first when it starts, which a node

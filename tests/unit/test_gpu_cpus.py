@@ -24,11 +24,17 @@ from tests.commands import cli
 from tests.unit.agent_helpers import make_node, run_step_leased
 from tests.unit.runner_helpers import collect, launch
 
-#: A child that prints its affinity mask and the thread variables m27 sets, as JSON.
-SHOW = (
-    "import json, os; print(json.dumps([sorted(os.sched_getaffinity(0)),"
-    " os.environ.get('OMP_NUM_THREADS'), os.environ.get('M27_CPUS')]))"
-)
+#: A stand-in `gmx`: its affinity mask, the thread variables m27 sets and its arguments,
+#: as JSON, on stdout or into the file after `-o`.
+GMX = """#!{python}
+import json, os, sys
+got = json.dumps([sorted(os.sched_getaffinity(0)), os.environ.get("OMP_NUM_THREADS"),
+                  os.environ.get("M27_CPUS"), sys.argv[1:]])
+if "-o" in sys.argv:
+    open(sys.argv[sys.argv.index("-o") + 1], "w").write(got)
+else:
+    print(got)
+"""
 
 
 # --- the split ---------------------------------------------------------------------------
@@ -107,47 +113,73 @@ def test_gpu_cpus_is_a_performance_setting_with_named_choices(tmp_path: Path) ->
 # --- the step's process ------------------------------------------------------------------
 
 
-def test_a_confined_step_starts_on_its_cores_with_its_thread_count() -> None:
+@pytest.fixture
+def gmx(tmp_path: Path) -> Path:
+    """A stand-in `gmx` (the engine whose thread count m27 sets: `mdrun -nt N`) that prints
+    what it got: its mask, OMP_NUM_THREADS, M27_CPUS and its arguments."""
+    path = tmp_path / "bin" / "gmx"
+    path.parent.mkdir()
+    path.write_text(GMX.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+def _run(argv: tuple[str, ...], **kw: object) -> tuple[list[object], list[str]]:
+    """What the step printed (parsed) and m27's notes on its stderr."""
+    lines: list[tuple[str, str]] = []
+    step = launch("", **kw)
+    assert run_step(replace(step, argv=argv), MemoryEventStore(), on_lines=collect(lines)).ok
+    out = [json.loads(line) for stream, line in lines if stream == "stdout"]
+    return out[0], [line for stream, line in lines if stream == "stderr"]
+
+
+def test_mdrun_starts_bound_to_its_cores_with_its_thread_count(gmx: Path) -> None:
     cpu = node_cpus()[-1]
     before = os.sched_getaffinity(0)
-    lines: list[tuple[str, str]] = []
-    result = run_step(launch(SHOW, cpus=(cpu,)), MemoryEventStore(), on_lines=collect(lines))
-    assert result.ok
-    out = [json.loads(line) for stream, line in lines if stream == "stdout"]
-    assert out == [[[cpu], "1", "1"]]
-    notes = [line for stream, line in lines if stream == "stderr"]
+    got, notes = _run((str(gmx), "mdrun", "-deffnm", "md"), cpus=(cpu,))
+    assert got == [[cpu], "1", "1", ["mdrun", "-nt", "1", "-deffnm", "md"]]
     assert notes == [
         f"m27: on core {cpu}, its GPUs' share of the node's (gpu_cpus in [performance]):"
-        " OMP_NUM_THREADS=1, M27_CPUS=1"
+        " OMP_NUM_THREADS=1, M27_CPUS=1, mdrun -nt 1"
     ]
     assert os.sched_getaffinity(0) == before  # the runner's thread got its mask back
 
 
+def test_a_program_whose_threads_m27_does_not_set_is_told_its_share_but_not_bound(
+    gmx: Path,
+) -> None:
+    """mdrun in a script starts a thread per core of the node: bound to one core of two it
+    ran 60 times slower (bench_cores.py). Such a program gets the variables, not the mask."""
+    cpu = node_cpus()[0]
+    script = (sys.executable, "-c", f"import subprocess; subprocess.run([{str(gmx)!r}, 'mdrun'])")
+    got, notes = _run(script, cpus=(cpu,))
+    assert got == [sorted(os.sched_getaffinity(0)), "1", "1", ["mdrun"]]
+    assert notes == [
+        f"m27: its GPUs' share of the node's cores is core {cpu} (gpu_cpus in [performance]):"
+        " OMP_NUM_THREADS=1, M27_CPUS=1; not bound to them, as m27 sets no thread option of"
+        " this program"
+    ]
+
+
 def test_the_steps_own_omp_num_threads_wins_and_an_unconfined_step_sets_none(
-    monkeypatch: pytest.MonkeyPatch,
+    gmx: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("M27_CPUS", "9")  # a leftover of a step that started this process
     cpu = node_cpus()[0]
-    lines: list[tuple[str, str]] = []
-    step = launch(SHOW, cpus=(cpu,), env={"OMP_NUM_THREADS": "3"})
-    assert run_step(step, MemoryEventStore(), on_lines=collect(lines)).ok
-    free: list[tuple[str, str]] = []
-    assert run_step(launch(SHOW), MemoryEventStore(), on_lines=collect(free)).ok
-    assert json.loads(lines[-1][1]) == [[cpu], "3", "1"]
-    note = next(line for stream, line in lines if stream == "stderr")
-    assert note.endswith(": OMP_NUM_THREADS=3, M27_CPUS=1")  # what the step got, said
-    assert json.loads(free[-1][1])[0] == sorted(os.sched_getaffinity(0))
-    assert json.loads(free[-1][1])[2] is None
-    assert not [line for stream, line in free if stream == "stderr"]
+    argv = (str(gmx), "mdrun")
+    got, notes = _run(argv, cpus=(cpu,), env={"OMP_NUM_THREADS": "3"})
+    assert got[:3] == [[cpu], "3", "1"]
+    assert notes[0].endswith(": OMP_NUM_THREADS=3, M27_CPUS=1, mdrun -nt 1")  # as it got
+    free, notes = _run(argv)  # no share (gpu_cpus = all, a CPU step)
+    assert free == [sorted(os.sched_getaffinity(0)), None, None, ["mdrun"]]
+    assert notes == []
 
 
-def test_cores_that_cannot_be_set_are_said_and_the_step_still_runs() -> None:
-    lines: list[tuple[str, str]] = []
-    result = run_step(launch(SHOW, cpus=(4000,)), MemoryEventStore(), on_lines=collect(lines))
-    assert result.ok
-    note = next(line for stream, line in lines if stream == "stderr")
-    assert note.startswith("m27: cannot confine it to core 4000 (")
-    assert "it may run on any core; OMP_NUM_THREADS=1" in note
+def test_cores_that_cannot_be_set_are_said_and_the_step_still_runs(gmx: Path) -> None:
+    got, notes = _run((str(gmx), "mdrun"), cpus=(4000,))
+    assert got[0] == sorted(os.sched_getaffinity(0))
+    assert notes[0].startswith("m27: cannot bind it to core 4000 (")
+    assert "it may run on any core; OMP_NUM_THREADS=1" in notes[0]
 
 
 # --- engines -----------------------------------------------------------------------------
@@ -167,6 +199,9 @@ def test_cores_that_cannot_be_set_are_said_and_the_step_still_runs() -> None:
             "gmx mdrun -ntomp 2 -deffnm md",
             "mdrun's own -ntomp kept",
         ),
+        # gmx's own flags before the subcommand (bench_cores.py's `gmx -quiet mdrun` went
+        # unrecognised: unbound, no -nt)
+        ("gmx -quiet -nobackup mdrun -v", "gmx -quiet -nobackup mdrun -nt 4 -v", "mdrun -nt 4"),
         (
             "mpirun -np 2 gmx_mpi mdrun -deffnm md",
             "mpirun -np 2 gmx_mpi mdrun -deffnm md",
@@ -185,7 +220,7 @@ def test_mdrun_gets_its_share_as_nt_unless_it_sets_its_threads(
 # --- the agent ---------------------------------------------------------------------------
 
 
-def test_the_agent_grants_each_gpu_step_its_gpus_cores(tmp_path: Path) -> None:
+def test_the_agent_grants_each_gpu_step_its_gpus_cores(tmp_path: Path, gmx: Path) -> None:
     node = make_node(tmp_path, gpus=2)
     shares = split_cores(node_cpus(), 2, core=core_of)
     node.agent.cpu_shares = shares
@@ -198,27 +233,31 @@ def test_the_agent_grants_each_gpu_step_its_gpus_cores(tmp_path: Path) -> None:
                 lease,
                 "R",
                 name,
-                (sys.executable, "-c", f"import sys; sys.stdout = open({str(out)!r}, 'w'); {SHOW}"),
+                (str(gmx), "mdrun", "-o", str(out)),
                 type="cpu" if name == "c" else "gpu",
                 gpu_memory=1 << 30,
             )
             for name, out in outs.items()
         ]
-        assert all(r.wait() is not None and r.wait().ok for r in runs)  # type: ignore[union-attr]
+        results = [r.wait() for r in runs]
+        assert all(r is not None and r.ok for r in results), results
         granted = {e.step: e for e in node.of(ev.LeaseGranted) if isinstance(e, ev.LeaseGranted)}
+        started = {e.step: e for e in node.of(ev.StepStarted) if isinstance(e, ev.StepStarted)}
         for name in ("a", "b"):
             cpus = step_cpus(granted[name].gpus, shares)
             assert tuple(granted[name].cpus) == cpus
-            mask, omp, m27_cpus = json.loads(outs[name].read_text())
             if cpus:  # (a one-core machine gives both GPUs every core: nothing to confine)
-                assert [mask, omp, m27_cpus] == [list(cpus), str(len(cpus)), str(len(cpus))]
+                n = str(len(cpus))
+                assert started[name].command[1:4] == ("mdrun", "-nt", n)
+                assert json.loads(outs[name].read_text())[:3] == [list(cpus), n, n]
         assert granted["c"].cpus == ()  # a CPU step is not confined
-        assert json.loads(outs["c"].read_text())[0] == sorted(os.sched_getaffinity(0))
+        assert json.loads(outs["c"].read_text())[:3] == [
+            sorted(os.sched_getaffinity(0)),
+            None,
+            None,
+        ]
     finally:
         node.close()
-
-
-# --- m27 gpus ----------------------------------------------------------------------------
 
 
 def test_m27_gpus_names_each_gpus_cores_where_gpu_steps_are_confined(
@@ -271,6 +310,6 @@ def test_each_mpi_rank_gets_its_part_of_the_cores(command: str, ranks: int) -> N
     2 threads; OMP_NUM_THREADS=8 would have made it 32 threads on the 8."""
     from m27.executors.local import child_env
 
-    step = launch(SHOW, cpus=tuple(range(8)))
+    step = launch("", cpus=tuple(range(8)))
     env = child_env(replace(step, argv=tuple(command.split())), 1, None)
     assert (env["OMP_NUM_THREADS"], env["M27_CPUS"]) == (str(max(1, 8 // ranks)), "8")
