@@ -74,10 +74,9 @@ def test_the_prefect_server_keeps_its_port_across_restarts_while_it_is_free(
     assert service.node_port(tmp_path) == second  # the new one is remembered
 
 
-def test_a_port_in_use_given_with_port_is_refused_by_name(tmp_path: Path) -> None:
-    """`m27 agent serve --port P` with another program on P: the service said "the Prefect
-    server did not start; see server.log", whose lines were Prefect's ("Invalid host")."""
-    env = {**os.environ, "M27_HOME": str(tmp_path / "home"), "M27_GPUS": "sim:1"}
+def _serve_on_a_taken_port(home: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], int]:
+    """`m27 agent serve --port P` with another program listening on P, and P."""
+    env = {**os.environ, "M27_HOME": str(home), "M27_GPUS": "sim:1", **env}
     env.pop("PREFECT_API_URL", None)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -87,6 +86,13 @@ def test_a_port_in_use_given_with_port_is_refused_by_name(tmp_path: Path) -> Non
             [sys.executable, "-m", "m27.cli", "agent", "serve", "--port", str(port)],
             env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
+    return done, port
+
+
+def test_a_port_in_use_given_with_port_is_refused_by_name(tmp_path: Path) -> None:
+    """`m27 agent serve --port P` with another program on P: the service said "the Prefect
+    server did not start; see server.log", whose lines were Prefect's ("Invalid host")."""
+    done, port = _serve_on_a_taken_port(tmp_path / "home")
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"m27 agent: port {port} on 127.0.0.1 is in use; choose another with --port" in (
         done.stdout + done.stderr
@@ -100,18 +106,9 @@ def test_the_service_says_which_cores_its_gpu_steps_run_on(tmp_path: Path) -> No
     from m27.gpu.cpus import core_of, node_cpus, split_cores
     from m27.units import cpu_list
 
-    env = {**os.environ, "M27_HOME": str(tmp_path / "home"), "M27_GPUS": "sim:2"}
-    env.pop("PREFECT_API_URL", None)
     said = []
     for mode in ("share", "auto"):
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
-            taken.listen()
-            port = taken.getsockname()[1]
-            done = subprocess.run(
-                [sys.executable, "-m", "m27.cli", "agent", "serve", "--port", str(port)],
-                env={**env, "M27_GPU_CPUS": mode}, capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
+        done, _ = _serve_on_a_taken_port(tmp_path / "home", M27_GPUS="sim:2", M27_GPU_CPUS=mode)
         assert done.returncode == 2, done.stdout + done.stderr
         said.append(done.stdout + done.stderr)
     shares = split_cores(node_cpus(), 2, core=core_of)
