@@ -80,3 +80,20 @@ def _still_running(run: RunState) -> bool:
     if run.host != socket.gethostname():
         return True
     return liveness.alive(run.pid, run.pid_started)
+
+
+def rerun_steps(rerun: object, resume_of: str | None, pipeline: Pipeline) -> list[str]:
+    """The step names `rerun` gives (a list of them, none for None), each once; SpecError
+    for a name `pipeline` lacks, or any without `resume_of` (a run that resumes nothing
+    runs every step anyway)."""
+    if rerun is None or rerun == []:
+        return []
+    if not isinstance(rerun, list) or not all(isinstance(n, str) for n in rerun):
+        raise _refuse("rerun", f"must be a list of step names, got {rerun!r:.200}")
+    if resume_of is None:
+        raise _refuse("rerun", "needs resume_of: a run that resumes none runs every step")
+    try:
+        pipeline.rerun_steps(rerun)
+    except KeyError as exc:
+        raise _refuse("rerun", str(exc.args[0])) from None
+    return list(dict.fromkeys(rerun))

@@ -67,7 +67,7 @@ from m27.node.lease import AgentLease, run_leased
 from m27.paths import join_under
 from m27.spec import Pipeline, Step, problem_lines
 from m27.store import EventStore
-from m27.store.chain import chain, gone_note, successes
+from m27.store.chain import chain, gone_note, rerun_note, successes
 from m27.store.sqlite import open_store
 from m27.units import format_duration
 
@@ -212,22 +212,26 @@ def skipped_task(message: str, done: bool) -> State:
 
 
 def _previous_successes(
-    store: EventStore, resume_of: str | None, pipeline: Pipeline
+    store: EventStore, resume_of: str | None, pipeline: Pipeline, rerun: list[str]
 ) -> tuple[dict[str, str], list[Path], frozenset[str]]:
     """Steps already done in the run being resumed (and its own ancestors), each with the
-    run it succeeded in; their checkpoint folders, newest run first; and the done steps
-    that run again, from the start: their outputs are gone and a step that runs needs
-    them (each logged)."""
+    run it succeeded in; their checkpoint folders, newest run first; and the steps that
+    run from the start, each logged: those `rerun` names and the steps after them, and
+    done steps whose outputs are gone while a step that runs needs them."""
     if not resume_of:
         return {}, [], frozenset()
     runs = chain(store, resume_of)
     found = successes(store, runs)
-    again = pipeline.rerun_for_outputs(found.keys())
+    forced = pipeline.rerun_steps(rerun)
+    if forced:
+        get_run_logger().warning("%s", rerun_note(rerun, forced))
+    again = pipeline.rerun_for_outputs(found.keys() - set(forced))
     for name, gone in again.items():
         get_run_logger().warning("%s", gone_note(name, gone, found[name].run_id))
     dirs = [join_under(m27_home(), "checkpoints", run_id) for run_id in runs]
-    done = {name: s.run_id for name, s in found.items() if name not in again}
-    return done, dirs, frozenset(again)
+    fresh = {*forced, *again}
+    done = {name: s.run_id for name, s in found.items() if name not in fresh}
+    return done, dirs, frozenset(fresh)
 
 
 def _ui_url() -> str | None:
@@ -260,8 +264,11 @@ def pipeline_flow(
     run_id: str | None = None,
     resume_of: str | None = None,
     pipeline_name: str | None = None,
+    rerun: list[str] | None = None,
 ) -> State | dict[str, Any]:
-    """Run the pipeline in `spec_path` with `overrides` for its {{VARS}}."""
+    """Run the pipeline in `spec_path` with `overrides` for its {{VARS}}; with
+    `resume_of`, skip the steps that succeeded there, except those `rerun` names and the
+    steps after them."""
     from prefect.runtime import flow_run
 
     try:  # the input's problems end the run here, each in one line: no traceback
@@ -272,10 +279,11 @@ def pipeline_flow(
         if run_id:
             run_id = _params.fresh_run_id(store, run_id)
         resume_of = _params.resumed_run(store, resume_of, pipeline)
+        rerun = _params.rerun_steps(rerun, resume_of, pipeline)
     except (SpecError, ConfigError, StoreError) as exc:
         return _refused(exc)
     run_id = run_id or runids.from_flow_run(str(flow_run.id))
-    done, resume_dirs, fresh = _previous_successes(store, resume_of, pipeline)
+    done, resume_dirs, fresh = _previous_successes(store, resume_of, pipeline, rerun)
     # The node's agent: this process embeds one unless another process runs it.
     agent = ensure_agent(home)
     run = _Run(run_id, pipeline, store, home, AgentLease(store, home), resume_dirs, fresh)

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from m27.paths import matches
+from m27.units import closest
 
 STEP_TYPES = ("cpu", "gpu", "gpu_light")
 EXECUTORS = ("local", "slurm")
@@ -156,6 +157,23 @@ class Pipeline:
     def topo_order(self) -> list[str]:
         """Step names so that every step comes after its dependencies; ties in file order."""
         return topo_order((s.name, s.depends_on) for s in self.steps)
+
+    def rerun_steps(self, names: Iterable[str]) -> list[str]:
+        """`names` and every step that waits on one of them, in run order: what `m27 run
+        --resume R --rerun NAME` runs again, from the start (a step after NAME reads what
+        NAME writes anew). KeyError naming the pipeline's steps for a name it lacks."""
+        chosen: set[str] = set()
+        for name in names:
+            if name not in self._by_name:
+                hint = closest(name, self._by_name)
+                maybe = f"did you mean {hint!r}? " if hint else ""
+                shown = ", ".join(s.name for s in self.steps[:20])
+                more = f" and {len(self.steps) - 20} more" if len(self.steps) > 20 else ""
+                raise KeyError(
+                    f"pipeline {self.name!r} has no step {name!r} ({maybe}its steps: {shown}{more})"
+                )
+            chosen |= {name, *self.dependents(name)}
+        return [n for n in self.topo_order() if n in chosen]
 
     def dependents(self, name: str) -> set[str]:
         """Every step that waits, directly or not, on `name` (what a failure of it blocks)."""

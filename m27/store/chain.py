@@ -59,3 +59,19 @@ def gone_note(step: str, gone: list[str], succeeded_in: str) -> str:
         f"step {step} succeeded in run {succeeded_in}, but {its} {shown} {are} gone and a "
         "step that runs now needs it: it runs again, from the start"
     )
+
+
+def rerun_note(asked: list[str], runs: list[str]) -> str:
+    """What a resume says of the steps `--rerun` runs again (`runs`:
+    :meth:`m27.spec.Pipeline.rerun_steps` of `asked`), on stderr and in the flow's log."""
+    after = [name for name in runs if name not in asked]
+    note = (
+        f"--rerun {', '.join(asked)}: {'it runs' if len(asked) == 1 else 'they run'} again "
+        "from the start (no checkpoint of an earlier run is restored)"
+    )
+    if after:
+        shown = ", ".join(after[:10]) + (f" and {len(after) - 10} more" if len(after) > 10 else "")
+        them = "it" if len(asked) == 1 else "them"
+        which = "does the step" if len(after) == 1 else "do the steps"
+        note += f", and so {which} waiting on {them}: {shown}"
+    return note

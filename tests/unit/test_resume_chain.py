@@ -4,13 +4,17 @@ step that runs needs and whose outputs are gone (Pipeline.rerun_for_outputs)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
+from flows import _params
 from flows.pipeline import _previous_successes
 from m27 import events as ev
-from m27.spec import load_pipeline
-from m27.store.chain import Success, chain, gone_note, successes
+from m27.spec import SpecError, load_pipeline
+from m27.store.chain import Success, chain, gone_note, rerun_note, successes
 from m27.store.memory import MemoryEventStore
 
 
@@ -78,11 +82,11 @@ def test_the_flow_skips_the_chain_s_successes_and_restores_from_its_folders(
         "  - {name: md, type: cpu, command: md.sh, depends_on: [em]}\n"
     )
     pipeline = load_pipeline(spec)
-    done, dirs, fresh = _previous_successes(_store(), "b", pipeline)
+    done, dirs, fresh = _previous_successes(_store(), "b", pipeline, [])
     # prep.txt is gone, but only em (done) needs it: prep stays done
     assert done == {"prep": "a", "em": "b"} and fresh == frozenset()
     assert dirs == [m27_home / "checkpoints" / "b", m27_home / "checkpoints" / "a"]
-    assert _previous_successes(_store(), None, pipeline) == ({}, [], frozenset())
+    assert _previous_successes(_store(), None, pipeline, []) == ({}, [], frozenset())
 
 
 def _pipeline(tmp_path: Path) -> Path:
@@ -153,3 +157,56 @@ def test_a_step_run_again_for_its_outputs_starts_from_no_checkpoint(tmp_path: Pa
     found = run(frozenset()).resume_from("prep")  # failed there: goes on from it
     assert found is not None and Path(found).parent == old / "prep"
     assert run(frozenset({"prep"})).resume_from("prep") is None
+
+
+def test_rerun_runs_the_step_and_every_step_after_it_from_the_start(
+    m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """Resuming b (prep done in a, em done in b) with --rerun prep: prep, em and md run,
+    none from a checkpoint of a or b; plot, after prep too, would have run anyway."""
+    spec = _pipeline(tmp_path)
+    pipeline = load_pipeline(spec)
+    logger = logging.getLogger("test-rerun")
+    monkeypatch.setattr("flows.pipeline.get_run_logger", lambda: logger)
+    with caplog.at_level(logging.WARNING, logger="test-rerun"):
+        done, _, fresh = _previous_successes(_store(), "b", pipeline, ["prep"])
+    assert done == {} and fresh == {"prep", "em", "md", "plot"}
+    assert caplog.messages == [rerun_note(["prep"], ["prep", "em", "md", "plot"])]
+    # --rerun em: prep stays done in a; em and md run again
+    for made in ("in/a.txt", "in/b.txt"):
+        (tmp_path / made).write_text("x")
+    done, _, fresh = _previous_successes(_store(), "b", pipeline, ["em"])
+    assert done == {"prep": "a"} and fresh == {"em", "md"}
+
+
+def test_the_rerun_note_names_what_runs_with_the_steps_asked_for() -> None:
+    assert rerun_note(["md"], ["md"]) == (
+        "--rerun md: it runs again from the start (no checkpoint of an earlier run is restored)"
+    )
+    assert rerun_note(["a", "b"], ["a", "b", "c", "d"]).endswith(
+        "they run again from the start (no checkpoint of an earlier run is restored), and so "
+        "do the steps waiting on them: c, d"
+    )
+    many = rerun_note(["a"], ["a", *(f"s{i}" for i in range(12))])
+    assert many.endswith("s8, s9 and 2 more")
+
+
+@pytest.mark.parametrize(
+    ("rerun", "resume_of", "message"),
+    [
+        ("em", "b", "rerun: must be a list of step names, got 'em'"),
+        ([1], "b", "rerun: must be a list of step names, got [1]"),
+        (["em"], None, "rerun: needs resume_of: a run that resumes none runs every step"),
+        (["emm"], "b", "rerun: pipeline 'p' has no step 'emm' (did you mean 'em'?"),
+    ],
+)
+def test_a_rerun_parameter_the_flow_cannot_use_is_refused_in_one_line(
+    tmp_path: Path, rerun: object, resume_of: str | None, message: str
+) -> None:
+    """A deployment's Custom run in Prefect's UI takes `rerun` as JSON a person typed."""
+    pipeline = load_pipeline(_pipeline(tmp_path))
+    with pytest.raises(SpecError, match=r"flow parameters: ") as refused:
+        _params.rerun_steps(rerun, resume_of, pipeline)
+    assert message in str(refused.value)
+    assert _params.rerun_steps(["md", "em", "md"], "b", pipeline) == ["md", "em"]
+    assert _params.rerun_steps(None, None, pipeline) == []

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
-from m27.cli.commands import run as run_cmd
+from m27.cli.commands._prepare import prepare
 from m27.events.state import fold
 from m27.store.sqlite import SqliteEventStore
 
@@ -55,9 +55,9 @@ def _spec(folder: Path, *steps: str) -> Path:
     return spec
 
 
-def _resume(path: Path, run_id: str) -> None:
-    args = argparse.Namespace(sets=[], resume=run_id, file=str(path))
-    run_cmd._prepare(args)
+def _resume(path: Path, run_id: str | None, *rerun: str) -> None:
+    args = argparse.Namespace(sets=[], resume=run_id, file=str(path), rerun=list(rerun))
+    prepare(args)
 
 
 def test_each_changed_succeeded_step_is_named_with_the_run_and_both_commands(
@@ -73,11 +73,11 @@ def test_each_changed_succeeded_step_is_named_with_the_run_and_both_commands(
     _resume(spec, SECOND)
     assert capsys.readouterr().err.splitlines() == [
         f"m27 run: note: step a succeeded in run {FIRST} as `touch a.out`; the file now says "
-        "`touch a.out other.out`, and a resume does not run it again (a new run, without "
-        "--resume, runs every step as the file is)",
+        "`touch a.out other.out`, and a resume does not run it again unless asked to "
+        "(--rerun a runs it and the steps after it)",
         f"m27 run: note: step b succeeded in run {SECOND} as `echo fixed`; the file now says "
-        "`echo 'fixed again'`, and a resume does not run it again (a new run, without "
-        "--resume, runs every step as the file is)",
+        "`echo 'fixed again'`, and a resume does not run it again unless asked to "
+        "(--rerun b runs it and the steps after it)",
     ]
 
 
@@ -125,3 +125,78 @@ def test_a_step_whose_output_is_gone_is_said_to_run_again_not_to_be_left_out(
     (tmp_path / "a.out").write_text("back")  # there again: skipped, its new command noted
     _resume(spec, SECOND)
     assert "the file now says `touch a.out other.out`" in capsys.readouterr().err
+
+
+def test_rerun_names_the_step_and_those_after_it_instead_of_the_changed_command(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--rerun a runs a (its command changed) and c, which waits on it; b, changed too
+    but not asked for, is still noted as left out."""
+    _log(m27_home)
+    spec = _spec(
+        tmp_path,
+        "name: a, type: cpu, command: touch a.out other.out",
+        "name: b, type: cpu, command: echo 'fixed again'",
+        "name: c, type: cpu, command: echo c, depends_on: [a]",
+    )
+    _resume(spec, SECOND, "a")
+    assert capsys.readouterr().err.splitlines() == [
+        "m27 run: note: --rerun a: it runs again from the start (no checkpoint of an earlier "
+        "run is restored), and so does the step waiting on it: c",
+        f"m27 run: note: step b succeeded in run {SECOND} as `echo fixed`; the file now says "
+        "`echo 'fixed again'`, and a resume does not run it again unless asked to "
+        "(--rerun b runs it and the steps after it)",
+    ]
+
+
+def test_rerun_of_a_run_where_every_step_succeeded_runs_them_rather_than_nothing(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --rerun, such a resume exits 0 at once and says how to rerun a step."""
+    _log(m27_home)
+    spec = _spec(
+        tmp_path,
+        "name: a, type: cpu, command: touch a.out",
+        "name: b, type: cpu, command: echo fixed",
+    )
+    with pytest.raises(SystemExit) as ended:
+        _resume(spec, SECOND)
+    assert ended.value.code == 0
+    assert f"m27 run --resume {SECOND} --rerun STEP" in capsys.readouterr().out
+    _resume(spec, SECOND, "b", "a", "b")  # returns: there is something to run
+    assert capsys.readouterr().err == (
+        "m27 run: note: --rerun b, a: they run again from the start (no checkpoint of an "
+        "earlier run is restored)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("resume", "rerun", "message"),
+    [
+        (SECOND, "bb", "m27 run: --rerun: pipeline 'p' has no step 'bb' (did you mean 'b'? "
+         "its steps: a, b, c)"),
+        (SECOND, "zzz", "m27 run: --rerun: pipeline 'p' has no step 'zzz' (its steps: a, b, c)"),
+        (None, "b", "m27 run: --rerun needs --resume RUN_ID (a new run runs every step): "
+         "m27 run --resume last --rerun b"),
+    ],
+    ids=["typo", "unknown", "no-resume"],
+)  # fmt: skip
+def test_a_rerun_that_cannot_be_done_exits_2_in_one_line(
+    m27_home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    resume: str | None,
+    rerun: str,
+    message: str,
+) -> None:
+    _log(m27_home)
+    spec = _spec(
+        tmp_path,
+        "name: a, type: cpu, command: touch a.out",
+        "name: b, type: cpu, command: echo fixed",
+        "name: c, type: cpu, command: echo c",
+    )
+    with pytest.raises(SystemExit) as ended:
+        _resume(spec, resume, rerun)
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == message + "\n"

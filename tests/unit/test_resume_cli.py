@@ -116,7 +116,8 @@ def test_a_resume_with_nothing_left_to_run_says_so_and_starts_nothing(
     out, err = capsys.readouterr()
     assert out == (
         "m27 run: every step of run done has succeeded (there or in a run it resumed): "
-        f"nothing to resume. To run the pipeline again: m27 run {spec}\n"
+        f"nothing to resume. To run the pipeline again: m27 run {spec}; to run a step and "
+        "those after it again: m27 run --resume done --rerun STEP\n"
     )
     assert err == "m27 run: note: step a's output a.out is gone, and no step left to run needs it\n"
     store = open_store(m27_home)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from m27.cli.commands import run
+from m27.cli.commands._prepare import prepare
 from m27.events import RunFailed, RunSubmitted, StepSucceeded
 from m27.spec import Pipeline
 from m27.store.sqlite import open_store
@@ -33,7 +33,7 @@ def _ran(home: Path, spec: Path, pipeline: str) -> None:
 
 
 def _prepare(file: Path) -> tuple[Pipeline, dict[str, str], str | None]:
-    return run._prepare(argparse.Namespace(sets=[], resume="r1", file=str(file)))
+    return prepare(argparse.Namespace(sets=[], resume="r1", file=str(file), rerun=[]))
 
 
 def test_a_run_of_another_pipeline_is_refused_with_both_names(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from m27.paths import is_pattern, not_runnable
-from m27.store.chain import chain, gone_note, successes
+from m27.store.chain import chain, gone_note, rerun_note, successes
 
 if TYPE_CHECKING:
     from m27.spec import Pipeline, Step
@@ -323,27 +323,31 @@ def _sees(step: Step, index: int) -> str:
 
 
 def resume_plan(
-    st: SqliteEventStore, run_id: str, pipeline: Pipeline
+    st: SqliteEventStore, run_id: str, pipeline: Pipeline, rerun: list[str]
 ) -> tuple[list[str], list[str]]:
     """The notes of a resume of run `run_id`, and the steps it will run (file order).
 
-    A note for each step that succeeded in `run_id` (or a run it resumed) that the resume
-    runs again, its outputs gone (:meth:`Pipeline.rerun_for_outputs`), or does not run
-    again though `pipeline` now gives it another command: a fix made to it in the file
-    would otherwise be silently left out."""
+    A note for the steps `rerun` names (:meth:`Pipeline.rerun_steps`), and for each step
+    that succeeded in `run_id` (or a run it resumed) that the resume runs again, its
+    outputs gone (:meth:`Pipeline.rerun_for_outputs`), or does not run again though
+    `pipeline` now gives it another command: a fix made to it in the file would otherwise
+    be silently left out."""
     found = successes(st, chain(st, run_id))
-    again = pipeline.rerun_for_outputs(found.keys())
-    left = [s.name for s in pipeline.steps if s.name not in found or s.name in again]
-    lines = [gone_note(name, gone, found[name].run_id) for name, gone in again.items()]
+    forced = pipeline.rerun_steps(rerun)
+    again = pipeline.rerun_for_outputs(found.keys() - set(forced))
+    runs = {*forced, *again}
+    left = [s.name for s in pipeline.steps if s.name not in found or s.name in runs]
+    lines = [rerun_note(rerun, forced)] if forced else []
+    lines += [gone_note(name, gone, found[name].run_id) for name, gone in again.items()]
     for step in pipeline.steps:
         was = found.get(step.name)
-        if was is None or not was.command or step.name in again:
+        if was is None or not was.command or step.name in runs:
             continue
         if (now := shlex.join(step.argv)) != was.command:
             lines.append(
                 f"step {step.name} succeeded in run {was.run_id} as `{was.command}`; the file "
-                f"now says `{now}`, and a resume does not run it again (a new run, without "
-                "--resume, runs every step as the file is)"
+                f"now says `{now}`, and a resume does not run it again unless asked to "
+                f"(--rerun {step.name} runs it and the steps after it)"
             )
     if not left:  # nothing runs, so nothing needs them: said, not run again
         lines += [

@@ -18,6 +18,7 @@ from m27._exceptions import M27Error, RunnerError, StoreError
 from m27.cli import warm
 from m27.cli.commands import SUMMARY, _common, _notes
 from m27.cli.commands._options import add_set_option
+from m27.cli.commands._prepare import prepare
 from m27.cli.commands._progress import Progress, write_out
 from m27.cli.prefect_run import (
     bound_prefect_end,
@@ -32,9 +33,9 @@ from m27.events import CancelRequested, RunCancelled, RunFailed
 from m27.executors.engines import plan_for_step
 from m27.gpu import detect
 from m27.locks import OutputLocks
-from m27.paths import make_home, same_file
+from m27.paths import make_home
 from m27.signals import SignalRelay
-from m27.spec import Pipeline, Problem, load_pipeline, parse_set_args
+from m27.spec import Pipeline, Problem
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,6 +60,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--set values (a new --set overrides one); a step that succeeded runs again when "
         "its output: is gone and a step that runs needs it; with no step left to run, "
         "nothing starts (exit 0)",
+    )
+    p.add_argument(
+        "--rerun",
+        metavar="STEP",
+        action="append",
+        default=[],
+        help="with --resume: run STEP again, from the start, though it succeeded (its "
+        "command or input changed), and every step that waits on it (repeatable)",
     )
     p.add_argument(
         "--plain",
@@ -92,72 +101,6 @@ def _node_service() -> float:
             url=info.url,
         )
     return waited
-
-
-def _prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | None]:
-    overrides = parse_set_args(args.sets)
-    resume_of: str | None = None
-    file = args.file
-    if args.resume:
-        old = _common.find_run(_common.outline(_common.store()), args.resume)
-        if _common.shown_status(old) == "running" and old.pid:
-            print(
-                f"m27 run: run {old.run_id} is still running (pid {old.pid}); resuming it "
-                "now would run its steps twice. Wait for it to end, or cancel it "
-                f"(m27 cancel {old.run_id}), then resume",
-                file=sys.stderr,
-            )
-            raise SystemExit(2)
-        resume_of = old.run_id
-        changed = sorted(k for k, v in overrides.items() if k in old.vars and old.vars[k] != v)
-        if changed:
-            were = ", ".join(f"{k}={old.vars[k]!r}" for k in changed)
-            print(
-                f"m27 run: note: run {old.run_id} had {were}; the steps that succeeded there "
-                "are not run again with the new value",
-                file=sys.stderr,
-            )
-        overrides = {**old.vars, **overrides}
-        if not file and old.spec_path and not os.path.exists(old.spec_path):
-            print(
-                f"m27 run: {old.spec_path}, the pipeline file of run {old.run_id}, is gone; "
-                f"if it moved, give its new path: m27 run --resume {old.run_id} FILE",
-                file=sys.stderr,
-            )
-            raise SystemExit(2)
-        file = file or old.spec_path
-    if not file:
-        print("m27 run: give a pipeline FILE (or --resume RUN_ID)", file=sys.stderr)
-        raise SystemExit(2)
-    pipeline = load_pipeline(file, overrides)
-    if (
-        args.resume
-        and old.pipeline
-        and pipeline.name != old.pipeline
-        and not same_file(str(pipeline.path), old.spec_path)
-    ):
-        # `--resume last` after another pipeline ran: that run's succeeded steps would be
-        # skipped here wherever a step has the same name (prep, train), and their
-        # checkpoints restored into other programs
-        print(
-            f"m27 run: run {old.run_id} is of pipeline {old.pipeline!r} ({old.spec_path}), "
-            f"{file} is pipeline {pipeline.name!r}; resume a run of {pipeline.name!r} (m27 "
-            f"runs), or, if {file} is {old.pipeline!r} renamed, give it `name: "
-            f"{old.pipeline}`",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
-    if resume_of is not None:
-        notes, left = _notes.resume_plan(_common.store(), resume_of, pipeline)
-        for note in _notes.shown_notes(notes):
-            print(f"m27 run: note: {note}", file=sys.stderr)
-        if not left:  # a run that only skips: nothing for the log, Prefect or the GPUs
-            print(
-                f"m27 run: every step of run {resume_of} has succeeded (there or in a run it "
-                f"resumed): nothing to resume. To run the pipeline again: m27 run {file}"
-            )
-            raise SystemExit(0)
-    return pipeline, overrides, resume_of
 
 
 def _claim_outputs(pipeline: Pipeline, run_id: str) -> OutputLocks | None:
@@ -242,7 +185,7 @@ def _checkpoint_warnings(pipeline: Pipeline) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     atexit.register(_fast_exit)
-    pipeline, overrides, resume_of = _prepare(args)
+    pipeline, overrides, resume_of = prepare(args)
     problems = _check_resources(pipeline) + _common.slurm_problems(pipeline)
     if problems := problems + _container_problems(pipeline):
         print("\n".join(f"m27: {p}" for p in problems), file=sys.stderr)
@@ -329,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
                 run_id=run_id,
                 resume_of=resume_of,
                 pipeline_name=pipeline.name,
+                rerun=args.rerun or None,
                 return_state=True,
             )
     except StoreError as exc:  # a full disk, say: one message, and the run's end recorded
