@@ -65,11 +65,16 @@ _RETRY_LIMIT = 256 * 1024
 
 
 def load_pipeline(
-    path: str | Path, overrides: Mapping[str, str] | None = None, *, each_run: bool = False
+    path: str | Path,
+    overrides: Mapping[str, str] | None = None,
+    *,
+    each_run: bool = False,
+    environ: Mapping[str, str] | None = None,
 ) -> Pipeline:
     """Read, validate and render the pipeline file at `path`; raises SpecError. With
     `each_run`, a variable `vars:` declares without a value is no problem: it is left to
-    each run (`Pipeline.unset`), as a deployment's runs give it."""
+    each run (`Pipeline.unset`), as a deployment's runs give it. `$NAME` in `env:`,
+    `workdir:` and `output:` is read from `environ` (default: this process's)."""
     try:
         data = _read(Path(path))
     except OSError as exc:
@@ -84,7 +89,7 @@ def load_pipeline(
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _error([_not_utf8(str(path), data, exc)], path) from None
-    return parse_pipeline(text, path, overrides, each_run=each_run)
+    return parse_pipeline(text, path, overrides, each_run=each_run, environ=environ)
 
 
 def _read(path: Path) -> bytes:
@@ -114,11 +119,12 @@ def parse_pipeline(
     overrides: Mapping[str, str] | None = None,
     *,
     each_run: bool = False,
+    environ: Mapping[str, str] | None = None,
 ) -> Pipeline:
     """Validate and render pipeline `text`; `path` names it in problems and anchors
     relative paths and the default name. Raises SpecError listing every problem."""
     with _collector_paused():
-        return _parse(text, path, overrides, each_run)
+        return _parse(text, path, overrides, each_run, environ)
 
 
 @contextlib.contextmanager
@@ -136,9 +142,13 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _parse(
-    text: str, path: str | Path, overrides: Mapping[str, str] | None, each_run: bool = False
+    text: str,
+    path: str | Path,
+    overrides: Mapping[str, str] | None,
+    each_run: bool = False,
+    environ: Mapping[str, str] | None = None,
 ) -> Pipeline:
-    checker = Checker(str(path), Path(path), overrides or {}, each_run)
+    checker = Checker(str(path), Path(path), overrides or {}, each_run, environ)
     checker.source = text
     try:
         root = _compose(text)

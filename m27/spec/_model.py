@@ -101,6 +101,9 @@ class Pipeline:
     #: variables `vars:` declares without a value, left to each run: only a load with
     #: ``each_run=True`` (`m27 deploy`) has any, and their placeholders stay as written
     unset: tuple[str, ...] = ()
+    #: (line, field, name) of each `$NAME` in an `env:` value, `workdir:` or `output:` that
+    #: the environment m27 read the file in does not set (it became empty: a note)
+    unset_env: tuple[tuple[int, str, str], ...] = ()
 
     def step(self, name: str) -> Step:
         found = self._by_name.get(name)

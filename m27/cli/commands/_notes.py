@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from m27.paths import is_pattern, not_runnable
 from m27.store.chain import chain, gone_note, rerun_note, successes
+from m27.units import closest
 
 if TYPE_CHECKING:
     from m27.spec import Pipeline, Step
@@ -30,7 +31,24 @@ def pipeline_notes(pipeline: Pipeline) -> list[str]:
         + gpu_indexes(pipeline)
         + missing_slurm(pipeline)
         + undeclared_inputs(pipeline)
+        + unset_environment(pipeline)
     )
+
+
+def unset_environment(pipeline: Pipeline) -> list[str]:
+    """A line for each `$NAME` in an `env:` value, `workdir:` or `output:` that m27's
+    environment does not set: it became empty, as in sh, and a typo (`$SCRACH`) or a
+    variable exported in another shell would otherwise go unseen until the step failed."""
+    shown = shown_path(pipeline)
+    lines = []
+    for line, field, name in pipeline.unset_env:
+        close = closest(name, os.environ)
+        hint = f" (did you mean ${close}?)" if close else ""
+        lines.append(
+            f"{shown}:{line}: {field}: ${name} is not set here, so it is empty{hint}; write "
+            "$$ for a `$` that is meant as text"
+        )
+    return lines
 
 
 def unrunnable_programs(pipeline: Pipeline) -> list[str]:
