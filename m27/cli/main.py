@@ -35,12 +35,27 @@ class _Parser(argparse.ArgumentParser):
 
     Plain argparse hands them up to `m27`, which prints its own usage (`usage: m27 [-h]
     [--version] COMMAND ...`) for `m27 exporter --port 1`; the subcommand's usage is the
-    one that lists what it does take. Subparsers inherit the class (``parser_class``)."""
+    one that lists what it does take. Subparsers inherit the class (``parser_class``).
+
+    A command whose positionals may follow its options (`m27 checkpoints gc --keep 2 RUN`)
+    says so with ``set_defaults(intermixed_args=True)``: plain argparse takes `gc` as every
+    positional there is, and RUN as an unknown argument."""
+
+    _mixing = False
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        parsed, extras = super().parse_known_args(args, namespace)
+        if self._mixing:  # parse_known_intermixed_args's own passes: extras are expected
+            return super().parse_known_args(args, namespace)
+        if self.get_default("intermixed_args"):
+            self._mixing = True
+            try:
+                parsed, extras = self.parse_known_intermixed_args(args, namespace)
+            finally:
+                self._mixing = False
+        else:
+            parsed, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras

@@ -3,6 +3,7 @@
     m27 checkpoints RUN [STEP] [--json]        time, step, sim step, bytes, % changed, valid
     m27 checkpoints verify RUN [STEP]          every chunk's hash; exit 1 naming bad files
     m27 checkpoints gc RUN [STEP] [--keep N]   keep the newest N intact, drop unreferenced packs
+    m27 checkpoints gc --done [--dry-run] [RUN]  delete the checkpoints of succeeded steps
 
 RUN is a run id (a unique prefix, or `last`) under $M27_HOME/checkpoints, or a directory.
 """
@@ -20,6 +21,7 @@ from m27._exceptions import CorruptCheckpointError, RunError
 from m27.checkpoint import Listed, checkpoints_home, load_settings, prune, scan, verify
 from m27.checkpoint.files import CAPTURES, capture_dir
 from m27.cli.commands import SUMMARY
+from m27.cli.commands._ckpt_done import gc_done
 from m27.cli.commands._common import print_json
 from m27.paths import join_under
 from m27.tables import Col
@@ -33,14 +35,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "checkpoints",
         help=SUMMARY["checkpoints"],
         # argparse would write nargs="+" as "[verify|gc] RUN [STEP] [[verify|gc] ...]"
-        usage="m27 checkpoints [-h] [--json] [--keep N] [verify|gc] RUN [STEP]",
+        usage="m27 checkpoints [-h] [--json] [--keep N] [verify|gc] RUN [STEP]\n"
+        "       m27 checkpoints gc --done [--dry-run] [--json] [RUN]",
         description="List the checkpoints of RUN (all steps, or STEP); `verify` checks every "
         "chunk's hash (exit 1 on corruption, naming the files); `gc` keeps the newest N intact "
         "checkpoints (every chunk read; a corrupt one is left but not counted) and deletes "
-        "packs nothing references. RUN is a run id, a unique prefix, "
-        "`last`, or a checkpoint directory.",
+        "packs nothing references; `gc --done` deletes the checkpoints of every step that "
+        "succeeded in a run that ended (of RUN alone, if given): nothing restores them. RUN "
+        "is a run id, a unique prefix, `last`, or a checkpoint directory.",
     )
-    p.add_argument("words", nargs="+", metavar="[verify|gc] RUN [STEP]")
+    p.add_argument("words", nargs="*", metavar="[verify|gc] RUN [STEP]")
+    p.add_argument(
+        "--done",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="RUN",
+        help="gc: delete the checkpoints of steps that succeeded (a resume skips them, "
+        "--rerun starts them over); those of steps that failed, were cancelled or crashed, "
+        "and of runs still running, stay",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="gc --done: say what would go, delete nothing"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "--keep",
@@ -49,11 +66,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="gc: checkpoints to keep (default: keep_last from the config)",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, intermixed_args=True)
 
 
 def run(args: argparse.Namespace) -> int:
     words = list(args.words)
+    if args.done is not None or args.dry_run:
+        return _done(args, words)
+    if not words:
+        print("m27 checkpoints: expected [verify|gc] RUN [STEP]", file=sys.stderr)
+        return 2
     if len(words) == 1 and words[0] in _ACTIONS[1:]:
         print(
             f"m27 checkpoints {words[0]}: give the run to {words[0]}: "
@@ -80,6 +102,26 @@ def run(args: argparse.Namespace) -> int:
             return 2
         return _gc(targets, keep, args.json)
     return _list(targets, args.json)
+
+
+def _done(args: argparse.Namespace, words: list[str]) -> int:
+    """`gc --done [RUN]` (`gc RUN --done` too); the other actions take neither option."""
+    other = words[:1] in (["list"], ["verify"])
+    if words[:1] == ["gc"]:
+        words.pop(0)
+    run = args.done or (words.pop(0) if words and not other else None)
+    if args.done is None or other or words or args.keep is not None:
+        print(
+            "m27 checkpoints: --done and --dry-run go with gc alone: "
+            "m27 checkpoints gc --done [--dry-run] [RUN]",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return gc_done(run, args.dry_run, args.json)
+    except RunError as exc:
+        print(f"m27 checkpoints: {exc}", file=sys.stderr)
+        return 2
 
 
 def _directories(run: str, step: str | None) -> list[tuple[str, Path]]:

@@ -1,0 +1,134 @@
+"""`m27 checkpoints gc --done`: delete the checkpoints of steps that succeeded.
+
+Nothing restores them: a resume skips a step that succeeded, and `--rerun` starts it over.
+Yet each run keeps its steps' newest `keep_last` checkpoints, so a server running MD for
+months fills its disk with the states of finished simulations (three 48 GiB states a
+step). What a resume may still need stays: the checkpoints of a step that failed, was
+cancelled or crashed, of a run still running, and of a folder the event log does not
+know (a run pruned from the log, a directory of someone's own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from m27 import runids
+from m27.checkpoint import checkpoints_home
+from m27.cli.commands._common import in_full, outline, print_json, shown_status, store
+from m27.units import format_size
+
+
+@dataclass(frozen=True)
+class _Found:
+    run_id: str
+    step: str
+    path: Path
+    bytes: int
+
+
+def _size(folder: Path) -> int:
+    """Bytes of the files under `folder` (links not followed, as rmtree removes them)."""
+    total = 0
+    for base, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(base, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def _plan(run: str | None) -> tuple[list[_Found], dict[str, int]]:
+    """The step folders to delete, and how many folders stay for each reason."""
+    root = checkpoints_home()
+    folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    st = store()
+    try:
+        known = outline(st)
+        if run is not None:  # a run id, a unique prefix or `last`, as elsewhere
+            wanted = runids.resolve(run, list(known.runs))
+            folders = [p for p in folders if p.name == wanted]
+        ended = [
+            p.name
+            for p in folders
+            if p.name in known.runs and shown_status(known.runs[p.name]) != "running"
+        ]
+        state = in_full(st, known, ended)
+    finally:
+        st.close()
+    found: list[_Found] = []
+    kept = {"not succeeded": 0, "running": 0, "not in the event log": 0}
+    for folder in folders:
+        steps = sorted(p for p in folder.iterdir() if p.is_dir())
+        if folder.name not in known.runs:
+            kept["not in the event log"] += len(steps)
+            continue
+        if folder.name not in ended:
+            kept["running"] += len(steps)
+            continue
+        states = state.runs[folder.name].steps
+        for path in steps:
+            if path.name in states and states[path.name].status == "succeeded":
+                found.append(_Found(folder.name, path.name, path, _size(path)))
+            else:
+                kept["not succeeded"] += 1
+    return found, kept
+
+
+def gc_done(run: str | None, dry_run: bool, as_json: bool) -> int:
+    """Delete (or with `dry_run` list) the checkpoints of succeeded steps of ended runs."""
+    found, kept = _plan(run)
+    failed: list[str] = []
+    removed: list[_Found] = []
+    for f in found if not dry_run else []:
+        try:
+            shutil.rmtree(f.path)
+        except OSError as exc:  # said, and not counted as freed
+            failed.append(f"could not remove {f.path}: {exc.strerror or exc}")
+            continue
+        removed.append(f)
+        with contextlib.suppress(OSError):  # the run's folder, once its last step's is gone
+            f.path.parent.rmdir()
+    found = found if dry_run else removed
+    freed = sum(f.bytes for f in found)
+    if as_json:
+        rows: list[dict[str, Any]] = [
+            {"run_id": f.run_id, "step": f.step, "path": str(f.path), "bytes": f.bytes}
+            for f in found
+        ]
+        print_json({"removed" if not dry_run else "would_remove": rows, "kept": kept})
+        for line in failed:
+            print(f"m27 checkpoints: {line}", file=sys.stderr)
+        return 1 if failed else 0
+    verb = "would remove" if dry_run else "removed"
+    by_run: dict[str, list[_Found]] = {}
+    for f in found:
+        by_run.setdefault(f.run_id, []).append(f)
+    for steps in by_run.values():  # a line a run: a run of 300 steps is one line
+        names = ", ".join(f.step for f in steps[:3])
+        more = f" and {len(steps) - 3} more" if len(steps) > 3 else ""
+        size = format_size(sum(f.bytes for f in steps))
+        print(
+            f"{verb}  {steps[0].path.parent}  {size}: {len(steps)} succeeded "
+            f"step{'s' if len(steps) != 1 else ''} ({names}{more})"
+        )
+    runs = f"{len(by_run)} run{'s' if len(by_run) != 1 else ''}"
+    folders = f"{len(found)} step folder{'s' if len(found) != 1 else ''}"
+    print(f"{verb} {folders} of {runs}: {format_size(freed)}{'' if dry_run else ' freed'}")
+    reasons = {
+        "not succeeded": "of steps that did not succeed (a resume restores them)",
+        "running": "of runs still running",
+        "not in the event log": "of runs the event log does not know",
+    }
+    for key, count in kept.items():
+        if count:
+            print(f"kept {count} step folder{'s' if count != 1 else ''} {reasons[key]}")
+    for line in failed:
+        print(f"m27 checkpoints: {line}", file=sys.stderr)
+    return 1 if failed else 0
