@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from m27 import liveness
-from m27.events.state import NodeState, fold
+from m27.events.state import NodeState, RunState, fold
 from m27.locks import NodeLock
 from m27.node import service
 from m27.node.crash import (
@@ -45,7 +45,7 @@ from m27.node.embed import build_agent, request_handover, withdraw_handover
 from m27.node.outage import Repeats
 from m27.node.prefect_server import PrefectServer
 from m27.node.runner import WarmRunner
-from m27.node.settle import ended_runs, settle
+from m27.node.settle import ended_runs, settle, settle_tasks
 from m27.store.sqlite import open_store
 from m27.units import cpu_list
 
@@ -94,6 +94,9 @@ class _Watcher:
         self.recheck_at = 0.0
         #: flow runs of ended runs whose Prefect state was checked (settle.py)
         self.settled: set[str] = set()
+        #: flow run id -> (until when, run): settled flow runs whose task runs are checked
+        #: again (a task run's state can reach Prefect after its flow run was settled)
+        self.resettle: dict[str, tuple[float, RunState]] = {}
         self.settle_at = 0.0
         self.thread = threading.Thread(target=self._main, name="m27-crash-watch", daemon=True)
 
@@ -113,7 +116,7 @@ class _Watcher:
         if dead_runs(self.state, self.host):
             self.close_dead()
             self.state = fold(self.store.read(self.state.last_seq), self.state)
-        if self.unmarked or (self.recheck and now >= self.recheck_at):
+        if self.unmarked or ((self.recheck or self.resettle) and now >= self.recheck_at):
             self.recheck_at = now + RECHECK_EVERY_S
             with_prefect(self._tell_prefect)
         if now >= self.settle_at:
@@ -124,6 +127,7 @@ class _Watcher:
                 self.settled.update(ended)  # after Prefect answered: else the next pass
                 for flow_run_id in changed:
                     run = ended[flow_run_id]
+                    self.resettle[flow_run_id] = (now + RECHECK_FOR_S, run)
                     self.log(
                         f"m27 agent: flow run of {run.run_id} was open or Crashed in Prefect; "
                         f"set to how the run ended ({run.status})"
@@ -156,6 +160,11 @@ class _Watcher:
                 del self.recheck[flow_run_id]
                 continue
             await close_task_runs(client, flow_run_id, "crashed", reason)
+        for flow_run_id, (until, run) in list(self.resettle.items()):
+            if now > until:
+                del self.resettle[flow_run_id]
+                continue
+            await settle_tasks(client, flow_run_id, run)
 
 
 def _used_at(home: Path) -> float:

@@ -25,7 +25,7 @@ from m27.events.state import NodeState, RunState
 if TYPE_CHECKING:
     from prefect.client.orchestration import PrefectClient
 
-__all__ = ["ended_runs", "settle"]
+__all__ = ["ended_runs", "settle", "settle_tasks"]
 
 #: Flow runs asked about per request (their ids go into the filter).
 _BATCH = 200
@@ -80,6 +80,45 @@ def _task_state(run: RunState, step_name: str) -> Any:
     return _flow_state(run)
 
 
+def _open_types() -> tuple[list[Any], list[Any]]:
+    """Prefect's state types of a run not ended, and those plus Crashed (wrong unless the
+    log says it crashed too)."""
+    from prefect.client.schemas.objects import StateType
+
+    final = (StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED)
+    open_types = [t for t in StateType if t not in final]
+    return open_types, [*open_types, StateType.CRASHED]
+
+
+async def settle_tasks(client: PrefectClient, flow_run_id: str, run: RunState) -> int:
+    """Give the task runs of `flow_run_id` that Prefect shows open (or Crashed, unless the
+    run crashed) their steps' ends in `run`; how many it changed. Prefect 3 records
+    task-run states from events, seconds late: one can arrive after :func:`settle` closed
+    its flow run, so the node service calls this again for a while."""
+    from uuid import UUID
+
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+
+    open_types, wrong_types = _open_types()
+    tasks = await client.read_task_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
+        task_run_filter=TaskRunFilter(
+            state=TaskRunFilterState(
+                type=TaskRunFilterStateType(any_=open_types if run.crashed else wrong_types)
+            )
+        ),
+    )
+    for task_run in tasks:
+        await client.set_task_run_state(task_run.id, _task_state(run, task_run.name), force=True)
+    return len(tasks)
+
+
 async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[str]:
     """Give each flow run in `runs` that Prefect still shows open the end the log
     recorded, and its open task runs their steps' ends; the flow run ids it changed."""
@@ -90,15 +129,9 @@ async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[st
         FlowRunFilterId,
         FlowRunFilterState,
         FlowRunFilterStateType,
-        TaskRunFilter,
-        TaskRunFilterState,
-        TaskRunFilterStateType,
     )
-    from prefect.client.schemas.objects import StateType
 
-    final = (StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED)
-    open_types = [t for t in StateType if t not in final]
-    wrong_types = [*open_types, StateType.CRASHED]  # Crashed: unless the log says so too
+    _, wrong_types = _open_types()
     ids: list[UUID] = []
     for flow_run_id in runs:
         try:
@@ -119,17 +152,7 @@ async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[st
             run = runs[str(flow_run.id)]
             if run.crashed and flow_run.state is not None and flow_run.state.is_crashed():
                 continue  # both say it crashed
-            types = open_types if run.crashed else wrong_types
-            tasks = await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
-                task_run_filter=TaskRunFilter(
-                    state=TaskRunFilterState(type=TaskRunFilterStateType(any_=types))
-                ),
-            )
-            for task_run in tasks:
-                await client.set_task_run_state(
-                    task_run.id, _task_state(run, task_run.name), force=True
-                )
+            await settle_tasks(client, str(flow_run.id), run)
             await client.set_flow_run_state(flow_run.id, _flow_state(run), force=True)
             changed.append(str(flow_run.id))
     return changed

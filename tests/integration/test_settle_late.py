@@ -1,0 +1,117 @@
+"""A task run whose state reaches Prefect after the node service settled its flow run
+(Prefect 3 records task-run states from events, seconds late) gets its step's end too: the
+service checks a settled flow run's task runs again for a while. Before, it stayed
+Running in Prefect's UI under a flow run that had Failed."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from m27 import events as ev
+from m27.node.serve import _Watcher
+from m27.store.sqlite import open_store
+
+pytestmark = pytest.mark.service
+
+
+def _prefect(url: str, work: Any) -> Any:
+    """`work(client)` against the session's server (Prefect keeps the settings of its first
+    import, so they are given here, not only through the environment)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    async def main() -> Any:
+        async with get_client() as client:
+            return await work(client)
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        return asyncio.run(main())
+
+
+def _in_prefect(url: str, call: Any) -> Any:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        return call()
+
+
+async def _open_flow_run(client: Any) -> str:
+    from prefect import flow
+    from prefect.states import Running
+
+    @flow(name="m27-settle-late")
+    def stand_in() -> None:
+        """Only its name: the flow run is made here, not run."""
+
+    flow_run = await client.create_flow_run(stand_in, state=Running())
+    return str(flow_run.id)
+
+
+def _running_task(flow_run_id: str, name: str) -> Any:
+    async def create(client: Any) -> None:
+        from uuid import UUID
+
+        from prefect import task
+        from prefect.states import Running
+
+        @task(name=name)
+        def stand_in() -> None:
+            """Only its name."""
+
+        await client.create_task_run(
+            stand_in, UUID(flow_run_id), dynamic_key=name, name=name, state=Running()
+        )
+
+    return create
+
+
+def _task_states(flow_run_id: str) -> Any:
+    async def read(client: Any) -> dict[str, tuple[str, str]]:
+        from uuid import UUID
+
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
+        )
+        return {r.name: (r.state.type.value, r.state.message or "") for r in runs}
+
+    return read
+
+
+def test_a_task_run_that_reaches_prefect_after_the_settle_gets_its_step_s_end(
+    prefect_env: str, m27_home: Path
+) -> None:
+    url = prefect_env
+    flow_run_id = _prefect(url, _open_flow_run)
+    _prefect(url, _running_task(flow_run_id, "md"))
+    store = open_store(m27_home)
+    store.append(
+        [  # ended while Prefect could not be told; its process (none recorded) is gone
+            ev.RunSubmitted(1.0, "r1", "p", "p.yaml", ("md", "em"), flow_run_id=flow_run_id,
+                            host=socket.gethostname()),
+            ev.StepSucceeded(1.1, "r1", "md", 1, 0.1),
+            ev.StepFailed(1.2, "r1", "em", 1, 0.1, "exited with code 3", exit_code=3),
+            ev.RunFailed(1.3, "r1", 0.3, ("em",), "step em failed"),
+        ]
+    )  # fmt: skip
+    store.close()
+    lines: list[str] = []
+    watcher = _Watcher(m27_home, lines.append, threading.Event())
+    _in_prefect(url, watcher.step)  # settles: the flow run Failed, md Completed
+    assert any("flow run of r1 was open or Crashed in Prefect" in line for line in lines)
+    assert _prefect(url, _task_states(flow_run_id)) == {"md": ("COMPLETED", "")}
+    _prefect(url, _running_task(flow_run_id, "em"))  # em's state arrives late
+    watcher.recheck_at = 0.0  # the next recheck is due (not waited for)
+    _in_prefect(url, watcher.step)
+    assert _prefect(url, _task_states(flow_run_id)) == {
+        "md": ("COMPLETED", ""),
+        "em": ("FAILED", "exited with code 3"),
+    }
+    watcher.store.close()
