@@ -204,6 +204,7 @@ def _lease_granted(state: NodeState, e: ev.LeaseGranted) -> None:
     state.lease_tiers[key] = e.tier
     if step := _step(state, e.run_id, e.step):
         step.tier = e.tier
+        step.cpus = e.cpus
 
 
 @_on(ev.LeaseReleased)

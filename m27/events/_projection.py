@@ -41,6 +41,9 @@ class StepState:
     pid_started: float | None = None
     pgid: int | None = None
     gpus: tuple[int, ...] = ()
+    #: the cores its last lease gave it (LeaseGranted.cpus: its GPUs' share); () when not
+    #: confined (a CPU step, every core)
+    cpus: tuple[int, ...] = ()
     started_at: float | None = None
     ended_at: float | None = None
     exit_code: int | None = None

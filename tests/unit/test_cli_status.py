@@ -149,6 +149,30 @@ def test_a_guest_says_beside_which_step_and_whether_it_is_held(
     assert steps["sim"]["guest"] is None
 
 
+def test_a_gpu_step_shows_the_cores_its_gpus_share_gave_it(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They were in its log, LeaseGranted and `m27 gpus`, not in `m27 status`."""
+    import os
+
+    pid = os.getpid()
+    rows = _status_rows(
+        m27_home,
+        capsys,
+        RUN,
+        ev.RunSubmitted(1.0, RUN, "p", "p.yaml", ("md", "prep"), pid=pid),
+        ev.LeaseGranted(2.0, RUN, "md", (1,), cpus=(4, 5, 6, 7)),
+        ev.StepStarted(2.1, RUN, "md", 1, pid, pid, ("x",), (1,)),
+        ev.LeaseGranted(2.0, RUN, "prep", ()),
+        ev.StepStarted(2.1, RUN, "prep", 1, pid, pid, ("x",)),
+    )
+    assert rows["md"].rstrip().endswith(" 1 (cores 4-7)")
+    assert rows["prep"].rstrip().endswith(" cpu")
+    assert main(["status", RUN, "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert (steps["md"]["cpus"], steps["prep"]["cpus"]) == ([4, 5, 6, 7], [])
+
+
 def test_a_failed_step_says_once_how_it_failed(
     m27_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,7 +14,7 @@ from m27.cli.commands._options import add_command
 from m27.events.state import NodeState, RunState, StepState
 from m27.monitoring.energy import energy_by_run, energy_by_step, format_energy
 from m27.tables import Col
-from m27.units import format_duration
+from m27.units import cpu_list, format_duration
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -125,6 +125,7 @@ def _run_dict(
                 "signal": s.signal,
                 "reason": s.reason,
                 "gpus": list(s.gpus or ()),
+                "cpus": list(s.cpus),
                 "host": s.host,
                 "slurm_job_id": s.slurm_job_id,
                 "slurm_state": s.slurm_state,
@@ -143,11 +144,14 @@ def _run_dict(
 
 
 def _where(s: dict[str, Any]) -> str:
-    """GPUs here, `cpu`, or the Slurm job and node; empty before the step first started."""
+    """GPUs here (`0 (cores 0-7)`: the cores their share confined it to), `cpu`, or the
+    Slurm job and node; empty before the step first started."""
     gpus = ",".join(map(str, s["gpus"]))
     if s["slurm_job_id"]:
         on = f" on {s['host']}" if s["host"] else ""
         return f"job {s['slurm_job_id']}{on}" + (f" GPU {gpus}" if gpus else "")
+    if gpus and s["cpus"]:
+        return f"{gpus} (cores {cpu_list(s['cpus'])})"
     return gpus or ("cpu" if s["started_at"] is not None else "")
 
 
