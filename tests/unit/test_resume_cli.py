@@ -119,7 +119,10 @@ def test_a_resume_with_nothing_left_to_run_says_so_and_starts_nothing(
         f"nothing to resume. To run the pipeline again: m27 run {spec}; to run a step and "
         "those after it again: m27 run --resume done --rerun STEP\n"
     )
-    assert err == "m27 run: note: step a's output a.out is gone, and no step left to run needs it\n"
+    assert err == (
+        "m27 run: note: step a's output a.out is gone, and no step left to run needs it "
+        "(--rerun a makes it again)\n"
+    )
     store = open_store(m27_home)
     assert [r.event.run_id for r in store.read() if isinstance(r.event, ev.RunSubmitted)] == [
         "done"

@@ -371,7 +371,8 @@ def resume_plan(
         lines += [
             f"step {step.name}'s {'output' if len(gone) == 1 else 'outputs'} "
             f"{', '.join(gone)} {'is' if len(gone) == 1 else 'are'} gone, and no step left "
-            f"to run needs {'it' if len(gone) == 1 else 'them'}"
+            f"to run needs {'it' if len(gone) == 1 else 'them'} (--rerun {step.name} makes "
+            f"{'it' if len(gone) == 1 else 'them'} again)"
             for step in pipeline.steps
             if (gone := pipeline.missing_outputs(step.name))
         ]
