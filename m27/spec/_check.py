@@ -19,7 +19,7 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 from m27.paths import name_problem
 from m27.spec._checkpoint import CheckpointField, read_checkpoint
 from m27.spec._draft import Draft, cross_check
-from m27.spec._environ import expand
+from m27.spec._environ import expanded
 from m27.spec._limits import (
     ARG_BYTES_MAX,
     GPUS_MAX,
@@ -226,7 +226,7 @@ class Checker(Variables):
             draft.deps, draft.deps_node = self.texts(n, f"{where}.depends_on") or [], n
         if (n := get("output")) is not None:
             for text, item, path in self.texts(n, f"{where}.output") or []:
-                tpl = self._environ(self.template(item, path, text))
+                tpl = expanded(self, self.template(item, path, text))
                 rendered = self._render_plain(tpl)
                 if rendered is not None and self._confined(
                     tpl, rendered, draft.workdir or self.workdir, draft.allow_outside
@@ -371,7 +371,7 @@ class Checker(Variables):
         text = self.text(node, where)
         if text is None:
             return None
-        tpl = self._environ(self.template(node, where, text))
+        tpl = expanded(self, self.template(node, where, text))
         rendered = self._render_plain(tpl)
         if rendered is None:
             return None
@@ -382,14 +382,6 @@ class Checker(Variables):
         if not self._confined(tpl, rendered, None, allow_outside):
             return None
         return os.path.normpath(self.base / Path(rendered).expanduser())
-
-    def _environ(self, tpl: Template) -> Template:
-        """`tpl` with the `$NAME`s its file text holds read from m27's environment."""
-        text, placeholders, unset = expand(tpl.text, tpl.placeholders, self.environ)
-        self.unset_env += [(tpl.node.start_mark.line + 1, tpl.field, name) for name in unset]
-        grown = len(text) > len(tpl.text)  # within what fields may expand to, as values are
-        ok = tpl.ok and (not grown or self._fits(tpl.node, tpl.field, text, []))
-        return Template(tpl.node, tpl.field, text, placeholders, ok)
 
     def _literal_values(self, tpl: Template) -> str | None:
         """An output with its values' `*`, `?` and `[` escaped (`run[1]` -> `run[[]1]`), or
@@ -456,7 +448,7 @@ class Checker(Variables):
             text = self.text(value, path)
             if text is None:
                 continue
-            rendered = self._render_plain(self._environ(self.template(value, path, text)))
+            rendered = self._render_plain(expanded(self, self.template(value, path, text)))
             if rendered is not None and "\0" in rendered:
                 self.add(
                     value,

@@ -15,25 +15,41 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
+from m27.spec._nodes import Template
 from m27.spec._template import Placeholder
 
-#: `$$`, `${NAME}`, `${NAME:-default}`, `$NAME`; any other `$` stays as written
+if TYPE_CHECKING:
+    from m27.spec._check import Checker
+
+#: `$$`, `${NAME}`, `${NAME:-default}`, `$NAME`; any other `$` stays as written. A default
+#: holds no `$`: with `[^}]*` each unclosed `${a:-` of a hostile file read to its end
+#: (quadratic: 50 s for 200 KB), and sh's nested defaults are not read here anyway.
 _REF = re.compile(
-    r"\$(?:(?P<dollar>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}"
+    r"\$(?:(?P<dollar>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}$]*))?\}"
     r"|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))"
 )
 
 
-def expand(
-    text: str, placeholders: Sequence[Placeholder], environ: Mapping[str, str]
-) -> tuple[str, list[Placeholder], list[str]]:
+class Expanded(NamedTuple):
+    """A text with its references read: what it became, its placeholders where they now
+    are, the names that were not set (each once), and the offset in the written text of
+    the first `${` that starts no reference (None: none)."""
+
+    text: str
+    placeholders: list[Placeholder]
+    unset: list[str]
+    malformed: int | None
+
+
+def expand(text: str, placeholders: Sequence[Placeholder], environ: Mapping[str, str]) -> Expanded:
     """`text` with the references in its written parts (not inside a placeholder) replaced
-    from `environ`, its placeholders moved to where they now are, and the names that were
-    not set (each once, in order)."""
+    from `environ`."""
     if "$" not in text:
-        return text, list(placeholders), []
+        return Expanded(text, list(placeholders), [], None)
     unset: list[str] = []
+    bad: list[int] = []
 
     def value(m: re.Match[str]) -> str:
         if m["dollar"]:
@@ -47,15 +63,51 @@ def expand(
             unset.append(name)
         return ""
 
+    def written(start: int, end: int) -> str:
+        """text[start:end] expanded; a `${` between its references is malformed."""
+        out: list[str] = []
+        pos = start
+        for m in _REF.finditer(text, start, end):
+            if (i := text.find("${", pos, m.start())) != -1:
+                bad.append(i)
+            out += [text[pos : m.start()], value(m)]
+            pos = m.end()
+        if (i := text.find("${", pos, end)) != -1:
+            bad.append(i)
+        out.append(text[pos:end])
+        return "".join(out)
+
     pieces: list[str] = []
     moved: list[Placeholder] = []
     length = pos = 0
     for ph in placeholders:
-        written = _REF.sub(value, text[pos : ph.start])
-        pieces += [written, text[ph.start : ph.end]]
-        length += len(written)
+        part = written(pos, ph.start)
+        pieces += [part, text[ph.start : ph.end]]
+        length += len(part)
         moved.append(Placeholder(ph.name, length, length + ph.end - ph.start))
         length += ph.end - ph.start
         pos = ph.end
-    pieces.append(_REF.sub(value, text[pos:]))
-    return "".join(pieces), moved, unset
+    pieces.append(written(pos, len(text)))
+    return Expanded("".join(pieces), moved, unset, bad[0] if bad else None)
+
+
+def expanded(checker: Checker, tpl: Template) -> Template:
+    """`tpl` with the `$NAME`s its file text holds read from the checker's environment:
+    each name not set noted (`checker.unset_env`), a malformed `${` a problem, and what
+    the references add counted toward what the file may expand to, as values are."""
+    found = expand(tpl.text, tpl.placeholders, checker.environ)
+    line = tpl.node.start_mark.line + 1
+    checker.unset_env += [(line, tpl.field, name) for name in found.unset]
+    ok = tpl.ok
+    if found.malformed is not None:
+        checker.add(
+            tpl.node,
+            tpl.field,
+            "`${` starts no environment variable m27 reads: write ${NAME} or "
+            "${NAME:-default} (a default holds no `$`), or $${ for the text `${`",
+            found.malformed,
+        )
+        ok = False
+    if ok and len(found.text) > len(tpl.text):
+        ok = checker._fits(tpl.node, tpl.field, found.text, [])
+    return Template(tpl.node, tpl.field, found.text, found.placeholders, ok)

@@ -30,17 +30,44 @@ ENVIRON = {"HOME": "/home/ana", "SCRATCH": "/scratch/ana", "PATH": "/usr/bin:/bi
         ("5$$ and $$HOME", "5$ and $HOME", []),
         ("$NOPE/x:$NOPE:${OTHER}", "/x::", ["NOPE", "OTHER"]),
         ("$1 $. $ a$", "$1 $. $ a$", []),  # not a name: as written
-        ("${unclosed", "${unclosed", []),
     ],
 )
 def test_references_expand_as_sh_reads_them(text: str, expanded: str, unset: list[str]) -> None:
-    assert expand(text, [], ENVIRON) == (expanded, [], unset)
+    assert expand(text, [], ENVIRON) == (expanded, [], unset, None)
+
+
+@pytest.mark.parametrize(
+    ("text", "offset"),
+    [("a/${unclosed", 2), ("${A:-$HOME}", 0), ("$HOME/${1}", 6), ("${a:-" * 40000, 0)],
+    ids=["unclosed", "nested-default", "not-a-name", "hostile"],
+)
+def test_a_dollar_brace_that_starts_no_reference_is_found_where_it_is(
+    text: str, offset: int
+) -> None:
+    """Left as written, `${A:-$HOME}` became `${A:-/home/ana}`. (The hostile text, 200 KB of
+    unclosed `${a:-`, took 50 s when a default could hold a `$`: each read to the end.)"""
+    assert expand(text, [], ENVIRON).malformed == offset
+
+
+def test_a_malformed_reference_is_a_problem_at_its_column(tmp_path: Path) -> None:
+    spec = tmp_path / "p.yaml"
+    spec.write_text("env:\n  A: x${HOME:-$USER}\npipeline:\n  - {name: a, type: cpu, command: x}\n")
+    with pytest.raises(SpecError) as refused:
+        load_pipeline(spec, environ=ENVIRON)
+    assert str(refused.value.problems[0]) == (
+        f"{spec}:2:7: env.A: `${{` starts no environment variable m27 reads: write ${{NAME}} "
+        "or ${NAME:-default} (a default holds no `$`), or $${ for the text `${`"
+    )
+    spec.write_text(
+        "env:\n  A: x$${HOME:-$$USER}\npipeline:\n  - {name: a, type: cpu, command: x}\n"
+    )
+    assert load_pipeline(spec, environ=ENVIRON).steps[0].env["A"] == "x${HOME:-$USER}"
 
 
 def test_placeholders_keep_their_values_and_move_with_the_text() -> None:
     text = "$HOME/{{A}}-$SCRATCH-{{B}}"
     placeholders, _ = scan(text)
-    out, moved, _ = expand(text, placeholders, ENVIRON)
+    out, moved, _, _ = expand(text, placeholders, ENVIRON)
     assert out == "/home/ana/{{A}}-/scratch/ana-{{B}}"
     assert [out[p.start : p.end] for p in moved] == ["{{A}}", "{{B}}"]
 
