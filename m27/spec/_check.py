@@ -213,9 +213,10 @@ class Checker(Variables):
         if (n := get("slurm")) is not None and self.mapping(n, f"{where}.slurm", SLURM_KEYS):
             v["slurm"] = MappingProxyType(self.raw(n, f"{where}.slurm") or {})
         if (n := get("container")) is not None:
-            v["container"] = self.plain(n, f"{where}.container")
+            v["container"] = self._rendered(n, f"{where}.container")
         if (n := get("binds")) is not None:
-            v["binds"] = tuple(self.plains(n, f"{where}.binds"))
+            found = self.texts(n, f"{where}.binds") or []
+            v["binds"] = tuple(b for _, i, p in found if (b := self._rendered(i, p)) is not None)
         if (n := get("allow_outside")) is not None:
             draft.allow_outside = bool(self.boolean(n, f"{where}.allow_outside"))
         if (n := get("workdir")) is not None:
@@ -445,19 +446,21 @@ class Checker(Variables):
             if not ENV_NAME.match(key):
                 self.add(key_node, path, f"bad environment variable name {quoted(key)}")
                 continue
-            text = self.text(value, path)
-            if text is None:
-                continue
-            rendered = self._render_plain(expanded(self, self.template(value, path, text)))
-            if rendered is not None and "\0" in rendered:
-                self.add(
-                    value,
-                    path,
-                    "the value holds a NUL byte (written or from a variable)",
-                )
-            elif rendered is not None:
+            if (rendered := self._rendered(value, path)) is not None:
                 out[key] = rendered
         return out
+
+    def _rendered(self, node: Node, where: str) -> str | None:
+        """A text with its `{{VAR}}`s and `$NAME`s put in, used as it is (an `env:` value,
+        a container image, a bind); None when it has a problem (reported)."""
+        text = self.text(node, where)
+        if text is None:
+            return None
+        rendered = self._render_plain(expanded(self, self.template(node, where, text)))
+        if rendered is not None and "\0" in rendered:
+            self.add(node, where, "the value holds a NUL byte (written or from a variable)")
+            return None
+        return rendered
 
     def _build(self, d: Draft) -> Step:
         v = d.values

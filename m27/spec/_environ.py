@@ -1,4 +1,4 @@
-"""`$NAME` in `env:` values, `workdir:` and `output:`: read from the environment m27 runs in.
+"""`$NAME` in `env:` values, paths, `container:` and `binds:`: read from m27's environment.
 
 `PATH: $HOME/bin:$PATH` and `workdir: $SCRATCH/run1` are how people write these in a shell,
 a job script or a Compose file. Taken as written, the step got the text `$HOME/bin:$PATH`

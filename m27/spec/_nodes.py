@@ -161,16 +161,6 @@ class Reader:
             return None
         return value
 
-    def plains(self, node: Node, where: str) -> list[str]:
-        """texts() for values used as written, without those holding a NUL (reported)."""
-        out = []
-        for text, item, path in self.texts(node, where) or []:
-            if "\0" in text:
-                self.add(item, path, "holds a NUL byte, which no path or argument can carry")
-            else:
-                out.append(text)
-        return out
-
     def texts(self, node: Node, where: str) -> list[tuple[str, Node, str]] | None:
         """A string or a list of strings, as (text, node, field path) triples."""
         if isinstance(node, SequenceNode):

@@ -160,3 +160,18 @@ def test_references_count_toward_what_a_file_may_expand_to(tmp_path: Path) -> No
     spec.write_text("pipeline:\n" + steps)
     with pytest.raises(SpecError, match="more than the 268,435,456 a file of this size"):
         load_pipeline(spec, environ={"BIG": "x" * (1 << 20)})
+
+
+def test_container_and_binds_take_variables_and_the_environment(tmp_path: Path) -> None:
+    """`container: "{{IMG}}"` ran the image `{{IMG}}` (the field was taken as written), and
+    `binds: [$SCRATCH/data:/data]` bound a folder named `$SCRATCH`."""
+    body = (
+        "vars: {IMG: /images/gmx.sif}\npipeline:\n  - name: a\n    type: cpu\n"
+        '    container: "{{IMG}}"\n    binds: ["$SCRATCH/data:/data", "{{IN}}:/in:ro"]\n'
+        "    command: x\n"
+    )
+    (step,) = _load(tmp_path, body, IN="/tmp/$HOME").steps
+    assert step.container == "/images/gmx.sif"
+    assert step.binds == ("/scratch/ana/data:/data", "/tmp/$HOME:/in:ro")
+    with pytest.raises(SpecError, match=r"binds\[1\]: the value holds a NUL byte"):
+        _load(tmp_path, body, IN="a\0b")
