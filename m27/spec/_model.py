@@ -101,8 +101,8 @@ class Pipeline:
     #: variables `vars:` declares without a value, left to each run: only a load with
     #: ``each_run=True`` (`m27 deploy`) has any, and their placeholders stay as written
     unset: tuple[str, ...] = ()
-    #: (line, field, name) of each `$NAME` in an `env:` value, `workdir:` or `output:` that
-    #: the environment m27 read the file in does not set (it became empty: a note)
+    #: (line, field, name) of each `$NAME` (m27.spec._environ) that the environment m27
+    #: read the file in does not set (it became empty: a note)
     unset_env: tuple[tuple[int, str, str], ...] = ()
 
     def step(self, name: str) -> Step:

@@ -36,7 +36,7 @@ def pipeline_notes(pipeline: Pipeline) -> list[str]:
 
 
 def unset_environment(pipeline: Pipeline) -> list[str]:
-    """A line for each `$NAME` in an `env:` value, `workdir:` or `output:` that m27's
+    """A line for each `$NAME` in a field m27 reads them in (m27.spec._environ) that m27's
     environment does not set: it became empty, as in sh, and a typo (`$SCRACH`) or a
     variable exported in another shell would otherwise go unseen until the step failed."""
     shown = shown_path(pipeline)
