@@ -302,6 +302,7 @@ def pipeline_flow(
             owner=getpass.getuser(),
             priority=pipeline.priority,
             resume_of=resume_of,
+            rerun=tuple(rerun),
             flow_run_id=str(flow_run.id),
             prefect_url=_ui_url(),
             pid=os.getpid(),

@@ -89,7 +89,9 @@ def summary_markdown(state: NodeState, run_id: str, workdir: Path | None = None)
         lines += ["", "Outputs:", ""]
         lines += [f"- `{name}`: `{path}`" for name, path in outputs]
     if run.resume_of:
-        lines += ["", f"Resumes run `{run.resume_of}`."]
+        again = ", ".join(f"`{name}`" for name in run.rerun)
+        asked = f" Asked to run {again} again (`--rerun`)." if run.rerun else ""
+        lines += ["", f"Resumes run `{run.resume_of}`.{asked}"]
     return "\n".join(lines) + "\n"
 
 

@@ -83,6 +83,7 @@ def _run_submitted(state: NodeState, e: ev.RunSubmitted) -> None:
         submitted_at=e.at,
         priority=e.priority,
         resume_of=e.resume_of,
+        rerun=e.rerun,
         flow_run_id=e.flow_run_id,
         prefect_url=e.prefect_url,
         pid=e.pid,

@@ -110,6 +110,8 @@ class RunState:
     cancel_requested: bool = False
     cancel_requested_by: str = ""
     resume_of: str | None = None
+    #: RunSubmitted.rerun: the steps a resume was asked to run again
+    rerun: tuple[str, ...] = ()
     flow_run_id: str | None = None
     prefect_url: str | None = None
     failed_steps: tuple[str, ...] = ()

@@ -53,7 +53,7 @@ def test_rerun_runs_the_fixed_step_and_the_steps_after_it_and_nothing_else(
     assert "[analyse] read v2" in again.stdout and "other ran" not in again.stdout
     state = node_state(m27_home)
     new = state.runs[next(r for r in state.runs if r != old)]
-    assert new.resume_of == old and new.status == "succeeded"
+    assert new.resume_of == old and new.status == "succeeded" and new.rerun == ("prep",)
     assert {n: s.status for n, s in new.steps.items()} == {
         "prep": "succeeded",
         "analyse": "succeeded",

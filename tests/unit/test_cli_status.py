@@ -173,6 +173,27 @@ def test_a_gpu_step_shows_the_cores_its_gpus_share_gave_it(
     assert (steps["md"]["cpus"], steps["prep"]["cpus"]) == ([4, 5, 6, 7], [])
 
 
+def test_a_resume_says_which_steps_it_was_asked_to_run_again(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = "20261203-090000-aaaa"
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, first, "p", "p.yaml", ("a", "b")),
+            ev.RunSucceeded(2.0, first, 1.0),
+            ev.RunSubmitted(3.0, RUN, "p", "p.yaml", ("a", "b"), resume_of=first, rerun=("a",)),
+            ev.RunSucceeded(4.0, RUN, 1.0),
+        ]
+    )
+    store.close()
+    assert main(["status", RUN]) == 0
+    assert f"  resumes: {first} (--rerun a)\n" in capsys.readouterr().out
+    assert main(["status", RUN, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["resume_of"], shown["rerun"]) == (first, ["a"])
+
+
 def test_a_failed_step_says_once_how_it_failed(
     m27_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

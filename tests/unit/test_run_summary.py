@@ -106,6 +106,21 @@ def test_a_step_whose_captured_files_record_no_step_shows_its_count_alone(
     assert "| 1 |" in row.split("2.0s", 1)[1] and "None" not in row
 
 
+def test_a_resume_names_the_run_it_resumes_and_the_steps_asked_to_run_again(
+    tmp_path: Path,
+) -> None:
+    state = _state(tmp_path)
+    run = state.runs["20261201-120000-abcd"]
+    run.resume_of = "20261130-080000-0000"
+    text = summary_markdown(state, run.run_id, workdir=tmp_path)
+    assert text.endswith("\nResumes run `20261130-080000-0000`.\n")
+    run.rerun = ("md", "fit")
+    text = summary_markdown(state, run.run_id, workdir=tmp_path)
+    assert text.endswith(
+        "\nResumes run `20261130-080000-0000`. Asked to run `md`, `fit` again (`--rerun`).\n"
+    )
+
+
 def test_plots_are_the_image_outputs_that_exist_with_keys_as_documented(tmp_path: Path) -> None:
     state = _state(tmp_path)
     run = state.runs["20261201-120000-abcd"]

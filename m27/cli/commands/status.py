@@ -111,6 +111,7 @@ def _run_dict(
         "ended_at": r.ended_at,
         "duration_s": r.duration_s,
         "resume_of": r.resume_of,
+        "rerun": list(r.rerun),
         "prefect_url": r.prefect_url,
         "flow_run_id": r.flow_run_id,
         "energy_j": energy.by_run.get(r.run_id),
@@ -195,7 +196,8 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
     if r.vars:
         print("  vars: " + " ".join(f"{k}={v}" for k, v in r.vars.items()))
     if r.resume_of:
-        print(f"  resumes: {r.resume_of}")
+        again = f" (--rerun {' '.join(r.rerun)})" if r.rerun else ""
+        print(f"  resumes: {r.resume_of}{again}")
     if r.prefect_url:
         print(f"  prefect: {r.prefect_url}")
     if d["energy_j"]:
