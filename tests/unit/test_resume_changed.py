@@ -56,7 +56,9 @@ def _spec(folder: Path, *steps: str) -> Path:
 
 
 def _resume(path: Path, run_id: str | None, *rerun: str) -> None:
-    args = argparse.Namespace(sets=[], resume=run_id, file=str(path), rerun=list(rerun))
+    args = argparse.Namespace(
+        sets=[], resume=run_id, file=str(path), rerun=list(rerun), dry_run=False
+    )
     prepare(args)
 
 

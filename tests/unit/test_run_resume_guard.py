@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from m27.cli.commands._prepare import prepare
+from m27.cli.commands._prepare import Prepared, prepare
 from m27.events import RunFailed, RunSubmitted, StepSucceeded
-from m27.spec import Pipeline
 from m27.store.sqlite import open_store
 
 STEP = "  - {name: prep, type: cpu, command: 'true'}\n"
@@ -32,8 +31,10 @@ def _ran(home: Path, spec: Path, pipeline: str) -> None:
     store.close()
 
 
-def _prepare(file: Path) -> tuple[Pipeline, dict[str, str], str | None]:
-    return prepare(argparse.Namespace(sets=[], resume="r1", file=str(file), rerun=[]))
+def _prepare(file: Path) -> Prepared:
+    return prepare(
+        argparse.Namespace(sets=[], resume="r1", file=str(file), rerun=[], dry_run=False)
+    )
 
 
 def test_a_run_of_another_pipeline_is_refused_with_both_names(
@@ -58,5 +59,5 @@ def test_the_same_file_with_its_name_edited_still_resumes(m27_home: Path, tmp_pa
     _ran(m27_home, md, "md")
     # (and a step added: with every step done, a resume has nothing to run)
     md.write_text("name: md-v2\nsteps:\n" + STEP + "  - {name: sim, type: cpu, command: 'true'}\n")
-    pipeline, _, resume_of = _prepare(md)
+    pipeline, _, resume_of, _ = _prepare(md)
     assert (pipeline.name, resume_of) == ("md-v2", "r1")

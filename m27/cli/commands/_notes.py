@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from m27.paths import is_pattern, not_runnable
-from m27.store.chain import chain, gone_note, rerun_note, successes
 from m27.units import closest
 
 if TYPE_CHECKING:
     from m27.spec import Pipeline, Step
-    from m27.store.sqlite import SqliteEventStore
 
 
 def pipeline_notes(pipeline: Pipeline) -> list[str]:
@@ -338,45 +336,6 @@ def _sees(step: Step, index: int) -> str:
         f"(m27 sets CUDA_VISIBLE_DEVICES), so GPU {index} is not there when it starts; "
         f"write {'0' if step.gpus == 1 else 'one of those'}, or ask for more with gpus: N"
     )
-
-
-def resume_plan(
-    st: SqliteEventStore, run_id: str, pipeline: Pipeline, rerun: list[str]
-) -> tuple[list[str], list[str]]:
-    """The notes of a resume of run `run_id`, and the steps it will run (file order).
-
-    A note for the steps `rerun` names (:meth:`Pipeline.rerun_steps`), and for each step
-    that succeeded in `run_id` (or a run it resumed) that the resume runs again, its
-    outputs gone (:meth:`Pipeline.rerun_for_outputs`), or does not run again though
-    `pipeline` now gives it another command: a fix made to it in the file would otherwise
-    be silently left out."""
-    found = successes(st, chain(st, run_id))
-    forced = pipeline.rerun_steps(rerun)
-    again = pipeline.rerun_for_outputs(found.keys() - set(forced))
-    runs = {*forced, *again}
-    left = [s.name for s in pipeline.steps if s.name not in found or s.name in runs]
-    lines = [rerun_note(rerun, forced)] if forced else []
-    lines += [gone_note(name, gone, found[name].run_id) for name, gone in again.items()]
-    for step in pipeline.steps:
-        was = found.get(step.name)
-        if was is None or not was.command or step.name in runs:
-            continue
-        if (now := shlex.join(step.argv)) != was.command:
-            lines.append(
-                f"step {step.name} succeeded in run {was.run_id} as `{was.command}`; the file "
-                f"now says `{now}`, and a resume does not run it again unless asked to "
-                f"(--rerun {step.name} runs it and the steps after it)"
-            )
-    if not left:  # nothing runs, so nothing needs them: said, not run again
-        lines += [
-            f"step {step.name}'s {'output' if len(gone) == 1 else 'outputs'} "
-            f"{', '.join(gone)} {'is' if len(gone) == 1 else 'are'} gone, and no step left "
-            f"to run needs {'it' if len(gone) == 1 else 'them'} (--rerun {step.name} makes "
-            f"{'it' if len(gone) == 1 else 'them'} again)"
-            for step in pipeline.steps
-            if (gone := pipeline.missing_outputs(step.name))
-        ]
-    return lines, left
 
 
 def shown_path(pipeline: Pipeline) -> str:

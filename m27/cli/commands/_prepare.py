@@ -7,17 +7,30 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NamedTuple
 
 from m27.cli.commands import _common, _notes
+from m27.cli.commands._plan import ResumePlan, resume_plan
 from m27.paths import same_file
 from m27.spec import Pipeline, load_pipeline, parse_set_args
 
 
-def prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | None]:
-    """The pipeline `m27 run` runs, its variables, and the run it resumes (None: a new
-    run); SystemExit for bad input (2) or a resume with nothing left to run (0)."""
+class Prepared(NamedTuple):
+    """The pipeline `m27 run` runs, its variables, the run it resumes and the resume's
+    plan (None, None: a new run)."""
+
+    pipeline: Pipeline
+    overrides: dict[str, str]
+    resume_of: str | None
+    plan: ResumePlan | None
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    """What `m27 run` runs; SystemExit for bad input (2) or a resume with nothing left to
+    run (0; with --dry-run that is shown as any plan)."""
     overrides = parse_set_args(args.sets)
     resume_of: str | None = None
+    plan: ResumePlan | None = None
     file = args.file
     args.rerun = list(dict.fromkeys(args.rerun))  # each once, as given (the flow gets these)
     if args.rerun and not args.resume:
@@ -82,10 +95,12 @@ def prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | N
         except KeyError as exc:
             print(f"m27 run: --rerun: {exc.args[0]}", file=sys.stderr)
             raise SystemExit(2) from None
-        notes, left = _notes.resume_plan(_common.store(), resume_of, pipeline, args.rerun)
-        for note in _notes.shown_notes(notes):
+        plan = resume_plan(_common.store(), resume_of, pipeline, args.rerun)
+        for note in _notes.shown_notes(plan.notes):
             print(f"m27 run: note: {note}", file=sys.stderr)
-        if not left:  # a run that only skips: nothing for the log, Prefect or the GPUs
+        if (
+            not plan.runs and not args.dry_run
+        ):  # a run that only skips: nothing for the log, Prefect or the GPUs
             print(
                 f"m27 run: every step of run {resume_of} has succeeded (there or in a run it "
                 f"resumed): nothing to resume. To run the pipeline again: m27 run {file}; "
@@ -93,4 +108,4 @@ def prepare(args: argparse.Namespace) -> tuple[Pipeline, dict[str, str], str | N
                 "--rerun STEP"
             )
             raise SystemExit(0)
-    return pipeline, overrides, resume_of
+    return Prepared(pipeline, overrides, resume_of, plan)

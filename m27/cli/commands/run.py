@@ -18,6 +18,7 @@ from m27._exceptions import M27Error, RunnerError, StoreError
 from m27.cli import warm
 from m27.cli.commands import SUMMARY, _common, _notes
 from m27.cli.commands._options import add_set_option
+from m27.cli.commands._plan import print_dry_run
 from m27.cli.commands._prepare import prepare
 from m27.cli.commands._progress import Progress, write_out
 from m27.cli.prefect_run import (
@@ -68,6 +69,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=[],
         help="with --resume: run STEP again, from the start, though it succeeded (its "
         "command or input changed), and every step that waits on it (repeatable)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check FILE and say what the run would do with each step (with --resume: "
+        "skipped as done, run again and why, or from which checkpoint), then exit; nothing "
+        "starts",
     )
     p.add_argument(
         "--plain",
@@ -185,7 +193,7 @@ def _checkpoint_warnings(pipeline: Pipeline) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     atexit.register(_fast_exit)
-    pipeline, overrides, resume_of = prepare(args)
+    pipeline, overrides, resume_of, plan = prepare(args)
     problems = _check_resources(pipeline) + _common.slurm_problems(pipeline)
     if problems := problems + _container_problems(pipeline):
         print("\n".join(f"m27: {p}" for p in problems), file=sys.stderr)
@@ -197,6 +205,9 @@ def run(args: argparse.Namespace) -> int:
     from m27.config import load_settings
 
     load_settings()  # a bad ~/.m2config or M27_CONFIG: a clean error here, not in the flow
+    if args.dry_run:
+        print_dry_run(pipeline, plan)
+        return 0
     make_home()  # likewise an M27_HOME that cannot be made, before the locks and the service
     run_id = runids.new_run_id()
     outputs = _claim_outputs(pipeline, run_id)

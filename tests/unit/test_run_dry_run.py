@@ -1,0 +1,119 @@
+"""`m27 run --dry-run`: what a run would do with each step, and nothing started. For a
+resume that is the question before hours of compute: which steps are skipped as done,
+which run again and why, and from which checkpoint a step goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from m27 import events as ev
+from m27.checkpoint import Checkpointer
+from m27.cli.main import main
+from m27.store.sqlite import open_store
+
+RUN = "20261205-080000-aaaa"
+SPEC = """\
+name: md
+pipeline:
+  - {name: prep, type: cpu, command: 'true', output: in.txt}
+  - {name: md, type: gpu, command: 'true', depends_on: [prep], checkpoint: 5m}
+  - {name: analysis, type: cpu, command: 'true', depends_on: [md]}
+"""
+
+
+@pytest.fixture
+def spec(tmp_path: Path, m27_home: Path) -> Path:
+    """RUN ran prep (in.txt there) and failed md after its checkpoint at step 2."""
+    path = tmp_path / "md.yaml"
+    path.write_text(SPEC)
+    (tmp_path / "in.txt").write_text("prepared")
+    with Checkpointer(m27_home / "checkpoints" / RUN / "md") as ck:
+        ck.save({"x": np.zeros(8)}, step=2)
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(1.0, RUN, "md", str(path), ("prep", "md", "analysis")),
+            ev.StepSucceeded(1.1, RUN, "prep", 1, 0.1),
+            ev.StepFailed(1.2, RUN, "md", 1, 0.1, "exited with code 1", exit_code=1),
+            ev.RunFailed(1.3, RUN, 0.3, ("md",), "step md failed"),
+        ]
+    )
+    store.close()
+    return path
+
+
+def _will(out: str) -> dict[str, str]:
+    rows = [line.split(None, 2) for line in out.splitlines()[2:] if line.startswith("  ")]
+    return {name: will for name, _type, will in rows}
+
+
+def _runs(home: Path) -> int:
+    store = open_store(home)
+    try:
+        return sum(isinstance(r.event, ev.RunSubmitted) for r in store.read())
+    finally:
+        store.close()
+
+
+def test_a_new_run_lists_every_step_and_starts_nothing(
+    spec: Path, m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", str(spec), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "m27 run --dry-run: md (a new run); nothing is started"
+    assert _will(out) == {"prep": "run", "md": "run", "analysis": "run"}
+    assert _runs(m27_home) == 1 and not (m27_home / "service.json").exists()
+
+
+def test_a_resume_says_what_is_skipped_and_where_each_step_goes_on_from(
+    spec: Path, m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "--resume", RUN, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        out.splitlines()[0] == f"m27 run --dry-run: md (a resume of run {RUN}); nothing is started"
+    )
+    assert _will(out) == {
+        "prep": f"skip: succeeded in run {RUN}",
+        "md": f"run, from run {RUN}'s checkpoint at step 2",
+        "analysis": "run, from the start",
+    }
+    assert main(["run", "--resume", RUN, "--rerun", "md", "--dry-run"]) == 0
+    assert _will(capsys.readouterr().out) == {
+        "prep": f"skip: succeeded in run {RUN}",
+        "md": "run, from the start (--rerun)",
+        "analysis": "run, from the start (it waits on a step --rerun runs)",
+    }
+    (spec.parent / "in.txt").unlink()  # md needs it: prep runs again
+    assert main(["run", "--resume", RUN, "--dry-run"]) == 0
+    assert _will(capsys.readouterr().out)["prep"] == "run again, from the start: in.txt gone"
+    assert _runs(m27_home) == 1 and not (m27_home / "service.json").exists()
+
+
+def test_a_resume_with_nothing_left_shows_its_plan_and_says_so(
+    spec: Path, m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = open_store(m27_home)
+    done = "20261205-090000-bbbb"
+    store.append(
+        [
+            ev.RunSubmitted(2.0, done, "md", str(spec), ("prep", "md", "analysis"), resume_of=RUN),
+            ev.StepSkipped(2.1, done, "prep", ev.StepSkipped.done_in(RUN)),
+            ev.StepSucceeded(2.2, done, "md", 1, 0.1),
+            ev.StepSucceeded(2.3, done, "analysis", 1, 0.1),
+            ev.RunSucceeded(2.4, done, 0.4),
+        ]
+    )
+    store.close()
+    assert main(["run", "--resume", done, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert set(_will(out).values()) == {
+        f"skip: succeeded in run {RUN}",
+        f"skip: succeeded in run {done}",
+    }
+    assert out.splitlines()[-1] == (
+        "nothing would run: every step succeeded (--rerun STEP runs one again)"
+    )
