@@ -62,6 +62,15 @@ def _resume(path: Path, run_id: str | None, *rerun: str) -> None:
     prepare(args)
 
 
+def _changed(step: str, run_id: str, was: str, now: str) -> str:
+    """The note of a succeeded step whose command the file has changed since."""
+    return (
+        f"m27 run: note: step {step} succeeded in run {run_id} as `{was}`; the file now says "
+        f"`{now}`, and a resume does not run it again unless asked to (--rerun {step} runs "
+        "it and the steps after it)"
+    )
+
+
 def test_each_changed_succeeded_step_is_named_with_the_run_and_both_commands(
     m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -74,12 +83,8 @@ def test_each_changed_succeeded_step_is_named_with_the_run_and_both_commands(
     )
     _resume(spec, SECOND)
     assert capsys.readouterr().err.splitlines() == [
-        f"m27 run: note: step a succeeded in run {FIRST} as `touch a.out`; the file now says "
-        "`touch a.out other.out`, and a resume does not run it again unless asked to "
-        "(--rerun a runs it and the steps after it)",
-        f"m27 run: note: step b succeeded in run {SECOND} as `echo fixed`; the file now says "
-        "`echo 'fixed again'`, and a resume does not run it again unless asked to "
-        "(--rerun b runs it and the steps after it)",
+        _changed("a", FIRST, "touch a.out", "touch a.out other.out"),
+        _changed("b", SECOND, "echo fixed", "echo 'fixed again'"),
     ]
 
 
@@ -145,9 +150,7 @@ def test_rerun_names_the_step_and_those_after_it_instead_of_the_changed_command(
     assert capsys.readouterr().err.splitlines() == [
         "m27 run: note: --rerun a: it runs again from the start (no checkpoint of an earlier "
         "run is restored), and so does the step waiting on it: c",
-        f"m27 run: note: step b succeeded in run {SECOND} as `echo fixed`; the file now says "
-        "`echo 'fixed again'`, and a resume does not run it again unless asked to "
-        "(--rerun b runs it and the steps after it)",
+        _changed("b", SECOND, "echo fixed", "echo 'fixed again'"),
     ]
 
 
