@@ -69,6 +69,7 @@ class Checker(Variables):
         self.environ = os.environ if environ is None else environ
         #: (line, field, name) of each `$NAME` the environment does not set (_environ)
         self.unset_env: list[tuple[int, str, str]] = []
+        self.env_in_defaults = []
         self.each_run = each_run
         self.unset: list[str] = []
         self.path = path
@@ -130,6 +131,7 @@ class Checker(Variables):
             workdir=Path(self.workdir) if self.workdir else self.base,
             unset=tuple(k for k in self.unset if k in self.used),  # one no step uses: none
             unset_env=tuple(self.unset_env),
+            env_in_defaults=tuple(self.env_in_defaults),
         )
 
     def _pipeline_name(self, top: dict[str, tuple[Node, Node]]) -> str | None:

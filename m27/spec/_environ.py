@@ -32,6 +32,12 @@ _REF = re.compile(
 )
 
 
+def references(text: str) -> list[str]:
+    """The names `text` refers to as `$NAME`, `${NAME}` or `${NAME:-...}`, each once."""
+    found = (m["braced"] or m["bare"] for m in _REF.finditer(text) if not m["dollar"])
+    return list(dict.fromkeys(found))
+
+
 class Expanded(NamedTuple):
     """A text with its references read: what it became, its placeholders where they now
     are, the names that were not set (each once), and the offset in the written text of

@@ -104,6 +104,9 @@ class Pipeline:
     #: (line, field, name) of each `$NAME` (m27.spec._environ) that the environment m27
     #: read the file in does not set (it became empty: a note)
     unset_env: tuple[tuple[int, str, str], ...] = ()
+    #: (line, field, name) of each `$NAME` a `vars:` default holds: a value is data, so it
+    #: is not read from the environment (a note)
+    env_in_defaults: tuple[tuple[int, str, str], ...] = ()
 
     def step(self, name: str) -> Step:
         found = self._by_name.get(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from yaml.nodes import Node
 
+from m27.spec._environ import references
 from m27.spec._model import Problem
 from m27.spec._nodes import Reader, is_null, suggest
 from m27.spec._template import VAR_NAME, scan
@@ -18,6 +19,9 @@ class Variables(Reader):
     #: for themselves, `{{NAME}}`, and are listed in `unset`
     each_run: bool = False
     unset: list[str]
+    #: (line, field, name) of each `$NAME` a default holds: values are data, so it stays
+    #: as written (a note: m27.spec._environ)
+    env_in_defaults: list[tuple[int, str, str]]
 
     def _file_problem(self, message: str) -> Problem:
         return Problem(self.file, 1, 1, "", message)
@@ -53,6 +57,8 @@ class Variables(Reader):
         for key, (text, node) in defaults.items():
             if key not in self.overrides:
                 self._default_names_a_variable(key, text, node)
+                line = node.start_mark.line + 1
+                self.env_in_defaults += [(line, f"vars.{key}", n) for n in references(text)]
 
     def _default_names_a_variable(self, key: str, text: str, node: Node) -> None:
         """`TPR: "{{OUT}}/sim.tpr"` validated, and the steps got `{{OUT}}/sim.tpr` as

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from m27.cli.commands._notes import unset_environment
+from m27.cli.commands._notes import environment_notes
 from m27.executors.local import StepLaunch, run_step
 from m27.spec import Pipeline, SpecError, load_pipeline
 from m27.spec._environ import expand
@@ -124,7 +124,7 @@ def test_an_unset_name_is_empty_and_noted_where_it_is_with_the_name_it_may_mean(
     assert pipeline.unset_env == ((6, "pipeline[0].env.DATA", "SCRACH"),)
     monkeypatch.setattr(os, "environ", dict(ENVIRON))
     monkeypatch.chdir(tmp_path)
-    assert unset_environment(pipeline) == [
+    assert environment_notes(pipeline) == [
         "p.yaml:6: pipeline[0].env.DATA: $SCRACH is not set here, so it is empty (did you "
         "mean $SCRATCH?); write $$ for a `$` that is meant as text"
     ]
@@ -175,3 +175,24 @@ def test_container_and_binds_take_variables_and_the_environment(tmp_path: Path) 
     assert step.binds == ("/scratch/ana/data:/data", "/tmp/$HOME:/in:ro")
     with pytest.raises(SpecError, match=r"binds\[1\]: the value holds a NUL byte"):
         _load(tmp_path, body, IN="a\0b")
+
+
+def test_a_default_that_names_the_environment_stays_as_written_and_is_noted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`vars: {OUT: $SCRATCH/out}` made a folder named `$SCRATCH` for `{{OUT}}/x`: a
+    value is data, never read again, so the note says where `$SCRATCH` is read."""
+    body = (
+        "vars:\n  OUT: $SCRATCH/out\n  PRICE: 5$$\npipeline:\n"
+        "  - {name: a, type: cpu, command: x, output: '{{OUT}}/x', allow_outside: true}\n"
+    )
+    pipeline = _load(tmp_path, body)
+    assert pipeline.steps[0].outputs == ("$SCRATCH/out/x",)
+    assert pipeline.env_in_defaults == ((2, "vars.OUT", "SCRATCH"),)
+    monkeypatch.chdir(tmp_path)
+    assert environment_notes(pipeline) == [
+        "p.yaml:2: vars.OUT: $SCRATCH stays as written: a variable's value is data, not read "
+        "from the environment; write $SCRATCH where the value is used (env:, workdir:, "
+        "output: read it), or give the value with --set (your shell reads $SCRATCH there)"
+    ]
+    assert _load(tmp_path, body, OUT="/scratch/ana/out").env_in_defaults == ()

@@ -29,14 +29,15 @@ def pipeline_notes(pipeline: Pipeline) -> list[str]:
         + gpu_indexes(pipeline)
         + missing_slurm(pipeline)
         + undeclared_inputs(pipeline)
-        + unset_environment(pipeline)
+        + environment_notes(pipeline)
     )
 
 
-def unset_environment(pipeline: Pipeline) -> list[str]:
+def environment_notes(pipeline: Pipeline) -> list[str]:
     """A line for each `$NAME` in a field m27 reads them in (m27.spec._environ) that m27's
     environment does not set: it became empty, as in sh, and a typo (`$SCRACH`) or a
-    variable exported in another shell would otherwise go unseen until the step failed."""
+    variable exported in another shell would otherwise go unseen until the step failed;
+    and for each in a `vars:` default, which is a value and not read."""
     shown = shown_path(pipeline)
     lines = []
     for line, field, name in pipeline.unset_env:
@@ -45,6 +46,13 @@ def unset_environment(pipeline: Pipeline) -> list[str]:
         lines.append(
             f"{shown}:{line}: {field}: ${name} is not set here, so it is empty{hint}; write "
             "$$ for a `$` that is meant as text"
+        )
+    for line, field, name in pipeline.env_in_defaults:
+        lines.append(
+            f"{shown}:{line}: {field}: ${name} stays as written: a variable's value is data, "
+            f"not read from the environment; write ${name} where the value is used (env:, "
+            f"workdir:, output: read it), or give the value with --set (your shell reads "
+            f"${name} there)"
         )
     return lines
 
