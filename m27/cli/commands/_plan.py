@@ -85,11 +85,9 @@ def _checkpoint_of(step: str, runs: list[str]) -> str | None:
     for run_id in runs:
         folder = join_under(root, run_id, step)
         for where in (folder, capture_dir(folder)):
-            valid = [e for e in scan(where) if e.valid and e.info is not None]
+            valid = [e.info for e in scan(where) if e.valid and e.info is not None]
             if valid:
-                info = valid[-1].info
-                assert info is not None
-                at = info.engine_step if where != folder else info.sim_step
+                at = valid[-1].engine_step if where != folder else valid[-1].sim_step
                 return f"run {run_id}'s checkpoint" + (f" at step {at}" if at is not None else "")
     return None
 
