@@ -272,5 +272,9 @@ def test_kill_9_of_the_client_kills_the_forked_run_and_the_service_closes_it(
     )
     wait_until(lambda: not psutil.pid_exists(step.pid), timeout=60, what="the step stopped")
     after = node_state(m27_home)
-    assert not after.leases
-    assert after.runs[run.run_id].steps["wait"].reason.startswith("run crashed")
+    assert not after.leases and after.runs[run.run_id].crashed
+    # Whichever sees the death first ends the step: the crash watcher closing the run
+    # (`run crashed: ...`) or the agent finding the lease's process and requester gone
+    # (`lost: ...`); on a loaded machine either may.
+    reason = after.runs[run.run_id].steps["wait"].reason
+    assert reason.startswith(("run crashed", "lost: its process and its requester")), reason
