@@ -117,3 +117,25 @@ def test_a_resume_with_nothing_left_shows_its_plan_and_says_so(
     assert out.splitlines()[-1] == (
         "nothing would run: every step succeeded (--rerun STEP runs one again)"
     )
+
+
+def test_a_program_s_own_checkpoint_is_named_with_the_step_it_holds(
+    spec: Path, m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GROMACS-like step: the runner captured its .cpt (the MD step read from the file);
+    the resume restores that capture, and the dry run says which."""
+    from m27.checkpoint.files import FileGuard, capture_dir
+
+    work = spec.parent / "work"
+    work.mkdir()
+    (work / "state.cpt").write_bytes(b"state at 5120")
+    folder = m27_home / "checkpoints" / RUN / "analysis"
+    guard = FileGuard(
+        capture_dir(folder), work, ["*.cpt"], store=None, run_id=RUN, step="analysis",
+        read_step=lambda name, data: 5120,
+    )  # fmt: skip
+    guard.stop()  # the program has exited: its last file is captured
+    assert main(["run", "--resume", RUN, "--dry-run"]) == 0
+    assert _will(capsys.readouterr().out)["analysis"] == (
+        f"run, from run {RUN}'s checkpoint at step 5120"
+    )
