@@ -168,13 +168,28 @@ def default_log_path(run_id: str, step: str) -> Path:
     return join_under(_home(), "runs", run_id, f"{step}.log")
 
 
-def resolve_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """A bare ``python``/``python3`` means this interpreter.
+def resolve_argv(argv: tuple[str, ...], step_path: str | None = None) -> tuple[str, ...]:
+    """A bare ``python``/``python3`` means this interpreter, unless the step's own
+    ``env: PATH`` puts a folder holding one before the PATH m27 inherited.
 
     The pyenv shim costs ~80 ms per start and may resolve to another interpreter than the
-    one m27 (and the step's imports) were installed into.
+    one m27 (and the step's imports) were installed into, so the inherited PATH is not
+    searched. A folder the step adds (``PATH: /opt/conda/envs/mda/bin:$PATH``) is the
+    user choosing an environment: its Python runs, as a shell would run it.
     """
-    if argv[0] in ("python", "python3") and sys.executable:
+    if argv[0] not in ("python", "python3"):
+        return argv
+    if step_path:
+        inherited = set(os.environ.get("PATH", os.defpath).split(os.pathsep))
+        for folder in step_path.split(os.pathsep):
+            if folder in inherited:
+                break
+            if not folder:  # the current folder: the step's own, not ours; not searched
+                continue
+            candidate = os.path.join(folder, argv[0])
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return (candidate, *argv[1:])
+    if sys.executable:
         return (sys.executable, *argv[1:])
     return argv
 

@@ -168,7 +168,7 @@ def begin_attempt(
     """What every executor does first: frame the attempt in the log, find the checkpoint
     to resume from, check the step's workdir and create its outputs' folders. Returns
     (argv, resume path), or the attempt's end if that failed."""
-    argv = resolve_argv(launch.argv)
+    argv = resolve_argv(launch.argv, launch.env.get("PATH"))
     # One line even when an argument holds newlines (python -c scripts), for `m27 logs`.
     command = shlex.join(argv).replace("\n", "\\n")
     sink.write(f"=== attempt {attempt}: {command} ===\n")

@@ -149,6 +149,46 @@ def test_bare_python_means_this_interpreter(store: MemoryEventStore) -> None:
     assert resolve_argv(("/usr/bin/python3", "x.py")) == ("/usr/bin/python3", "x.py")
 
 
+def _other_python(folder: Path) -> Path:
+    """A `python3` that is not m27's: a script saying so (a conda env's, in real life)."""
+    folder.mkdir()
+    fake = folder / "python3"
+    fake.write_text('#!/bin/sh\necho other python "$@"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+def test_python_in_a_folder_the_steps_env_path_adds_first_runs(
+    store: MemoryEventStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _other_python(tmp_path / "env-bin")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    lines: list[tuple[str, str]] = []
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin"}
+    step = StepLaunch("r1", "s1", ("python3", "analyse.py"), env=env)
+    assert run_step(step, store, on_lines=collect(lines)).ok
+
+    assert lines == [("stdout", "other python analyse.py")]
+    started = of(store, StepStarted)[0]
+    assert isinstance(started, StepStarted) and started.command == (str(fake), "analyse.py")
+
+
+def test_python_after_the_inherited_path_or_on_it_is_still_m27s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _other_python(tmp_path / "env-bin")
+    monkeypatch.setenv("PATH", f"/usr/bin:{fake.parent}")
+    # on the PATH m27 inherited (a pyenv shim's folder): not searched
+    assert resolve_argv(("python3", "x.py"), f"{fake.parent}:/usr/bin") == (PY, "x.py")
+    # added after the inherited folders: a shell would find the inherited one first
+    monkeypatch.setenv("PATH", "/usr/bin")
+    assert resolve_argv(("python", "x.py"), f"/usr/bin:{fake.parent}") == (PY, "x.py")
+    # an added folder without one, and an empty entry, are passed over
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert resolve_argv(("python3",), f"{empty}::/usr/bin") == (PY,)
+
+
 # --- output ----------------------------------------------------------------------------
 
 HANDSHAKE = """
