@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterable
 
 from m27._exceptions import RunError
-from m27.units import quoted
+from m27.units import listed, quoted
 
 __all__ = ["RunIdError", "from_flow_run", "new_run_id", "resolve"]
 
@@ -60,9 +60,7 @@ def resolve(prefix: str, known: Iterable[str]) -> str:
         message = f"no run matches {quoted(prefix)} (see `m27 runs`)"
         raise RunIdError(message, run_id=prefix, matches=[])
     # every match, so the user can pick one (a long list is cut, saying how many are left)
-    shown = ", ".join(matches[:SHOWN_MATCHES])
-    if len(matches) > SHOWN_MATCHES:
-        shown += f" and {len(matches) - SHOWN_MATCHES} more"
+    shown = listed(matches, SHOWN_MATCHES)
     raise RunIdError(
         f"{quoted(prefix)} matches {len(matches)} runs: {shown}; type more of the id",
         run_id=prefix,

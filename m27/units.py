@@ -111,6 +111,16 @@ def quoted(value: object, most: int = QUOTE_MAX) -> str:
     return f"{text[:most]!r}... ({len(text):,} characters)"
 
 
+def listed(names: Iterable[str], most: int) -> str:
+    """`a, b, c and 197 more`: the first `most` of `names`, and how many are left out.
+
+    A message naming a run's 201 steps (or a node's pipelines, a run id's matches) is a
+    screenful that hides what it says; the first few say what kind of names they are."""
+    items = list(names)
+    shown = ", ".join(items[:most])
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
 def closest(word: str, choices: Collection[str]) -> str | None:
     """The choice `word` was most likely a typo of, ignoring case, or None: what every
     `did you mean ...?` of m27 names (a pipeline's keys, a setting, a lab option, a

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from m27.paths import matches
-from m27.units import closest
+from m27.units import closest, listed
 
 STEP_TYPES = ("cpu", "gpu", "gpu_light")
 EXECUTORS = ("local", "slurm")
@@ -173,10 +173,9 @@ class Pipeline:
             if name not in self._by_name:
                 hint = closest(name, self._by_name)
                 maybe = f"did you mean {hint!r}? " if hint else ""
-                shown = ", ".join(s.name for s in self.steps[:20])
-                more = f" and {len(self.steps) - 20} more" if len(self.steps) > 20 else ""
+                shown = listed((s.name for s in self.steps), 20)
                 raise KeyError(
-                    f"pipeline {self.name!r} has no step {name!r} ({maybe}its steps: {shown}{more})"
+                    f"pipeline {self.name!r} has no step {name!r} ({maybe}its steps: {shown})"
                 )
             chosen |= {name, *self.dependents(name)}
         return [n for n in self.topo_order() if n in chosen]

@@ -8,7 +8,7 @@ from m27.spec._environ import references
 from m27.spec._model import Problem
 from m27.spec._nodes import Reader, is_null, suggest
 from m27.spec._template import VAR_NAME, scan
-from m27.units import QUOTE_MAX, quoted
+from m27.units import QUOTE_MAX, listed, quoted
 
 
 class Variables(Reader):
@@ -26,6 +26,10 @@ class Variables(Reader):
     def _file_problem(self, message: str) -> Problem:
         return Problem(self.file, 1, 1, "", message)
 
+    def _set_problem(self, message: str) -> Problem:
+        """A `--set` on the command line: the file has no line to point at."""
+        return Problem(self.file, 0, 0, "", message)
+
     def _vars(self, entry: tuple[Node, Node] | None) -> None:
         defaults: dict[str, tuple[str, Node]] = {}
         mapping = self.mapping(entry[1], "vars") if entry else {}
@@ -42,7 +46,7 @@ class Variables(Reader):
         for key in self.overrides:
             if not VAR_NAME.match(key):
                 self.problems.append(
-                    self._file_problem(
+                    self._set_problem(
                         f"--set {key[:QUOTE_MAX]}=...: bad variable name {quoted(key)}"
                     )
                 )
@@ -81,6 +85,9 @@ class Variables(Reader):
         undefined = self.used - set(self.values)  # those are reported at their use
         for key in sorted(set(self.overrides) - self.declared - self.used):
             if VAR_NAME.match(key) and not suggest(key, undefined):
-                hint = suggest(key, self.declared | self.used)
+                known = sorted(self.declared | self.used)
+                hint = suggest(key, known) or (
+                    f" (its variables: {listed(known, 10)})" if known else " (it has none)"
+                )
                 message = f"--set {key}=...: the pipeline has no variable {key!r}{hint}"
-                self.problems.append(self._file_problem(message))
+                self.problems.append(self._set_problem(message))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from m27.events import StepSkipped
 from m27.events.state import fold
 from m27.store import EventStore
+from m27.units import listed
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def successes(store: EventStore, run_ids: list[str]) -> dict[str, Success]:
 def gone_note(step: str, gone: list[str], succeeded_in: str) -> str:
     """What a resume says of a step it runs again because its outputs are gone
     (:meth:`m27.spec.Pipeline.rerun_for_outputs`): `m27 run` on stderr, the flow in its log."""
-    shown = ", ".join(gone[:3]) + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
+    shown = listed(gone, 3)
     its = "its output" if len(gone) == 1 else "its outputs"
     are = "is" if len(gone) == 1 else "are"
     return (
@@ -70,7 +71,7 @@ def rerun_note(asked: list[str], runs: list[str]) -> str:
         "from the start (no checkpoint of an earlier run is restored)"
     )
     if after:
-        shown = ", ".join(after[:10]) + (f" and {len(after) - 10} more" if len(after) > 10 else "")
+        shown = listed(after, 10)
         them = "it" if len(asked) == 1 else "them"
         which = "does the step" if len(after) == 1 else "do the steps"
         note += f", and so {which} waiting on {them}: {shown}"

@@ -109,7 +109,9 @@ def test_bump_of_an_unknown_step_is_bad_input(
 ) -> None:
     _log(m27_home)
     assert bump.run(argparse.Namespace(run_id="run1", step="nope", delta=1)) == 2
-    assert "m27 bump: run run1 has no step 'nope'" in capsys.readouterr().err
+    assert "m27 bump: run run1 has no step 'nope' (its steps: " in capsys.readouterr().err
+    assert bump.run(argparse.Namespace(run_id="run1", step="bb", delta=1)) == 2
+    assert "has no step 'bb' (did you mean 'b'? its steps: " in capsys.readouterr().err
     assert queue.run(argparse.Namespace(why="nope", json=False)) == 2
     assert "no waiting or running step matches 'nope'" in capsys.readouterr().err
 

@@ -70,6 +70,23 @@ def test_step_may_be_left_out_for_a_run_of_one_step(
     assert "e.g. m27 logs two prep" in err
 
 
+def test_a_wide_runs_step_names_are_cut_and_a_typo_gets_its_match(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run of 201 steps listed every name, a screenful that hid the message."""
+    names = (*(f"s{i}" for i in range(200)), "analyse")
+    _one_step_run(m27_home, tmp_path / "x.log", ev.RunSubmitted(4.0, "wide", "p", "p.yaml", names))
+    assert main(["logs", "wide", "analyze"]) == 2
+    assert capsys.readouterr().err == (
+        "m27 logs: run wide has no step 'analyze' (did you mean 'analyse'? its steps: "
+        f"{', '.join(names[:20])} and 181 more)\n"
+    )
+    assert main(["logs", "wide"]) == 2
+    assert f"name a step of run wide: {', '.join(names[:20])} and 181 more\n" in (
+        capsys.readouterr().err
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "n", "shown"),
     [

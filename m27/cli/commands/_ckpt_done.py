@@ -21,7 +21,7 @@ from typing import Any
 from m27 import runids
 from m27.checkpoint import checkpoints_home
 from m27.cli.commands._common import in_full, outline, print_json, shown_status, store
-from m27.units import format_size
+from m27.units import format_size, listed
 
 
 @dataclass(frozen=True)
@@ -111,12 +111,11 @@ def gc_done(run: str | None, dry_run: bool, as_json: bool) -> int:
     for f in found:
         by_run.setdefault(f.run_id, []).append(f)
     for steps in by_run.values():  # a line a run: a run of 300 steps is one line
-        names = ", ".join(f.step for f in steps[:3])
-        more = f" and {len(steps) - 3} more" if len(steps) > 3 else ""
+        names = listed((f.step for f in steps), 3)
         size = format_size(sum(f.bytes for f in steps))
         print(
             f"{verb}  {steps[0].path.parent}  {size}: {len(steps)} succeeded "
-            f"step{'s' if len(steps) != 1 else ''} ({names}{more})"
+            f"step{'s' if len(steps) != 1 else ''} ({names})"
         )
     runs = f"{len(by_run)} run{'s' if len(by_run) != 1 else ''}"
     folders = f"{len(found)} step folder{'s' if len(found) != 1 else ''}"

@@ -13,7 +13,7 @@ from m27._exceptions import ConfigError, SpecError
 from m27.config import m27_home
 from m27.events.state import NodeState, RunState, fill_in, fold, live_runs
 from m27.store.sqlite import SqliteEventStore, open_store
-from m27.units import format_size
+from m27.units import closest, format_size, listed, quoted
 
 if TYPE_CHECKING:  # the commands that need no pipeline file do not import yaml
     from m27.spec import Pipeline, Problem, Step
@@ -125,6 +125,15 @@ def shown_status(run: RunState) -> str:
     ):
         return "crashed"
     return "running"
+
+
+def no_such_step(run_id: str, step: str, steps: Iterable[str]) -> str:
+    """`run R has no step 'anlyse' (did you mean 'analyse'? its steps: ...)`: what `m27
+    logs` and `m27 bump` say of a step name the run lacks (the first 20 of a wide run's)."""
+    names = list(steps)
+    hint = closest(step, names)
+    maybe = f"did you mean {hint!r}? " if hint else ""
+    return f"run {run_id} has no step {quoted(step)} ({maybe}its steps: {listed(names, 20)})"
 
 
 def print_json(data: Any) -> None:

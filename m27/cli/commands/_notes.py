@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from m27.paths import is_pattern, not_runnable
-from m27.units import closest
+from m27.units import closest, listed
 
 if TYPE_CHECKING:
     from m27.spec import Pipeline, Step
@@ -182,9 +182,7 @@ def missing_programs(pipeline: Pipeline) -> list[str]:
     shown = shown_path(pipeline)
     lines = []
     for (program, where, here), steps in missing.items():
-        names = ", ".join(s.name for s in steps[:MISSING_SHOWN])
-        if len(steps) > MISSING_SHOWN:
-            names += f" and {len(steps) - MISSING_SHOWN} more"
+        names = listed((s.name for s in steps), MISSING_SHOWN)
         fails = "the step fails" if len(steps) == 1 else "they fail"
         starts = "it starts" if len(steps) == 1 else "they start"
         lines.append(
@@ -202,9 +200,7 @@ def missing_slurm(pipeline: Pipeline) -> list[str]:
     steps = [s for s in pipeline.steps if s.executor == "slurm"]
     if not steps or shutil.which("sbatch") is not None:
         return []
-    names = ", ".join(s.name for s in steps[:MISSING_SHOWN])
-    if len(steps) > MISSING_SHOWN:
-        names += f" and {len(steps) - MISSING_SHOWN} more"
+    names = listed((s.name for s in steps), MISSING_SHOWN)
     which = "step" if len(steps) == 1 else "steps"
     return [
         f"{shown_path(pipeline)}:{steps[0].line}: {which} {names}: executor: slurm, but "

@@ -39,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
     steps = set(state.runs[run_id].steps) if run_id in state.runs else set()
     steps |= {s for r, s in [*book.requests, *book.held] if r == run_id}
     if args.step not in steps:
-        print(f"m27 bump: run {run_id} has no step {args.step!r}", file=sys.stderr)
+        print(
+            f"m27 bump: {_common.no_such_step(run_id, args.step, sorted(steps))}", file=sys.stderr
+        )
         return 2
     ended = state.runs[run_id].ended(args.step) if run_id in state.runs else None
     if ended is not None:

@@ -15,7 +15,7 @@ from m27.config import m27_home
 from m27.events.state import RunState, StepState
 from m27.paths import join_under, not_a_file
 from m27.store.sqlite import SqliteEventStore
-from m27.units import quoted
+from m27.units import listed
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,18 +56,14 @@ def run(args: argparse.Namespace) -> int:
     if args.step is None:
         if len(r.steps) != 1:
             print(
-                f"m27 logs: name a step of run {r.run_id}: {', '.join(r.steps)}\n"
+                f"m27 logs: name a step of run {r.run_id}: {listed(r.steps, 20)}\n"
                 f"  e.g. m27 logs {r.run_id} {next(iter(r.steps), 'STEP')}",
                 file=sys.stderr,
             )
             return 2
         args.step = next(iter(r.steps))
     if args.step not in r.steps:
-        print(
-            f"m27 logs: run {r.run_id} has no step {quoted(args.step)}"
-            f" (steps: {', '.join(r.steps)})",
-            file=sys.stderr,
-        )
+        print(f"m27 logs: {_common.no_such_step(r.run_id, args.step, r.steps)}", file=sys.stderr)
         return 2
     default = join_under(m27_home(), "runs", r.run_id, f"{args.step}.log")
     path = Path(r.steps[args.step].log_path or default)

@@ -11,7 +11,7 @@ from m27 import tables
 from m27.cli.commands import SUMMARY, _common
 from m27.cli.commands.status import crash_truth
 from m27.tables import Col
-from m27.units import closest, format_duration
+from m27.units import closest, format_duration, listed
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -123,5 +123,4 @@ def run(args: argparse.Namespace) -> int:
 
 def _listed(names: set[str]) -> str:
     """A few of the node's pipeline names, for a `--pipeline` that matches none."""
-    shown = sorted(names)
-    return ", ".join(shown[:10]) + (f" and {len(shown) - 10} more" if len(shown) > 10 else "")
+    return listed(sorted(names), 10)
