@@ -93,8 +93,10 @@ def _top() -> tuple[_Parser, argparse._SubParsersAction[_Parser]]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["run"]:
-        from m27.cli import warm, warm_client  # the node's warm runner, when one serves
+        from m27.cli import detach, warm, warm_client  # the node's warm runner, when one serves
 
+        if not warm.in_child() and (rest := detach.detach_args(argv[1:])) is not None:
+            return detach.launch(rest)  # `m27 run --detach`: an own session, then exit
         if not warm.in_child():  # (in its forked child the run runs here)
             served = warm_client.run_warm(argv[1:])
             if served is not None:

@@ -21,6 +21,7 @@ from m27.cli.commands._options import add_set_option
 from m27.cli.commands._plan import print_dry_run
 from m27.cli.commands._prepare import prepare
 from m27.cli.commands._progress import Progress, write_out
+from m27.cli.detach import given_run_id
 from m27.cli.prefect_run import (
     bound_prefect_end,
     one_line,
@@ -46,7 +47,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Validate FILE, record the run in the node's event log and run it as a "
         "Prefect flow on the node service's Prefect server (started when none runs; "
         "PREFECT_API_URL: the lab's server instead). Ctrl-C, SIGTERM and SIGHUP cancel "
-        "the run (its steps get SIGTERM and their grace; a second Ctrl-C aborts). "
+        "the run (its steps get SIGTERM and their grace; a second Ctrl-C aborts); with "
+        "--detach it runs on after the command exits, until `m27 cancel`. "
         "Exit code 0 when every step succeeded, 1 when a step failed or the run was "
         "cancelled, 2 for bad input.",
     )
@@ -81,6 +83,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--plain",
         action="store_true",
         help="plain lines instead of the live table (default when not a terminal)",
+    )
+    p.add_argument(
+        "-d",
+        "--detach",
+        action="store_true",
+        help="run in the background, in a session of its own (a closed terminal or ssh "
+        "session does not stop it): wait until the run is in the node's log, print its "
+        "id and how to follow it (m27 status, m27 logs -f, m27 cancel), exit 0; its "
+        "output goes to $M27_HOME/runs/RUN/run.out",
     )
     p.add_argument("--quiet", action="store_true", help="do not print step output")
     p.add_argument("--verbose", action="store_true", help="show Prefect's own log lines")
@@ -209,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         print_dry_run(pipeline, plan)
         return 0
     make_home()  # likewise an M27_HOME that cannot be made, before the locks and the service
-    run_id = runids.new_run_id()
+    run_id = given_run_id() or runids.new_run_id()  # (--detach: the waiting parent's)
     outputs = _claim_outputs(pipeline, run_id)
     if outputs is None:
         return 2
