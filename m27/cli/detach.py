@@ -5,9 +5,10 @@ SIGHUP (a closed terminal), as it does on Ctrl-C, and `nohup m27 run ... &` was 
 With ``--detach`` the command starts the same `m27 run` (the arguments without
 ``--detach``) as a process of its own session (no terminal, so no SIGHUP; stdin
 ``/dev/null``), its output in ``$M27_HOME/runs/<run>/run.out``, and waits only until the
-run is in the node's event log: until then the child's output (starting the node
-service, notes, a bad file's problems) is shown here, and a failure exits with the
-child's code; from then on `m27 status`, `m27 logs -f` and `m27 cancel` follow and stop
+run is in the node's event log: until then the child's output before the run's first line
+(starting the node service, notes, a bad file's problems) is shown here, and a failure
+exits with the child's code; from then on `m27 status`, `m27 logs -f RUN` (that output,
+until the run's process exits: it holds the file's lock) and `m27 cancel` follow and stop
 it. Nothing else changes: the child is an ordinary run (the node service's warm runner
 serves it), so a kill -9 of it is recorded as a crash, as for any run.
 
@@ -19,6 +20,7 @@ child starts and look for that one run in the log.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import signal
@@ -31,8 +33,10 @@ from pathlib import Path
 from m27 import runids
 from m27.paths import home_problem, join_under, make_home
 
-__all__ = ["RUN_ENV", "detach_args", "given_run_id", "launch"]
+__all__ = ["OUT_NAME", "RUN_ENV", "detach_args", "given_run_id", "launch", "out_path", "writing"]
 
+#: The detached run's output, in its folder ``$M27_HOME/runs/<run>/``.
+OUT_NAME = "run.out"
 #: The run id the parent chose, for the detached child's `m27 run`.
 RUN_ENV = "M27_DETACHED_RUN"
 #: `m27 run`'s options that take a value: the token after one is the value, not a flag.
@@ -85,10 +89,13 @@ def launch(args: list[str]) -> int:
         print(f"m27: {home_problem(os.environ.get('M27_HOME', '~/.m27'), exc)}", file=sys.stderr)
         return 2
     run_id = runids.new_run_id()
-    out_path = join_under(home, "runs", run_id, "run.out")
+    out_path = join_under(home, "runs", run_id, OUT_NAME)
     try:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(out_path, "ab")  # noqa: SIM115 (the child's; closed here once it has it)
+        # held while any process has this open file (the child, a warm runner's child it
+        # hands its stdio to): `m27 logs -f RUN` follows the output until its writer is gone
+        fcntl.flock(out.fileno(), fcntl.LOCK_EX)
     except OSError as exc:
         print(f"m27: cannot write {out_path}: {exc.strerror}", file=sys.stderr)
         return 1
@@ -116,7 +123,7 @@ def _wait(home: Path, run_id: str, out_path: Path, child: subprocess.Popen[bytes
     """Relay the child's output until its run is in the log (exit 0) or it exits."""
     from m27.store.sqlite import open_store
 
-    relay = _Relay(out_path)
+    relay = _Relay(out_path, run_id)
     store = None
     try:
         while True:
@@ -124,12 +131,11 @@ def _wait(home: Path, run_id: str, out_path: Path, child: subprocess.Popen[bytes
             if store is None and (home / "events.db").exists():
                 store = open_store(home)
             submitted = _submitted(store, run_id) if store is not None else None
-            relay.flush()
+            relay.flush(final=code is not None)
             if submitted is not None:
                 _say_detached(run_id, submitted, out_path, ended=code is not None)
                 return 0
             if code is not None:
-                relay.flush()
                 return code
             time.sleep(_POLL_S)
     finally:
@@ -155,27 +161,55 @@ def _say_detached(run_id: str, prefect_url: str, out_path: Path, *, ended: bool)
     if prefect_url:
         lines.append(f"  prefect: {prefect_url}")
     lines += [
-        f"  follow:  m27 status {run_id}   m27 logs -f {run_id} STEP",
+        f"  follow:  m27 logs -f {run_id}   m27 status {run_id}",
         f"  stop:    m27 cancel {run_id}",
     ]
     print("\n".join(lines), flush=True)
 
 
+def out_path(home: Path, run_id: str) -> Path:
+    """Where a run started with ``--detach`` writes its output."""
+    return join_under(home, "runs", run_id, OUT_NAME)
+
+
+def writing(path: Path) -> bool:
+    """Whether a detached run's process still writes its output file `path` (it holds the
+    file's lock until it exits, its summary written)."""
+    try:
+        with open(path, "rb") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 class _Relay:
-    """What the child has written to its output file since the last look, to stderr."""
+    """The child's output up to its run's first line (`run R: pipeline p (3 steps)`), to
+    stderr: what comes before the run (starting the node service, notes, a bad file's
+    problems) is for the terminal; the run's progress is in the file, for `m27 logs -f`."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, run_id: str) -> None:
         self.path = path
+        self.marker = f"run {run_id}: pipeline ".encode()
         self.offset = 0
+        self.done = False
 
-    def flush(self) -> None:
+    def flush(self, final: bool = False) -> None:
+        if self.done:
+            return
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
+            data = self.path.read_bytes()  # small: the lines before the run's first
         except OSError:
             return
-        if data:
-            self.offset += len(data)
-            sys.stderr.buffer.write(data)
+        found = data.find(self.marker)
+        if found >= 0:
+            end = data.rfind(b"\n", 0, found) + 1
+            self.done = True
+        else:
+            end = len(data) if final else data.rfind(b"\n") + 1  # whole lines until the end
+        if end > self.offset:
+            sys.stderr.buffer.write(data[self.offset : end])
             sys.stderr.flush()
+            self.offset = end

@@ -62,6 +62,8 @@ def test_a_detached_run_goes_on_in_its_own_session_until_cancelled(
         f"{m27_home / 'runs' / run.run_id / 'run.out'}"
     )
     assert f"m27 cancel {run.run_id}" in stdout and "Traceback" not in stderr
+    # what came before the run is shown here; the run's own progress is not
+    assert "pipeline sleeper" not in stderr and "[long]" not in stderr
     # the command has exited and left nothing in the terminal's session: a hangup (the
     # ssh session closed) reaches no process of the run
     left = [p.pid for p in psutil.process_iter() if _session(p) == terminal.pid]
@@ -69,6 +71,13 @@ def test_a_detached_run_goes_on_in_its_own_session_until_cancelled(
     assert run.status == "running"
     assert step.pgid is not None and group_alive(step.pgid)
 
+    # `m27 logs -f RUN`: the run's whole output, until its process has written its last
+    follow = spawn_m27("logs", "-f", run.run_id, stderr_apart=True)
+    wait_until(
+        lambda: "[long] started" in (m27_home / "runs" / run.run_id / "run.out").read_text(),
+        timeout=60,
+        what="the step's first line in run.out",
+    )
     cancelled = call_m27("cancel", run.run_id, timeout=120)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     ended = node_state(m27_home).runs[run.run_id]
@@ -79,9 +88,16 @@ def test_a_detached_run_goes_on_in_its_own_session_until_cancelled(
         timeout=60,
         what="Prefect showing the flow run Cancelled",
     )
+    try:
+        followed, follow_err = follow.communicate(timeout=120)
+    finally:
+        follow.kill()
+    assert follow.returncode == 0, follow_err
     out = (m27_home / "runs" / run.run_id / "run.out").read_text()
     assert f"run {run.run_id}: pipeline sleeper (2 steps)" in out
     assert "[long] started" in out and f"run {run.run_id} cancelled" in out
+    # it ended with the run's process: the summary, printed after the run's end, is in it
+    assert followed == out and f"resume: m27 run --resume {run.run_id}\n" in followed
 
 
 def test_bad_input_fails_the_detaching_command_with_the_childs_message(

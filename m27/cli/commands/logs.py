@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+from m27.cli import detach
 from m27.cli.commands import SUMMARY, _common
 from m27.cli.commands.status import step_status
 from m27.config import m27_home
@@ -23,8 +24,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "logs",
         help=SUMMARY["logs"],
         description="Print the log of STEP in RUN (STEP may be left out when the run has one "
-        "step); with -f keep following it until the step ends. RUN is a run id, a unique "
-        "prefix, or `last`.",
+        "step); with -f keep following it until the step ends. Without STEP, a run started "
+        "with `m27 run --detach` shows its whole output (what `m27 run` would have printed, "
+        "$M27_HOME/runs/RUN/run.out), followed with -f until the run's process exits. RUN "
+        "is a run id, a unique prefix, or `last`.",
     )
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("step", metavar="STEP", nargs="?")
@@ -35,7 +38,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=_lines,
         help="only the last N lines (with -f: then follow, like tail -n N -f)",
     )
-    p.add_argument("-f", "--follow", action="store_true", help="follow until the step ends")
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="follow until the step (or the run) ends"
+    )
     p.set_defaults(func=run)
 
 
@@ -54,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     run_id = _common.find_run(_common.outline(st), args.run_id).run_id
     r = _common.run_state(st, run_id).runs[run_id]
     if args.step is None:
+        out = detach.out_path(m27_home(), r.run_id)
+        if len(r.steps) != 1 and out.is_file():  # a detached run's own output
+            return _show(args, st, r, out)
         if len(r.steps) != 1:
             print(
                 f"m27 logs: name a step of run {r.run_id}: {listed(r.steps, 20)}\n"
@@ -85,6 +93,12 @@ def _show(args: argparse.Namespace, st: SqliteEventStore, r: RunState, path: Pat
     while True:
         if path.exists():
             offset = _copy(path, offset, decoder)
+        if args.step is None:  # a detached run's output: until its process is gone
+            if not args.follow or (not detach.writing(path) and path.stat().st_size == offset):
+                return 0
+            st.follow(st.last_seq(), timeout=0.3)
+            time.sleep(0.05)
+            continue
         if not args.follow:
             if not path.exists():
                 print(f"({_no_log(r.steps[args.step], r.status, path)})", file=sys.stderr)
