@@ -35,7 +35,8 @@ def esc(value: object) -> str:
 
 
 def resume_command(run_id: str) -> str:
-    return f"m27 run --resume {run_id}"
+    # --detach: pasted into an ssh session from a phone, the run outlives that session
+    return f"m27 run --resume {run_id} --detach"
 
 
 def _signal_name(num: int) -> str:

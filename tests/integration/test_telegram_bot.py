@@ -173,7 +173,7 @@ def test_bump_appends_a_priority_event(
 def test_resume_replies_with_the_command_or_uses_the_handler(
     api: FakeBotApi, bot: CommandBot
 ) -> None:
-    assert "<code>m27 run --resume old-1</code>" in ask(api, bot, "/resume old-1")[0]
+    assert "<code>m27 run --resume old-1 --detach</code>" in ask(api, bot, "/resume old-1")[0]
     bot.resume_handler = lambda run: f"started resume of {run} as <new>"
     assert "started resume of old-1 as &lt;new&gt;" in ask(api, bot, "/resume old-1")[0]
     assert "is still running; /cancel it first" in ask(api, bot, "/resume md-1")[0]
