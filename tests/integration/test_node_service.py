@@ -186,7 +186,7 @@ def test_one_service_from_first_run_to_stop(
     short_run, _ = wait_running(m27_home, "short", "sim")
     stop = call_m27("agent", "stop", timeout=120)
     assert stop.returncode == 0, stop.stderr
-    assert f"1 run still running ({short_run.run_id}) go on without it" in stop.stdout
+    assert f"1 run still running ({short_run.run_id}) goes on without it" in stop.stdout
     assert find_service(m27_home) is None and not (m27_home / "service.json").exists()
     current = after.prefect_pid
     assert current is not None

@@ -28,7 +28,7 @@ from m27.node.service import ServiceInfo, find_service, stop_service
 from m27.policy import Decision, Reserve, key_text
 from m27.signals import stop_event
 from m27.store.sqlite import open_store
-from m27.units import count, format_duration, parse_duration
+from m27.units import count, format_duration, listed, parse_duration
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -188,10 +188,12 @@ def _stop(home: Path) -> int:
         store.close()
     live = [r.run_id for r in state.runs.values() if _common.shown_status(r) == "running"]
     if live:
+        one = len(live) == 1
         print(
-            f"{count(len(live), 'run')} still running ({', '.join(live[:3])}"
-            f"{', ...' if len(live) > 3 else ''}) go on without it; Prefect shows how "
-            "they end once the service runs again (the next `m27 run` starts it)"
+            f"{count(len(live), 'run')} still running ({listed(live, 3)}) "
+            f"{'goes' if one else 'go'} on without it; Prefect shows how "
+            f"{'it ends' if one else 'they end'} once the service runs again (the next "
+            "`m27 run` starts it)"
         )
     return 0
 
