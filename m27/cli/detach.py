@@ -135,7 +135,10 @@ def _wait(home: Path, run_id: str, out_path: Path, child: subprocess.Popen[bytes
             if submitted is not None:
                 _say_detached(run_id, submitted, out_path, ended=code is not None)
                 return 0
-            if code is not None:
+            if code is not None:  # it never ran: what it said is shown, nothing to keep
+                with contextlib.suppress(OSError):
+                    out_path.unlink()
+                    out_path.parent.rmdir()
                 return code
             time.sleep(_POLL_S)
     finally:

@@ -110,6 +110,7 @@ def test_bad_input_fails_the_detaching_command_with_the_childs_message(
     assert "undefined variable 'MISSING'" in failed.stderr
     assert "Traceback" not in failed.stderr and failed.stdout == ""
     assert not node_state(m27_home).runs
+    assert not list((m27_home / "runs").iterdir())  # its output was shown, not kept
     refused = call_m27("run", str(spec), "--detach", "--dry-run")
     assert refused.returncode == 2
     assert "--detach with --dry-run: a dry run starts nothing" in refused.stderr
