@@ -194,6 +194,23 @@ def test_a_resume_says_which_steps_it_was_asked_to_run_again(
     assert (shown["resume_of"], shown["rerun"]) == (first, ["a"])
 
 
+def test_a_detached_run_names_its_output_and_the_command_that_shows_it(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append([ev.RunSubmitted(1.0, RUN, "p", "p.yaml", ("a", "b"))])
+    store.close()
+    assert main(["status", RUN, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["output"] is None  # an attached run
+    out = m27_home / "runs" / RUN / "run.out"
+    out.parent.mkdir(parents=True)
+    out.write_text("run output\n")
+    assert main(["status", RUN]) == 0
+    assert f"  output: {out} (m27 logs {RUN})\n" in capsys.readouterr().out
+    assert main(["status", RUN, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["output"] == str(out)
+
+
 def test_a_failed_step_says_once_how_it_failed(
     m27_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

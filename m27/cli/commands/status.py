@@ -9,8 +9,10 @@ from typing import Any
 
 from m27 import tables
 from m27._exceptions import M27Error
+from m27.cli import detach
 from m27.cli.commands import _common
 from m27.cli.commands._options import add_command
+from m27.config import m27_home
 from m27.events.state import NodeState, RunState, StepState
 from m27.monitoring.energy import energy_by_run, energy_by_step, format_energy
 from m27.tables import Col
@@ -114,6 +116,8 @@ def _run_dict(
         "rerun": list(r.rerun),
         "prefect_url": r.prefect_url,
         "flow_run_id": r.flow_run_id,
+        # a run started with --detach: what `m27 run` printed (`m27 logs RUN` shows it)
+        "output": str(out) if (out := detach.out_path(m27_home(), r.run_id)).is_file() else None,
         "energy_j": energy.by_run.get(r.run_id),
         "steps": {
             name: {
@@ -200,6 +204,8 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
         print(f"  resumes: {r.resume_of}{again}")
     if r.prefect_url:
         print(f"  prefect: {r.prefect_url}")
+    if d["output"]:
+        print(f"  output: {d['output']} (m27 logs {r.run_id})")
     if d["energy_j"]:
         print(f"  energy: {format_energy(d['energy_j'])} on GPUs")
     rows = []
