@@ -84,7 +84,7 @@ def test_only_the_checkpoints_of_succeeded_steps_of_ended_runs_go(
     assert out[0].endswith(": 1 succeeded step (md)")
     assert out[1] == f"removed 1 step folder of 1 run: {format_size(size)} freed"
     assert out[2:] == [
-        "kept 2 step folders of steps that did not succeed (a resume restores them)",
+        "kept 2 step folders of steps that have not succeeded (a resume restores them)",
         "kept 1 step folder of runs still running",
         "kept 1 step folder of runs the event log does not know",
     ]
@@ -107,8 +107,42 @@ def test_json_names_each_folder_with_its_bytes_and_a_run_limits_it(
             "step": "md",
             "path": str(m27_home / "checkpoints" / ENDED / "md"),
             "bytes": node["md"],
+            "succeeded_in": ENDED,
         }
     ]
+
+
+def test_a_step_that_succeeded_since_in_a_resume_of_its_run_is_done(
+    node: dict[str, int], m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ENDED's `em` failed; a resume of a resume of ENDED ran it to the end (restored from
+    its checkpoint there): nothing needs ENDED's `em` checkpoints any more."""
+    first, second = "20261205-120000-cccc", "20261205-130000-dddd"
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(3.0, first, "p", "p.yaml", ("md", "em"), resume_of=ENDED),
+            ev.StepFailed(3.1, first, "em", 1, 0.1, "exited with code 1", exit_code=1),
+            ev.RunFailed(3.2, first, 0.2, ("em",), "step em failed"),
+        ]
+    )
+    store.close()
+    assert main(["checkpoints", "gc", "--done", ENDED, "--json"]) == 0
+    assert [r["step"] for r in json.loads(capsys.readouterr().out)["removed"]] == ["md"]
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(4.0, second, "p", "p.yaml", ("md", "em"), resume_of=first),
+            ev.StepSucceeded(4.1, second, "em", 1, 0.1),
+            ev.RunSucceeded(4.2, second, 0.2),
+        ]
+    )
+    store.close()
+    assert main(["checkpoints", "gc", "--done", ENDED]) == 0
+    assert (
+        capsys.readouterr().out.splitlines()[0].endswith(f": 1 succeeded step (em in run {second})")
+    )
+    assert _left(m27_home) == ALL - {f"{ENDED}/md", f"{ENDED}/em"}
 
 
 def test_a_folder_that_cannot_be_removed_is_said_and_not_counted_as_freed(

@@ -3,9 +3,11 @@
 Nothing restores them: a resume skips a step that succeeded, and `--rerun` starts it over.
 Yet each run keeps its steps' newest `keep_last` checkpoints, so a server running MD for
 months fills its disk with the states of finished simulations (three 48 GiB states a
-step). What a resume may still need stays: the checkpoints of a step that failed, was
-cancelled or crashed, of a run still running, and of a folder the event log does not
-know (a run pruned from the log, a directory of someone's own).
+step). A step that failed in run R but succeeded since in a run that resumes R (directly
+or through other resumes) is done too: its checkpoints in R served that resume. What a
+resume may still need stays: the checkpoints of a step that failed, was cancelled or
+crashed and has not succeeded since, of a run still running, and of a folder the event
+log does not know (a run pruned from the log, a directory of someone's own).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from m27 import runids
 from m27.checkpoint import checkpoints_home
 from m27.cli.commands._common import in_full, outline, print_json, shown_status, store
+from m27.events.state import NodeState
 from m27.units import format_size, listed
 
 
@@ -30,6 +33,8 @@ class _Found:
     step: str
     path: Path
     bytes: int
+    #: the run the step succeeded in: `run_id`, or a later run that resumes it
+    succeeded_in: str
 
 
 def _size(folder: Path) -> int:
@@ -59,9 +64,11 @@ def _plan(run: str | None) -> tuple[list[_Found], dict[str, int]]:
             for p in folders
             if p.name in known.runs and shown_status(known.runs[p.name]) != "running"
         ]
-        state = in_full(st, known, ended)
+        resumes = _resumes_of(known, set(ended))
+        state = in_full(st, known, [*ended, *resumes])
     finally:
         st.close()
+    later = _succeeded_later(state, resumes)
     found: list[_Found] = []
     kept = {"not succeeded": 0, "running": 0, "not in the event log": 0}
     for folder in folders:
@@ -75,10 +82,43 @@ def _plan(run: str | None) -> tuple[list[_Found], dict[str, int]]:
         states = state.runs[folder.name].steps
         for path in steps:
             if path.name in states and states[path.name].status == "succeeded":
-                found.append(_Found(folder.name, path.name, path, _size(path)))
+                where: str | None = folder.name
             else:
+                where = later.get((folder.name, path.name))
+            if where is None:
                 kept["not succeeded"] += 1
+            else:
+                found.append(_Found(folder.name, path.name, path, _size(path), where))
     return found, kept
+
+
+def _resumes_of(known: NodeState, runs: set[str]) -> dict[str, list[str]]:
+    """Each run that resumes one of `runs`, directly or not: the runs of `runs` it does."""
+    found: dict[str, list[str]] = {}
+    for run_id in known.runs:
+        seen = [run_id]
+        current = known.runs[run_id].resume_of
+        while current and current in known.runs and current not in seen:
+            seen.append(current)
+            if current in runs:
+                found.setdefault(run_id, []).append(current)
+            current = known.runs[current].resume_of
+    return found
+
+
+def _succeeded_later(state: NodeState, resumes: dict[str, list[str]]) -> dict[tuple[str, str], str]:
+    """(run, step) -> the later run that resumes `run` in which `step` succeeded."""
+    later: dict[tuple[str, str], str] = {}
+    for run_id, earlier in resumes.items():
+        for name, step in state.runs[run_id].steps.items():
+            if step.status == "succeeded":
+                for before in earlier:
+                    later.setdefault((before, name), run_id)
+    return later
+
+
+def _named(f: _Found) -> str:
+    return f.step if f.succeeded_in == f.run_id else f"{f.step} in run {f.succeeded_in}"
 
 
 def gc_done(run: str | None, dry_run: bool, as_json: bool) -> int:
@@ -99,7 +139,13 @@ def gc_done(run: str | None, dry_run: bool, as_json: bool) -> int:
     freed = sum(f.bytes for f in found)
     if as_json:
         rows: list[dict[str, Any]] = [
-            {"run_id": f.run_id, "step": f.step, "path": str(f.path), "bytes": f.bytes}
+            {
+                "run_id": f.run_id,
+                "step": f.step,
+                "path": str(f.path),
+                "bytes": f.bytes,
+                "succeeded_in": f.succeeded_in,
+            }
             for f in found
         ]
         print_json({"removed" if not dry_run else "would_remove": rows, "kept": kept})
@@ -111,7 +157,7 @@ def gc_done(run: str | None, dry_run: bool, as_json: bool) -> int:
     for f in found:
         by_run.setdefault(f.run_id, []).append(f)
     for steps in by_run.values():  # a line a run: a run of 300 steps is one line
-        names = listed((f.step for f in steps), 3)
+        names = listed((_named(f) for f in steps), 3)
         size = format_size(sum(f.bytes for f in steps))
         print(
             f"{verb}  {steps[0].path.parent}  {size}: {len(steps)} succeeded "
@@ -121,7 +167,7 @@ def gc_done(run: str | None, dry_run: bool, as_json: bool) -> int:
     folders = f"{len(found)} step folder{'s' if len(found) != 1 else ''}"
     print(f"{verb} {folders} of {runs}: {format_size(freed)}{'' if dry_run else ' freed'}")
     reasons = {
-        "not succeeded": "of steps that did not succeed (a resume restores them)",
+        "not succeeded": "of steps that have not succeeded (a resume restores them)",
         "running": "of runs still running",
         "not in the event log": "of runs the event log does not know",
     }
