@@ -29,9 +29,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from m27 import runids
 from m27.paths import home_problem, join_under, make_home
+
+if TYPE_CHECKING:
+    from m27.store.sqlite import SqliteEventStore
 
 __all__ = ["OUT_NAME", "RUN_ENV", "detach_args", "given_run_id", "launch", "out_path", "writing"]
 
@@ -124,7 +128,7 @@ def _wait(home: Path, run_id: str, out_path: Path, child: subprocess.Popen[bytes
     from m27.store.sqlite import open_store
 
     relay = _Relay(out_path, run_id)
-    store = None
+    store: SqliteEventStore | None = None
     try:
         while True:
             code = child.poll()
@@ -146,12 +150,10 @@ def _wait(home: Path, run_id: str, out_path: Path, child: subprocess.Popen[bytes
             store.close()
 
 
-def _submitted(store: object, run_id: str) -> str | None:
+def _submitted(store: SqliteEventStore, run_id: str) -> str | None:
     """The run's Prefect flow-run address ('' without one) once it is in the log."""
     from m27.events import RunSubmitted
-    from m27.store.sqlite import SqliteEventStore
 
-    assert isinstance(store, SqliteEventStore)
     for rec in store.read_runs((run_id,)):  # (before its submission: a few events)
         if isinstance(rec.event, RunSubmitted) and rec.event.run_id == run_id:
             return rec.event.prefect_url or ""

@@ -95,9 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["run"]:
         from m27.cli import detach, warm, warm_client  # the node's warm runner, when one serves
 
-        if not warm.in_child() and (rest := detach.detach_args(argv[1:])) is not None:
-            return detach.launch(rest)  # `m27 run --detach`: an own session, then exit
         if not warm.in_child():  # (in its forked child the run runs here)
+            if (rest := detach.detach_args(argv[1:])) is not None:
+                return detach.launch(rest)  # `m27 run --detach`: its own session, then exit
             served = warm_client.run_warm(argv[1:])
             if served is not None:
                 return served
