@@ -3,9 +3,10 @@
 Commands read the node's state from the event log (the same fold the notifier uses) and
 act only by appending request events, so the bot needs no access to runs' processes:
 /cancel appends ``CancelRequested`` (the run's flow honours it), /bump appends
-``PriorityBumped`` (the agent's policy reads it). /resume cannot start a run from here
-unless the embedding program passes a ``resume_handler``; by default it replies with the
-exact command to run on the node.
+``PriorityBumped`` (the agent's policy reads it). /resume starts ``m27 run --resume RUN
+--detach`` on the node when ``M27_TELEGRAM_RESUME=1`` allows it (:mod:`m27.notify.resume`)
+or the embedding program passes a ``resume_handler``; otherwise it replies with that
+command, to type on the node.
 
 A chat that is not in ``M27_TELEGRAM_CHAT_IDS`` gets no answer at all (not even an error,
 which would confirm the bot exists); the attempt is logged with its chat id. /cancel is
@@ -34,6 +35,7 @@ from m27.notify.facts import NodeFacts, RunFacts
 from m27.notify.messages import resume_command
 from m27.notify.notifier import NotifierHandle, start_embedded
 from m27.notify.outbox import Outbox, outbox_path
+from m27.notify.resume import resume_detached
 from m27.notify.telegram import DeliveryError, TelegramClient, scrub
 from m27.policy import PRIORITY_LIMIT
 from m27.store import EventStore
@@ -325,8 +327,11 @@ class CommandBot:
             return f"Run <code>{esc(run.run_id)}</code> is still running; /cancel it first."
         if self.resume_handler is not None:
             return esc(self.resume_handler(args[0]))
+        if self.config.allow_resume:
+            return esc(resume_detached(args[0]))
         return (
-            "Resuming from a phone is not enabled; on the node run:\n"
+            "Resuming from a phone is not enabled (M27_TELEGRAM_RESUME=1 on the node "
+            "enables it); on the node run:\n"
             f"<code>{esc(resume_command(args[0]))}</code>"
         )
 

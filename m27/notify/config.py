@@ -15,6 +15,8 @@ Environment (all optional; without a token and chat ids nothing is sent):
 ``M27_TELEGRAM_QUIET_HOURS`` e.g. ``22:00-07:00``: non-critical messages wait until it ends
 ``M27_TELEGRAM_TZ``          time zone of the quiet hours (default: the machine's)
 ``M27_TELEGRAM_MAX_ATTEMPTS`` failures before a message is parked (default 8)
+``M27_TELEGRAM_RESUME``      ``1`` lets the bot's /resume start ``m27 run --resume RUN
+                             --detach`` on the node (default ``0``: it replies with that command)
 """
 
 from __future__ import annotations
@@ -138,6 +140,8 @@ class NotifyConfig:
     min_interval_s: float = 1.0
     request_timeout_s: float = 10.0
     poll_interval_s: float = 1.0
+    #: /resume starts the resume on the node (M27_TELEGRAM_RESUME=1), not just names it
+    allow_resume: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -290,4 +294,16 @@ def load_config(env: Mapping[str, str] | None = None) -> NotifyConfig:
         kinds=parse_kinds(events) if events else frozenset(KINDS),
         quiet=QuietHours.parse(quiet_text, tz) if quiet_text else None,
         max_attempts=_positive_int(env, "M27_TELEGRAM_MAX_ATTEMPTS", 8),
+        allow_resume=_switch(env, "M27_TELEGRAM_RESUME"),
     )
+
+
+_ON = frozenset({"1", "true", "yes", "on"})
+_OFF = frozenset({"", "0", "false", "no", "off"})
+
+
+def _switch(env: Mapping[str, str], key: str) -> bool:
+    raw = env.get(key, "")
+    if raw.strip().lower() in _ON | _OFF:
+        return raw.strip().lower() in _ON
+    raise ConfigError(f"{key}={raw!r}: use 1 (on) or 0 (off)", key=key)

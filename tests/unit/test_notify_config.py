@@ -73,11 +73,20 @@ def test_token_file_in_home_is_found(tmp_path: Path) -> None:
         {"M27_TELEGRAM_API_URL": "http://127.0.0.1:80x81/bot"},
         {"M27_TELEGRAM_API_URL": "http:///bot"},
         {"M27_TELEGRAM_MAX_ATTEMPTS": "0"},
+        {"M27_TELEGRAM_RESUME": "maybe"},
     ],
 )
 def test_bad_values_are_config_errors(bad: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
         load_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("value", "allowed"), [("1", True), ("on", True), ("TRUE", True), ("0", False), ("", False)]
+)
+def test_resume_from_the_phone_is_off_unless_the_node_says_so(value: str, allowed: bool) -> None:
+    assert load_config({"M27_TELEGRAM_RESUME": value}).allow_resume is allowed
+    assert load_config({}).allow_resume is False
 
 
 def test_failures_filter_keeps_failures_and_test_messages() -> None:

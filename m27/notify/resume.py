@@ -1,0 +1,64 @@
+"""The bot's /resume, when the node allows it (``M27_TELEGRAM_RESUME=1``).
+
+A run that crashed at 3 a.m. is resumed from the phone: the bot runs ``m27 run --resume
+RUN --detach`` on the node, the command a person would type, so the resume is checked
+exactly as at a terminal (a run still running, a pipeline file that is gone or now
+broken, nothing left to run) and outlives the bot's request. The new run gets the bot's
+environment (its PATH, modules): start the bot where the steps' programs are found.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+
+__all__ = ["RESUME_TIMEOUT_S", "resume_detached"]
+
+#: How long /resume waits for the run to be in the node's log (the node service may start).
+RESUME_TIMEOUT_S = 300.0
+#: The first line `m27 run --detach` prints once its run is in the log.
+_DETACHED = re.compile(r"^run (\S+) (runs in the background|ended already)", re.MULTILINE)
+#: The last lines of a failed resume's output that the reply quotes.
+_SHOWN_LINES = 6
+
+
+def resume_detached(
+    run_id: str,
+    m27: Sequence[str] = (sys.executable, "-m", "m27.cli"),
+    timeout: float = RESUME_TIMEOUT_S,
+) -> str:
+    """Start `m27 run --resume RUN_ID --detach`; the reply for the chat (plain text)."""
+    try:
+        done = subprocess.run(
+            [*m27, "run", f"--resume={run_id}", "--detach"],  # (an id "-x" stays an id)
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return (
+            f"The resume of {run_id} was not in the node's log after {timeout:.0f} s; "
+            "see /runs, or `m27 runs` on the node."
+        )
+    except OSError as exc:
+        return f"Could not start m27 on the node: {exc.strerror or exc}"
+    said = _last_lines(done.stderr)
+    if done.returncode == 0 and (found := _DETACHED.search(done.stdout)):
+        new, how = found.group(1), found.group(2)
+        state = "it ended already" if how == "ended already" else "it runs"
+        return f"Resumed {run_id} as run {new}: {state} (/status)."
+    if done.returncode == 0:  # nothing left to run: the command said why
+        return (
+            f"Nothing to resume in {run_id}: {said}" if said else f"Nothing to resume in {run_id}."
+        )
+    return f"Could not resume {run_id} (exit {done.returncode}): {said or 'no output'}"
+
+
+def _last_lines(text: str) -> str:
+    lines = [line.removeprefix("m27: ") for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[-_SHOWN_LINES:])
