@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -296,3 +297,37 @@ def test_looking_up_the_steps_that_make_a_workdir_is_bounded(
     monkeypatch.setattr(_MadeBefore, "BUDGET", 10)
     made = _MadeBefore(pipeline)
     assert made(pipeline.step("t49"), tmp_path / "w")  # the budget spent: counted as made
+
+
+def test_a_shell_commands_python_that_is_not_m27s_is_noted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a shell `python3` is m27's interpreter; `shell: true` (added for a `>`) let
+    the shell pick another, and the step lost m27's environment's packages."""
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "python3").write_text("#!/bin/sh\n")
+    (other / "python3").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{other}:/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    mine = Path(sys.executable).parent
+    path = _pipeline(
+        tmp_path,
+        "  - {name: a, type: cpu, shell: true, command: 'python3 a.py > a.txt'}\n"
+        "  - {name: b, type: cpu, shell: true, command: 'python3 -c 1 | cat'}\n"
+        "  - {name: plain, type: cpu, command: 'python3 -c 1'}\n"  # m27's own: no note
+        "  - {name: mine, type: cpu, shell: true, command: 'python3 x.py > y',\n"
+        f"     env: {{PATH: '{mine}:/usr/bin'}}}}\n"  # the shell finds m27's: no note
+        "  - {name: gone, type: cpu, shell: true, command: 'python x.py > y',\n"
+        f"     env: {{PATH: '{tmp_path / 'empty'}'}}}}\n",
+    )
+    assert _validate(path) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "shell: true" in line]
+    assert notes == [
+        f"note: p.yaml:3: steps a, b: with shell: true, `python3` runs {other}/python3, not "
+        f"the Python m27 runs in ({sys.executable}) that a command without a shell gets; "
+        f"write {sys.executable} if the step needs what m27's environment has",
+        f"note: p.yaml:8: step gone: with shell: true, `python` finds no such program on "
+        f"PATH, not the Python m27 runs in ({sys.executable}) that a command without a "
+        f"shell gets; write {sys.executable} if the step needs what m27's environment has",
+    ]

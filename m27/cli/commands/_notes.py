@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ def pipeline_notes(pipeline: Pipeline) -> list[str]:
     """Every note about `pipeline` that needs no event log."""
     return (
         missing_programs(pipeline)
+        + shell_pythons(pipeline)
         + unrunnable_programs(pipeline)
         + gpu_indexes(pipeline)
         + missing_slurm(pipeline)
@@ -189,6 +191,42 @@ def missing_programs(pipeline: Pipeline) -> list[str]:
             f"{shown}:{steps[0].line}: {'step' if len(steps) == 1 else 'steps'} {names}: "
             f"{program!r} is not on {where} here; {fails} `command not found: {program}` "
             f"when {starts}, unless an earlier step installs it{here}"
+        )
+    return lines
+
+
+#: A shell command that starts with a bare `python`/`python3` (its first word).
+_SHELL_PYTHON = re.compile(r"\s*(python3?)(?=\s|$)")
+
+
+def shell_pythons(pipeline: Pipeline) -> list[str]:
+    """A line for the `shell: true` steps whose command starts with a bare `python` that
+    the shell finds elsewhere than m27's interpreter: without a shell that word is m27's
+    own Python (m27.executors.local.resolve_argv), so adding `shell: true` for a `>` or a
+    `|` changed which Python ran, and the step failed `No module named numpy` (m27 run from
+    its virtual environment's bin/ without activating it, a pyenv shim first on PATH)."""
+    found: dict[tuple[str, str | None], list[Step]] = {}
+    mine = os.path.dirname(sys.executable)
+    for step in pipeline.steps:
+        if not step.shell or step.container or step.executor != "local" or len(step.argv) < 3:
+            continue
+        if (match := _SHELL_PYTHON.match(step.argv[2])) is None:
+            continue
+        word = match.group(1)
+        path = step.env.get("PATH", os.environ.get("PATH", os.defpath))
+        where = shutil.which(word, path=path)
+        if where is None or os.path.dirname(where) != mine:
+            found.setdefault((word, where), []).append(step)
+    shown = shown_path(pipeline)
+    lines = []
+    for (word, where), steps in found.items():
+        names = listed((s.name for s in steps), MISSING_SHOWN)
+        which = "step" if len(steps) == 1 else "steps"
+        runs = f"runs {where}" if where else "finds no such program on PATH"
+        lines.append(
+            f"{shown}:{steps[0].line}: {which} {names}: with shell: true, `{word}` {runs}, "
+            f"not the Python m27 runs in ({sys.executable}) that a command without a shell "
+            f"gets; write {sys.executable} if the step needs what m27's environment has"
         )
     return lines
 
