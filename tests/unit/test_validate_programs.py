@@ -309,6 +309,10 @@ def test_a_shell_commands_python_that_is_not_m27s_is_noted(
     (other / "python3").write_text("#!/bin/sh\n")
     (other / "python3").chmod(0o755)
     monkeypatch.setenv("PATH", f"{other}:/usr/bin:/bin")
+    conda = tmp_path / "conda"  # a folder the step's own PATH puts first: its Python runs
+    conda.mkdir()
+    (conda / "python3").write_text("#!/bin/sh\n")
+    (conda / "python3").chmod(0o755)
     monkeypatch.chdir(tmp_path)
     mine = Path(sys.executable).parent
     path = _pipeline(
@@ -319,7 +323,9 @@ def test_a_shell_commands_python_that_is_not_m27s_is_noted(
         "  - {name: mine, type: cpu, shell: true, command: 'python3 x.py > y',\n"
         f"     env: {{PATH: '{mine}:/usr/bin'}}}}\n"  # the shell finds m27's: no note
         "  - {name: gone, type: cpu, shell: true, command: 'python x.py > y',\n"
-        f"     env: {{PATH: '{tmp_path / 'empty'}'}}}}\n",
+        f"     env: {{PATH: '{tmp_path / 'empty'}'}}}}\n"
+        "  - {name: conda, type: cpu, shell: true, command: 'python3 x.py > y',\n"
+        f"     env: {{PATH: '{conda}:{other}:/usr/bin:/bin'}}}}\n",  # chosen: no note
     )
     assert _validate(path) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if "shell: true" in line]

@@ -206,16 +206,20 @@ def shell_pythons(pipeline: Pipeline) -> list[str]:
     `|` changed which Python ran, and the step failed `No module named numpy` (m27 run from
     its virtual environment's bin/ without activating it, a pyenv shim first on PATH)."""
     found: dict[tuple[str, str | None], list[Step]] = {}
-    mine = os.path.dirname(sys.executable)
     for step in pipeline.steps:
         if not step.shell or step.container or step.executor != "local" or len(step.argv) < 3:
             continue
         if (match := _SHELL_PYTHON.match(step.argv[2])) is None:
             continue
+        from m27.executors.local import resolve_argv  # (only for such a step: ~0.2 s)
+
         word = match.group(1)
+        # the Python the command would get without a shell: m27's, or a folder's that the
+        # step's env: PATH puts first (a conda env chosen on purpose: the shell agrees)
+        unshelled = resolve_argv((word,), step.env.get("PATH"))[0]
         path = step.env.get("PATH", os.environ.get("PATH", os.defpath))
         where = shutil.which(word, path=path)
-        if where is None or os.path.dirname(where) != mine:
+        if where is None or os.path.dirname(where) != os.path.dirname(unshelled):
             found.setdefault((word, where), []).append(step)
     shown = shown_path(pipeline)
     lines = []
