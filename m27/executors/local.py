@@ -179,9 +179,15 @@ def begin_attempt(
         sink.note(f"resume_from failed: {exc!r}")
         return AttemptEnd(False, f"resume_from failed: {exc!r}", retryable=False)
     if launch.workdir is not None and not launch.workdir.is_dir():
-        sink.note(f"workdir not found: {launch.workdir}")
-        why = f"workdir not found: {launch.workdir}"
-        return AttemptEnd(False, why, exit_code=126, retryable=False)
+        # `workdir: replicas/{{SEED}}` is made as an output's folder is (`mkdir -p` was
+        # what every such pipeline needed first, or its step failed `workdir not found`)
+        try:
+            launch.workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = f"cannot create the workdir {launch.workdir}: {exc.strerror or exc}"
+            sink.note(why)
+            return AttemptEnd(False, why, exit_code=126, retryable=False)
+        sink.note(f"made the workdir {launch.workdir}")
     for out, path in launch.output_paths().items():
         # Like Snakemake: `output: out/x.txt` needs no `mkdir out` first (a shell
         # redirection or an engine's -o would fail on a missing folder).

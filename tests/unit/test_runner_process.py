@@ -220,11 +220,22 @@ def test_script_that_cannot_execute_fails_with_126(
     assert (result.exit_code, result.reason) == (126, f"cannot execute {script}: {said}")
 
 
-def test_missing_workdir_fails_cleanly(store: MemoryEventStore, tmp_path: Path) -> None:
-    step = launch("print(1)", workdir=tmp_path / "nope")
-    result, _ = _cannot_start(store, step)
+def test_a_missing_workdir_is_made_and_one_that_cannot_be_fails_cleanly(
+    store: MemoryEventStore, tmp_path: Path, m27_home: Path
+) -> None:
+    made = tmp_path / "replicas" / "7"
+    result = run_step(launch("import os; print(os.getcwd())", workdir=made), store)
+    assert result.ok and made.is_dir() and result.log_tail.splitlines()[-1] == str(made)
+    log = (m27_home / "runs" / "r1" / "s1.log").read_text()
+    assert f"m27: made the workdir {made}" in log
 
-    assert result.reason == f"workdir not found: {tmp_path / 'nope'}"
+    (tmp_path / "file").write_text("in the way")
+    store = MemoryEventStore()
+    result, _ = _cannot_start(store, launch("print(1)", workdir=tmp_path / "file" / "sub"))
+    assert (result.exit_code, result.reason) == (
+        126,
+        f"cannot create the workdir {tmp_path / 'file' / 'sub'}: Not a directory",
+    )
 
 
 def test_the_folders_of_declared_outputs_exist_before_the_step_starts(

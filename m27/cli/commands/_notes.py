@@ -5,14 +5,12 @@ program), but each found at the start saves a failure hours into a run."""
 
 from __future__ import annotations
 
-import bisect
 import functools
 import os
 import re
 import shlex
 import shutil
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from m27.paths import is_pattern, not_runnable
@@ -62,102 +60,25 @@ def environment_notes(pipeline: Pipeline) -> list[str]:
 def unrunnable_programs(pipeline: Pipeline) -> list[str]:
     """A line for each step whose program, a path that is there now, cannot be started: a
     folder, a file without its execute bit, a script without a ``#!`` line (a shell runs it
-    with /bin/sh; a step starts its program without one); or whose `workdir:` is not there.
-    Each failed only when the step started (`permission denied`, `Exec format error`)."""
+    with /bin/sh; a step starts its program without one). Each failed only when the step
+    started (`permission denied`, `Exec format error`). (A `workdir:` that is not there is
+    made when its step starts.)"""
     shown = shown_path(pipeline)
     lines = []
-    is_dir = functools.cache(Path.is_dir)  # 100,000 steps share a few folders and programs
-    why_not = functools.cache(not_runnable)
-    made_before: _MadeBefore | None = None
+    why_not = functools.cache(not_runnable)  # 100,000 steps share a few programs
     for step in pipeline.steps:
         if step.executor != "local":  # a Slurm step runs on another node
-            continue
-        workdir = pipeline.workdir_of(step)
-        if not is_dir(workdir):
-            made_before = made_before or _MadeBefore(pipeline)
-            if made_before(step, workdir):
-                continue
-            lines.append(
-                f"{shown}:{step.line}: step {step.name}: its workdir {workdir} is not a folder "
-                "here; the step fails `workdir not found` when it starts, unless an earlier "
-                "step makes it"
-            )
             continue
         if step.shell or step.container or not step.argv or "/" not in step.argv[0]:
             continue  # a shell or an image has its own lookup; a bare name: missing_programs
         program = step.argv[0]
-        why = why_not(workdir / program, program)
+        why = why_not(pipeline.workdir_of(step) / program, program)
         if why is not None:
             lines.append(
                 f"{shown}:{step.line}: step {step.name}: {program}: {why}; the step fails when "
                 "it starts, unless an earlier step replaces it"
             )
     return lines
-
-
-class _MadeBefore:
-    """Whether a step waits for (`depends_on`, all the way up) a step that declares an
-    output in a folder or below it: the runner makes an output's folder before that step
-    starts, so the folder is there by the time the waiting step runs (the examples'
-    `workdir: "{{OUT}}"` after a step whose output is `{{OUT}}/simulation.tpr`).
-
-    Bounded for files of 100,000 steps: only a folder some output is made in is looked
-    up, and the walks up the steps share a budget, past which a folder counts as made (a
-    note is advice: leaving one out is better than a validate that takes minutes)."""
-
-    BUDGET = 200_000
-
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-        self.left = self.BUDGET
-        # (folder an output is made in, its step), sorted: the folders below a workdir are
-        # one range of it (strings, not Paths, and no file system calls: a file of 100,000
-        # outputs is read in a fraction of a second)
-        made = []
-        default = str(pipeline.workdir)
-        for step in pipeline.steps:
-            if not step.outputs:
-                continue
-            base = step.workdir or default  # (workdir_of's Path costs ~8 us a step)
-            for out in step.outputs:
-                path = os.path.normpath(os.path.join(base, os.path.expanduser(out)))
-                if not is_pattern(os.path.dirname(path)):
-                    made.append((os.path.dirname(path), step.name))
-        self.made = sorted(made)
-        self.makers: dict[str, set[str]] = {}
-
-    def _makers(self, folder: str) -> set[str]:
-        """The steps whose outputs are made in `folder` or below it."""
-        if folder not in self.makers:
-            below = folder.rstrip("/") + "/"
-            i = bisect.bisect_left(self.made, (folder,))
-            found: set[str] = set()
-            while i < len(self.made) and (
-                self.made[i][0] == folder or self.made[i][0].startswith(below)
-            ):
-                found.add(self.made[i][1])
-                i += 1
-            self.makers[folder] = found
-        return self.makers[folder]
-
-    def __call__(self, step: Step, folder: Path) -> bool:
-        makers = self._makers(os.path.abspath(folder))
-        if not makers:
-            return False
-        seen: set[str] = set()
-        todo = list(step.depends_on)
-        while todo:
-            if self.left <= 0:
-                return True
-            self.left -= 1
-            name = todo.pop()
-            if name in seen:
-                continue
-            if name in makers:
-                return True
-            seen.add(name)
-            todo.extend(self.pipeline.step(name).depends_on)
-        return False
 
 
 def missing_programs(pipeline: Pipeline) -> list[str]:
