@@ -18,6 +18,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("status", "status", "show a run's steps, or the live runs"),
     ("logs", "logs", "print a step's log"),
     ("cancel", "cancel", "cancel a run"),
+    ("wait", "wait", "wait until runs end; exit 0 if every one succeeded"),
     ("checkpoints", "checkpoints", "list, verify or garbage-collect a run's checkpoints"),
     ("gpus", "gpus", "show the GPUs of this node"),
     ("queue", "queue", "show the GPU queue: tiers, effective priorities, reasons"),

@@ -1,0 +1,95 @@
+"""`m27 wait RUN...`: until every run has ended, a line as each does; 0 only if all
+succeeded. Detached runs (`m27 run -d`) need it in scripts that go on afterwards."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from m27 import events as ev
+from m27 import liveness
+from m27.cli.main import main
+from m27.store.sqlite import open_store
+from tests.waiting import wait_until
+
+DONE, LIVE, DEAD = "20261205-100000-aaaa", "20261205-110000-bbbb", "20261205-120000-cccc"
+
+
+def _dead_pid() -> int:
+    """A pid that ran and is gone (reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.fixture
+def node(m27_home: Path) -> Path:
+    """DONE succeeded; LIVE runs in this process; DEAD's process died without its end."""
+    here = {"host": socket.gethostname()}
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(1.0, DONE, "p", "p.yaml", ("a",)),
+            ev.RunSucceeded(3.0, DONE, 2.0),
+            ev.RunSubmitted(4.0, LIVE, "p", "p.yaml", ("a",), pid=os.getpid(), **here,
+                            pid_started=liveness.own_start_time()),
+            ev.RunSubmitted(5.0, DEAD, "p", "p.yaml", ("a",), pid=_dead_pid(), **here),
+        ]
+    )  # fmt: skip
+    store.close()
+    return m27_home
+
+
+def test_ended_runs_are_said_at_once_and_a_dead_one_counts_as_crashed(
+    node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["wait", DONE]) == 0
+    assert capsys.readouterr().out == f"run {DONE} succeeded in 2.0s\n"
+    assert main(["wait", DONE, DEAD[:12]]) == 1  # (a prefix, as everywhere)
+    assert capsys.readouterr().out.splitlines() == [
+        f"run {DONE} succeeded in 2.0s",
+        f"run {DEAD} crashed",
+    ]
+
+
+def test_a_run_that_goes_on_is_waited_for_until_it_ends(
+    node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    codes: list[int] = []
+    waiter = threading.Thread(target=lambda: codes.append(main(["wait", DONE, LIVE])))
+    waiter.start()
+    said: list[str] = []
+    try:  # LIVE ends once the wait has said DONE's end and waits for LIVE's
+        wait_until(
+            lambda: said.append(capsys.readouterr().out) or "".join(said) != "",
+            timeout=60,
+            what="the wait saying DONE's end",
+        )
+        store = open_store(node)
+        store.append([ev.RunFailed(9.0, LIVE, 5.0, ("a",), "step a failed")])
+        store.close()
+    finally:
+        waiter.join(timeout=60)
+    assert not waiter.is_alive() and codes == [1]
+    assert ("".join(said) + capsys.readouterr().out).splitlines() == [
+        f"run {DONE} succeeded in 2.0s",
+        f"run {LIVE} failed in 5.0s: step a failed",
+    ]
+
+
+def test_timeout_names_what_still_runs_and_a_bad_id_is_bad_input(
+    node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["wait", LIVE, "--timeout", "10ms"]) == 124
+    assert capsys.readouterr().err == f"m27 wait: still running after 10ms: {LIVE}\n"
+    assert main(["wait", "nosuchrun"]) == 2
+    assert "no run matches 'nosuchrun'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad:
+        main(["wait", LIVE, "--timeout", "0"])
+    assert bad.value.code == 2
