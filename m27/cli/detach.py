@@ -166,7 +166,7 @@ def _say_detached(run_id: str, prefect_url: str, out_path: Path, *, ended: bool)
     if prefect_url:
         lines.append(f"  prefect: {prefect_url}")
     lines += [
-        f"  follow:  m27 logs -f {run_id}   m27 status {run_id}",
+        f"  follow:  m27 logs -f {run_id}   m27 status {run_id}   m27 wait {run_id}",
         f"  stop:    m27 cancel {run_id}",
     ]
     print("\n".join(lines), flush=True)
