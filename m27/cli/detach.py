@@ -161,6 +161,9 @@ def _submitted(store: SqliteEventStore, run_id: str) -> str | None:
 
 
 def _say_detached(run_id: str, prefect_url: str, out_path: Path, *, ended: bool) -> None:
+    """The run id alone on stdout (`R=$(m27 run -d p.yaml)`, as `docker run -d` prints its
+    container's), what to do with it on stderr."""
+    print(run_id, flush=True)
     where = "ended already" if ended else "runs in the background"
     lines = [f"run {run_id} {where}; its output: {out_path}"]
     if prefect_url:
@@ -169,7 +172,7 @@ def _say_detached(run_id: str, prefect_url: str, out_path: Path, *, ended: bool)
         f"  follow:  m27 logs -f {run_id}   m27 status {run_id}   m27 wait {run_id}",
         f"  stop:    m27 cancel {run_id}",
     ]
-    print("\n".join(lines), flush=True)
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def out_path(home: Path, run_id: str) -> Path:

@@ -18,8 +18,9 @@ __all__ = ["RESUME_TIMEOUT_S", "resume_detached"]
 
 #: How long /resume waits for the run to be in the node's log (the node service may start).
 RESUME_TIMEOUT_S = 300.0
-#: The first line `m27 run --detach` prints once its run is in the log.
-_DETACHED = re.compile(r"^run (\S+) (runs in the background|ended already)", re.MULTILINE)
+#: What `m27 run --detach` prints once its run is in the log: its id (stdout), and this.
+_RUN_ID = re.compile(r"[\w.-]+")
+_ENDED = re.compile(r"^run \S+ ended already", re.MULTILINE)
 #: The last lines of a failed resume's output that the reply quotes.
 _SHOWN_LINES = 6
 
@@ -48,9 +49,9 @@ def resume_detached(
     except OSError as exc:
         return f"Could not start m27 on the node: {exc.strerror or exc}"
     said = _last_lines(done.stderr)
-    if done.returncode == 0 and (found := _DETACHED.search(done.stdout)):
-        new, how = found.group(1), found.group(2)
-        state = "it ended already" if how == "ended already" else "it runs"
+    new = done.stdout.strip()
+    if done.returncode == 0 and _RUN_ID.fullmatch(new):
+        state = "it ended already" if _ENDED.search(done.stderr) else "it runs"
         return f"Resumed {run_id} as run {new}: {state} (/status)."
     if done.returncode == 0:  # nothing left to run: the command said why
         return (

@@ -57,12 +57,13 @@ def test_a_detached_run_goes_on_in_its_own_session_until_cancelled(
         terminal.kill()
     assert terminal.returncode == 0, stdout + stderr
     run, step = wait_running(m27_home, "sleeper", "long", timeout=120)
-    assert stdout.splitlines()[0] == (
+    assert stdout == f"{run.run_id}\n"  # alone, for `R=$(m27 run -d p.yaml)`
+    assert (
         f"run {run.run_id} runs in the background; its output: "
-        f"{m27_home / 'runs' / run.run_id / 'run.out'}"
-    )
-    assert f"m27 cancel {run.run_id}" in stdout and "Traceback" not in stderr
-    # what came before the run is shown here; the run's own progress is not
+        f"{m27_home / 'runs' / run.run_id / 'run.out'}\n"
+    ) in stderr
+    assert f"m27 cancel {run.run_id}" in stderr and "Traceback" not in stderr
+    # what came before the run is shown; the run's own progress is not
     assert "pipeline sleeper" not in stderr and "[long]" not in stderr
     # the command has exited and left nothing in the terminal's session: a hangup (the
     # ssh session closed) reaches no process of the run

@@ -90,8 +90,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="run in the background, in a session of its own (a closed terminal or ssh "
         "session does not stop it): wait until the run is in the node's log, print its "
-        "id and how to follow it (m27 status, m27 logs -f, m27 cancel), exit 0; its "
-        "output goes to $M27_HOME/runs/RUN/run.out",
+        "id (alone on stdout) and how to follow it (m27 logs -f, m27 status, m27 wait, "
+        "m27 cancel), exit 0; its output goes to $M27_HOME/runs/RUN/run.out",
     )
     p.add_argument("--quiet", action="store_true", help="do not print step output")
     p.add_argument("--verbose", action="store_true", help="show Prefect's own log lines")
