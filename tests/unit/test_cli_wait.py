@@ -83,6 +83,18 @@ def test_a_run_that_goes_on_is_waited_for_until_it_ends(
     ]
 
 
+def test_without_a_run_it_waits_for_every_run_in_progress(
+    node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["wait", "--timeout", "10ms"]) == 124  # LIVE (DEAD has crashed: not waited)
+    assert capsys.readouterr().err == f"m27 wait: still running after 10ms: {LIVE}\n"
+    store = open_store(node)
+    store.append([ev.RunSucceeded(9.0, LIVE, 5.0)])
+    store.close()
+    assert main(["wait"]) == 0
+    assert capsys.readouterr().out == "no runs in progress\n"
+
+
 def test_timeout_names_what_still_runs_and_a_bad_id_is_bad_input(
     node: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,6 +16,7 @@ import time
 
 from m27 import runids
 from m27.cli.commands import SUMMARY, _common
+from m27.events.state import live_runs
 from m27.units import format_duration, parse_duration
 
 #: The exit code when --timeout passed first (GNU timeout's).
@@ -26,13 +27,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "wait",
         help=SUMMARY["wait"],
-        usage="m27 wait [-h] [--timeout DURATION] RUN...",
+        usage="m27 wait [-h] [--timeout DURATION] [RUN...]",
         description="Wait until each RUN (an id, a unique prefix, or `last`) has ended, "
-        "printing a line as each one does. Exit code 0 when every run succeeded, 1 when one "
+        "printing a line as each one does; without RUN, every run in progress now (as a "
+        "shell's `wait` waits for all its jobs). Exit code 0 when every run succeeded, 1 when one "
         "failed, was cancelled or crashed, 124 when --timeout passed first, 2 for a run id "
         "that names no run.",
     )
-    p.add_argument("run_ids", metavar="RUN", nargs="+")
+    p.add_argument("run_ids", metavar="RUN", nargs="*")
     p.add_argument(
         "--timeout",
         type=_duration,
@@ -57,7 +59,13 @@ def _duration(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     st = _common.store()
     known = _common.outline(st)
-    pending = list(dict.fromkeys(runids.resolve(r, list(known.runs)) for r in args.run_ids))
+    if args.run_ids:
+        pending = list(dict.fromkeys(runids.resolve(r, list(known.runs)) for r in args.run_ids))
+    else:
+        pending = [r.run_id for r in live_runs(known) if _common.shown_status(r) == "running"]
+        if not pending:
+            print("no runs in progress")
+            return 0
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     failed = False
     while True:
