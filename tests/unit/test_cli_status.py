@@ -194,6 +194,24 @@ def test_a_resume_says_which_steps_it_was_asked_to_run_again(
     assert (shown["resume_of"], shown["rerun"]) == (first, ["a"])
 
 
+def test_a_run_its_closed_terminal_cancelled_says_how_to_outlive_one(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, RUN, "p", "p.yaml", ("a",)),
+            ev.RunCancelled(2.0, RUN, reason="SIGHUP received"),
+        ]
+    )
+    store.close()
+    assert main(["status", RUN]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"run {RUN}  pipeline p  cancelled: SIGHUP received (its terminal closed; "
+        "`m27 run --resume RUN -d` goes on after that)  (1.0s)"
+    )
+
+
 def test_a_detached_run_names_its_output_and_the_command_that_shows_it(
     m27_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -195,6 +195,8 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
     if d["status"] == "running" and r.submitted_at:
         took = f"for {format_duration(max(0.0, now - r.submitted_at))}"
     shown = d["status"] + (f": {d['reason']}" if d["reason"] else "")  # cancelled: why
+    if d["status"] == "cancelled" and d["reason"] == "SIGHUP received":
+        shown += " (its terminal closed; `m27 run --resume RUN -d` goes on after that)"
     print(f"run {r.run_id}  pipeline {r.pipeline}  {shown}  ({took})")
     print(f"  file: {r.spec_path}")
     if r.vars:
