@@ -49,8 +49,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "PREFECT_API_URL: the lab's server instead). Ctrl-C, SIGTERM and SIGHUP cancel "
         "the run (its steps get SIGTERM and their grace; a second Ctrl-C aborts); with "
         "--detach it runs on after the command exits, until `m27 cancel`. "
-        "Exit code 0 when every step succeeded, 1 when a step failed or the run was "
-        "cancelled, 2 for bad input.",
+        "Exit code 0 when every step succeeded (with --detach: once the run is recorded; "
+        "`m27 wait RUN` gives its end), 1 when a step failed or the run was cancelled, 2 "
+        "for bad input.",
     )
     p.add_argument("file", nargs="?", help="pipeline YAML (optional with --resume)")
     add_set_option(p)
