@@ -181,25 +181,28 @@ def begin_attempt(
     if launch.workdir is not None and not launch.workdir.is_dir():
         # `workdir: replicas/{{SEED}}` is made as an output's folder is (`mkdir -p` was
         # what every such pipeline needed first, or its step failed `workdir not found`)
-        try:
-            launch.workdir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            why = f"cannot create the workdir {launch.workdir}: {exc.strerror or exc}"
-            sink.note(why)
-            return AttemptEnd(False, why, exit_code=126, retryable=False)
+        if (failed := _make(launch.workdir, f"the workdir {launch.workdir}", sink)) is not None:
+            return failed
         sink.note(f"made the workdir {launch.workdir}")
     for out, path in launch.output_paths().items():
         # Like Snakemake: `output: out/x.txt` needs no `mkdir out` first (a shell
         # redirection or an engine's -o would fail on a missing folder).
         if is_pattern(str(path.parent)):
             continue  # `frames/*/x.png`: which folders is the program's to say
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            why = f"cannot create the folder of output {out}: {exc.strerror or exc}"
-            sink.note(why)
-            return AttemptEnd(False, why, exit_code=126, retryable=False)
+        if (failed := _make(path.parent, f"the folder of output {out}", sink)) is not None:
+            return failed
     return argv, resume
+
+
+def _make(folder: Path, what: str, sink: Sink) -> AttemptEnd | None:
+    """`mkdir -p folder`; the attempt's end, said in its log, when it cannot be made."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = f"cannot create {what}: {exc.strerror or exc}"
+        sink.note(why)
+        return AttemptEnd(False, why, exit_code=126, retryable=False)
+    return None
 
 
 def _attempt(
