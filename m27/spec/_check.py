@@ -17,8 +17,8 @@ from typing import Any
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from m27.paths import name_problem
-from m27.spec._checkpoint import CheckpointField, read_checkpoint
-from m27.spec._draft import Draft, cross_check
+from m27.spec._checkpoint import read_checkpoint
+from m27.spec._draft import Draft, build, cross_check
 from m27.spec._environ import expanded
 from m27.spec._limits import (
     ARG_BYTES_MAX,
@@ -31,7 +31,8 @@ from m27.spec._limits import (
     under,
     written_absolute,
 )
-from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline, Step
+from m27.spec._matrix import expand, matrix_node
+from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline
 from m27.spec._nodes import Template, describe, is_null, representable, suggest
 from m27.spec._shell import unsafe_placeholders, unshelled
 from m27.spec._template import (
@@ -47,7 +48,7 @@ from m27.units import quoted
 TOP_KEYS = ("name", "vars", "env", "priority", "workdir", "executor", "pipeline", "steps")
 _STEP_KEYS_TEXT = (
     "name type command depends_on output checkpoint env retries retry_delay timeout priority gpus "
-    "gpu_memory workdir shell executor slurm container binds allow_outside"
+    "gpu_memory workdir shell executor slurm container binds allow_outside matrix"
 )
 STEP_KEYS = tuple(_STEP_KEYS_TEXT.split())
 ENV_NAME = VAR_NAME
@@ -124,7 +125,9 @@ class Checker(Variables):
         return Pipeline(
             name=name,
             path=self.path.resolve(),
-            steps=tuple(self._build(d) for d in drafts),
+            steps=tuple(
+                build(d, self.env, self.priority, self.workdir, self.executor) for d in drafts
+            ),
             # (a variable left to each run stands in for itself: not a value of the file's)
             vars=MappingProxyType({k: v for k, v in self.values.items() if k not in self.unset}),
             priority=self.priority,
@@ -163,13 +166,18 @@ class Checker(Variables):
             return []
         if not node.value:
             self.add(node, key, "the pipeline has no steps")
-        drafts = [self._step(item, i, f"{key}[{i}]") for i, item in enumerate(node.value)]
-        cross_check(self, [d for d in drafts if d is not None], self.workdir or str(self.base))
-        return [d for d in drafts if d is not None]
+        drafts: list[Draft] = []
+        for i, item in enumerate(node.value):
+            if (matrix := matrix_node(item)) is not None:
+                drafts += expand(self, item, i, f"{key}[{i}]", matrix)
+            elif (draft := self.step_draft(item, i, f"{key}[{i}]")) is not None:
+                drafts.append(draft)
+        cross_check(self, drafts, self.workdir or str(self.base))
+        return drafts
 
     # -- one step --------------------------------------------------------------------
 
-    def _step(self, node: Node, index: int, where: str) -> Draft | None:
+    def step_draft(self, node: Node, index: int, where: str) -> Draft | None:
         keys = self.mapping(node, where, STEP_KEYS)
         if keys is None:
             return None
@@ -230,7 +238,7 @@ class Checker(Variables):
         if (n := get("output")) is not None:
             for text, item, path in self.texts(n, f"{where}.output") or []:
                 tpl = expanded(self, self.template(item, path, text))
-                rendered = self._render_plain(tpl)
+                rendered = self.render_plain(tpl)
                 if rendered is not None and self._confined(
                     tpl, rendered, draft.workdir or self.workdir, draft.allow_outside
                 ):
@@ -274,7 +282,7 @@ class Checker(Variables):
             elif not node.value:
                 self.add(node, where, "the command is empty")
             elif len(items) == len(node.value):
-                parts = [self._render_plain(self.template(n, p, t)) for t, n, p in items]
+                parts = [self.render_plain(self.template(n, p, t)) for t, n, p in items]
                 if all(p is not None for p in parts):
                     v["argv"] = self._checked_argv(node, where, [p for p in parts if p is not None])
             return
@@ -365,7 +373,7 @@ class Checker(Variables):
 
     # -- shared field kinds ----------------------------------------------------------
 
-    def _render_plain(self, tpl: Template) -> str | None:
+    def render_plain(self, tpl: Template) -> str | None:
         if not tpl.ok:
             return None
         return substitute(tpl.text, tpl.placeholders, self.values)
@@ -375,7 +383,7 @@ class Checker(Variables):
         if text is None:
             return None
         tpl = expanded(self, self.template(node, where, text))
-        rendered = self._render_plain(tpl)
+        rendered = self.render_plain(tpl)
         if rendered is None:
             return None
         if not rendered:
@@ -458,38 +466,8 @@ class Checker(Variables):
         text = self.text(node, where)
         if text is None:
             return None
-        rendered = self._render_plain(expanded(self, self.template(node, where, text)))
+        rendered = self.render_plain(expanded(self, self.template(node, where, text)))
         if rendered is not None and "\0" in rendered:
             self.add(node, where, "the value holds a NUL byte (written or from a variable)")
             return None
         return rendered
-
-    def _build(self, d: Draft) -> Step:
-        v = d.values
-        ckpt: CheckpointField | None = v.get("checkpoint")
-        return Step(
-            name=d.name or "",
-            type=v["type"],
-            command=v["command"],
-            argv=v["argv"],
-            depends_on=v.get("depends_on", ()),
-            outputs=tuple(out for out, _, _ in d.outputs),
-            checkpoint=ckpt.every if ckpt else None,
-            checkpoint_files=ckpt.files if ckpt else (),
-            checkpoint_resume=ckpt.resume if ckpt else None,
-            checkpoint_signal=ckpt.signal if ckpt else None,
-            env=MappingProxyType({**self.env, **v.get("env", {})}),
-            retries=v.get("retries", 0),
-            retry_delay=v.get("retry_delay") or 0.0,
-            timeout=v.get("timeout"),
-            priority=self.priority + v.get("priority", 0),
-            gpus=v["gpus"],
-            gpu_memory=v.get("gpu_memory"),
-            workdir=d.workdir or self.workdir,
-            shell=v.get("shell", False),
-            executor=v.get("executor") or self.executor,
-            slurm=v.get("slurm", MappingProxyType({})),
-            container=v.get("container"),
-            binds=v.get("binds", ()),
-            line=d.node.start_mark.line + 1,
-        )

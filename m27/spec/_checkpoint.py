@@ -134,7 +134,7 @@ def _rendered(checker: Checker, node: Node, where: str) -> str | None:
     text = checker.text(node, where)
     if text is None:
         return None
-    return checker._render_plain(checker.template(node, where, text))
+    return checker.render_plain(checker.template(node, where, text))
 
 
 def _files(checker: Checker, node: Node, where: str) -> list[str]:

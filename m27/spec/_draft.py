@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
 
-from m27.spec._model import find_cycles
+from m27.spec._checkpoint import CheckpointField
+from m27.spec._model import Step, find_cycles
 from m27.spec._nodes import Reader, suggest
 from m27.units import quoted
 
@@ -28,12 +30,19 @@ class Draft:
     workdir: str | None = None
     allow_outside: bool = False
     values: dict[str, Any] = field(default_factory=dict)
+    #: an instance of a `matrix:` entry: the entry's name, and its values of the keys
+    group: str | None = None
+    cell: dict[str, str] = field(default_factory=dict)
 
 
 def cross_check(reader: Reader, drafts: list[Draft], base: str) -> None:
     """Checks across steps: unique names, known dependencies without cycles, no two steps
     writing one output (relative outputs are under a step's workdir, else `base`)."""
     first: dict[str, Draft] = {}
+    groups: dict[str, list[Draft]] = {}
+    for d in drafts:
+        if d.group is not None:
+            groups.setdefault(d.group, []).append(d)
     for d in drafts:
         if d.name is None or d.name_node is None:
             continue
@@ -41,16 +50,30 @@ def cross_check(reader: Reader, drafts: list[Draft], base: str) -> None:
             line = first[d.name].node.start_mark.line + 1
             message = f"duplicate step name {quoted(d.name)} (first defined on line {line})"
             reader.add(d.name_node, f"{d.where}.name", message)
+        elif d.name in groups:
+            line = groups[d.name][0].node.start_mark.line + 1
+            message = (
+                f"duplicate step name {quoted(d.name)}: the matrix step on line {line} is "
+                "called so (a step that depends on it waits on its instances)"
+            )
+            reader.add(d.name_node, f"{d.where}.name", message)
         else:
             first[d.name] = d
     graph: dict[str, tuple[str, ...]] = {}
     for d in drafts:
         deps: dict[str, None] = {}  # ordered, and a repeat found in O(1): a step of 2,000
         for dep, node, path in d.deps:  # dependencies made a list's `in` cost seconds
-            if dep == d.name:
+            if dep in (d.name, d.group):
                 reader.add(node, path, f"step {quoted(dep)} cannot depend on itself")
+            elif dep in groups and dep not in first:
+                if not (members := _paired(groups[dep], d.cell)):
+                    shared = {k: v for k, v in d.cell.items() if k in groups[dep][0].cell}
+                    which = ", ".join(f"{k}={v}" for k, v in shared.items())
+                    reader.add(node, path, f"no instance of matrix step {quoted(dep)} has {which}")
+                deps.update(dict.fromkeys(m.name for m in members if m.name is not None))
             elif dep not in first:
-                hint = suggest(dep, first) or (f" (steps: {', '.join(first)})" if first else "")
+                known = {**first, **groups}
+                hint = suggest(dep, known) or (f" (steps: {', '.join(known)})" if known else "")
                 reader.add(node, path, f"unknown dependency {quoted(dep)}{hint}")
             else:
                 deps[dep] = None
@@ -67,14 +90,32 @@ def cross_check(reader: Reader, drafts: list[Draft], base: str) -> None:
     _output_clashes(reader, drafts, base)
 
 
+def _paired(members: list[Draft], cell: dict[str, str]) -> list[Draft]:
+    """The instances of a matrix step that a step with values `cell` waits on: those that
+    agree with it on every key both have (all of them when they share none)."""
+    return [m for m in members if all(cell.get(k, v) == v for k, v in m.cell.items())]
+
+
 def _output_clashes(reader: Reader, drafts: list[Draft], base: str) -> None:
     writers: dict[str, tuple[Draft, Node]] = {}
+    told: set[tuple[str, str]] = set()  # (matrix step, output): said once, not per instance
     for d in drafts:
         step_base = d.workdir or base
         for out, node, path in d.outputs:
             key = os.path.normpath(os.path.join(step_base, os.path.expanduser(out)))
             if key in writers and writers[key][0] is not d:
                 other, other_node = writers[key]
+                if d.group is not None and other.group == d.group:
+                    if (d.group, out) in told:
+                        continue
+                    told.add((d.group, out))
+                    keys = " ".join("{{" + k + "}}" for k in d.cell)
+                    message = (
+                        f"every instance of matrix step {d.group!r} writes {quoted(out)}; put "
+                        f"its matrix value in the path ({keys}) or in its workdir"
+                    )
+                    reader.add(node, path, message)
+                    continue
                 reader.add(
                     node,
                     path,
@@ -83,3 +124,37 @@ def _output_clashes(reader: Reader, drafts: list[Draft], base: str) -> None:
                     "two steps cannot write the same output",
                 )
             writers.setdefault(key, (d, node))
+
+
+def build(d: Draft, env: dict[str, str], priority: int, workdir: str | None, executor: str) -> Step:
+    """The Step a draft without problems describes, with the pipeline's defaults (its
+    `env:`, `priority:`, `workdir:` and `executor:`) under the step's own."""
+    v = d.values
+    ckpt: CheckpointField | None = v.get("checkpoint")
+    return Step(
+        name=d.name or "",
+        type=v["type"],
+        command=v["command"],
+        argv=v["argv"],
+        depends_on=v.get("depends_on", ()),
+        outputs=tuple(out for out, _, _ in d.outputs),
+        checkpoint=ckpt.every if ckpt else None,
+        checkpoint_files=ckpt.files if ckpt else (),
+        checkpoint_resume=ckpt.resume if ckpt else None,
+        checkpoint_signal=ckpt.signal if ckpt else None,
+        env=MappingProxyType({**env, **v.get("env", {})}),
+        retries=v.get("retries", 0),
+        retry_delay=v.get("retry_delay") or 0.0,
+        timeout=v.get("timeout"),
+        priority=priority + v.get("priority", 0),
+        gpus=v["gpus"],
+        gpu_memory=v.get("gpu_memory"),
+        workdir=d.workdir or workdir,
+        shell=v.get("shell", False),
+        executor=v.get("executor") or executor,
+        slurm=v.get("slurm", MappingProxyType({})),
+        container=v.get("container"),
+        binds=v.get("binds", ()),
+        line=d.node.start_mark.line + 1,
+        group=d.group,
+    )

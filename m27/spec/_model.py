@@ -82,6 +82,8 @@ class Step:
     container: str | None = None
     binds: tuple[str, ...] = ()
     line: int = 0
+    #: the entry's own name, for a step a `matrix:` made (`md` for `md.1`)
+    group: str | None = None
 
     @property
     def uses_gpu(self) -> bool:
@@ -169,7 +171,15 @@ class Pipeline:
         --resume R --rerun NAME` runs again, from the start (a step after NAME reads what
         NAME writes anew). KeyError naming the pipeline's steps for a name it lacks."""
         chosen: set[str] = set()
+        groups: dict[str, list[str]] = {}
+        for s in self.steps:
+            if s.group is not None:
+                groups.setdefault(s.group, []).append(s.name)
         for name in names:
+            if name in groups and name not in self._by_name:  # a matrix step: every instance
+                for member in groups[name]:
+                    chosen |= {member, *self.dependents(member)}
+                continue
             if name not in self._by_name:
                 hint = closest(name, self._by_name)
                 maybe = f"did you mean {hint!r}? " if hint else ""

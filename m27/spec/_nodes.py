@@ -82,6 +82,8 @@ class Reader:
 
     def __post_init__(self) -> None:
         self._constructor = yaml.constructor.SafeConstructor()
+        #: mappings already read (merges flattened, duplicate keys reported), by id
+        self._flattened: set[int] = set()
 
     def add(self, node: Node, where: str, message: str, offset: int | None = None) -> None:
         if self.full:
@@ -103,7 +105,7 @@ class Reader:
             self.add(node, where, f"must be a mapping, got {describe(node)}")
             return None
         seen: dict[str, Node] = {}
-        for key, _ in node.value:
+        for key, _ in [] if id(node) in self._flattened else node.value:
             if isinstance(key, ScalarNode) and key.tag != MERGE:
                 if key.value in seen:
                     first = seen[key.value].start_mark.line + 1
@@ -114,6 +116,8 @@ class Reader:
         except yaml.constructor.ConstructorError as exc:
             self.add(node, where, f"bad merge: {exc.problem}")
             return None
+        # read again (each step a matrix makes), the merged keys are the node's own now
+        self._flattened.add(id(node))
         out: dict[str, tuple[Node, Node]] = {}
         for key, value in node.value:
             if not isinstance(key, ScalarNode) or key.tag == NULL:

@@ -7,6 +7,7 @@ command edited since, an output deleted since); both read the chain here, so the
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from m27.events import StepSkipped
@@ -62,10 +63,12 @@ def gone_note(step: str, gone: list[str], succeeded_in: str) -> str:
     )
 
 
-def rerun_note(asked: list[str], runs: list[str]) -> str:
+def rerun_note(asked: list[str], runs: list[str], own: Collection[str] = ()) -> str:
     """What a resume says of the steps `--rerun` runs again (`runs`:
-    :meth:`m27.spec.Pipeline.rerun_steps` of `asked`), on stderr and in the flow's log."""
-    after = [name for name in runs if name not in asked]
+    :meth:`m27.spec.Pipeline.rerun_steps` of `asked`), on stderr and in the flow's log;
+    `own`: the steps `asked` names themselves (a matrix entry's name: the steps it made),
+    not said to be waiting on them."""
+    after = [name for name in runs if name not in asked and name not in own]
     note = (
         f"--rerun {', '.join(asked)}: {'it runs' if len(asked) == 1 else 'they run'} again "
         "from the start (no checkpoint of an earlier run is restored)"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from m27 import liveness, runids
@@ -129,11 +130,33 @@ def shown_status(run: RunState) -> str:
 
 def no_such_step(run_id: str, step: str, steps: Iterable[str]) -> str:
     """`run R has no step 'anlyse' (did you mean 'analyse'? its steps: ...)`: what `m27
-    logs` and `m27 bump` say of a step name the run lacks (the first 20 of a wide run's)."""
+    logs` and `m27 bump` say of a step name the run lacks (the first 20 of a wide run's);
+    for the name of a `matrix:` entry, the steps it made (`md` -> `md.1`, `md.2`)."""
     names = list(steps)
+    if members := [n for n in names if n.startswith(step + ".")]:  # a matrix entry's name
+        return (
+            f"run {run_id} has no step {quoted(step)}; its matrix made the steps "
+            f"{listed(members, 20)}: name one"
+        )
     hint = closest(step, names)
     maybe = f"did you mean {hint!r}? " if hint else ""
     return f"run {run_id} has no step {quoted(step)} ({maybe}its steps: {listed(names, 20)})"
+
+
+def once_per_matrix(steps: Sequence[Step]) -> list[tuple[Step, str]]:
+    """Each step with the name to say it by, a `matrix:` entry's steps once (its first,
+    as `md.* (100 steps)`): what validation says of one replica it says of all, and a
+    sweep of 100 printed every line 100 times."""
+    sizes = Counter(s.group for s in steps if s.group is not None)
+    out: list[tuple[Step, str]] = []
+    said: set[str] = set()
+    for s in steps:
+        if s.group is None or sizes[s.group] == 1:
+            out.append((s, s.name))
+        elif s.group not in said:
+            said.add(s.group)
+            out.append((s, f"{s.group}.* ({sizes[s.group]} steps)"))
+    return out
 
 
 def print_json(data: Any) -> None:

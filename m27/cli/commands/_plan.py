@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 class ResumePlan:
     """A resume's steps: those that run (file order), those skipped (with the run each
     succeeded in), those `--rerun` runs again and those run again for their gone outputs
-    (both from the start; `asked`: the steps `--rerun` named), the notes said before it
-    starts, and the chain of runs it resumes (newest first)."""
+    (both from the start; `asked`: the steps `--rerun` named, a matrix entry's name its
+    steps), the notes said before it starts, and the chain of runs it resumes (newest
+    first)."""
 
     notes: list[str]
     runs: list[str]
@@ -54,7 +55,8 @@ def resume_plan(
     runs = {*forced, *again}
     left = [s.name for s in pipeline.steps if s.name not in found or s.name in runs]
     done = {name: s.run_id for name, s in found.items() if name not in runs}
-    lines = [rerun_note(rerun, forced)] if forced else []
+    asked = [s.name for s in pipeline.steps if s.name in rerun or s.group in rerun]
+    lines = [rerun_note(rerun, forced, asked)] if forced else []
     lines += [gone_note(name, gone, found[name].run_id) for name, gone in again.items()]
     for step in pipeline.steps:
         was = found.get(step.name)
@@ -75,7 +77,7 @@ def resume_plan(
             for step in pipeline.steps
             if (gone := pipeline.missing_outputs(step.name))
         ]
-    return ResumePlan(lines, left, done, frozenset(forced), tuple(rerun), dict(again), runs_chain)
+    return ResumePlan(lines, left, done, frozenset(forced), tuple(asked), dict(again), runs_chain)
 
 
 def _checkpoint_of(step: str, runs: list[str]) -> str | None:

@@ -197,8 +197,8 @@ def _checkpoint_warnings(pipeline: Pipeline) -> list[str]:
 
     shown = _notes.shown_path(pipeline)
     return [
-        f"{shown}:{step.line}: step {step.name}: {warning}"
-        for step in pipeline.steps
+        f"{shown}:{step.line}: step {name}: {warning}"
+        for step, name in _common.once_per_matrix(pipeline.steps)
         for warning in explain_checkpoint(step, pipeline.workdir_of(step)).warnings
     ]
 

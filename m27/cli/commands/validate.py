@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 
 from m27._exceptions import SpecError
 from m27.cli.commands import _common, _notes
@@ -36,6 +37,15 @@ def _beyond_sim_gpus(pipeline: Pipeline) -> list[Problem]:
 
 #: `m27 validate` names at most this many steps on its "order:" line (--json has them all).
 ORDER_SHOWN = 12
+
+
+def _size(pipeline: Pipeline) -> str:
+    """`3 steps`, or `8 steps; matrix: md 6, per_seed 2` when a matrix made some."""
+    made = Counter(s.group for s in pipeline.steps if s.group is not None)
+    size = count(len(pipeline.steps), "step")
+    if not made:
+        return size
+    return size + "; matrix: " + ", ".join(f"{name} {n}" for name, n in made.items())
 
 
 def _order_line(order: list[str]) -> str:
@@ -94,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 "gpus": s.gpus,
                 "priority": s.priority,
                 "line": s.line,
+                "matrix": s.group,
                 "checkpoint": explain_checkpoint(s, pipeline.workdir_of(s)).to_dict(),
             }
             for s in pipeline.steps
@@ -104,10 +115,10 @@ def run(args: argparse.Namespace) -> int:
         }  # fmt: skip
         print(json.dumps(result))
     else:
-        print(f"OK: pipeline {pipeline.name!r} ({count(len(pipeline.steps), 'step')})")
+        print(f"OK: pipeline {pipeline.name!r} ({_size(pipeline)})")
         print("order: " + _order_line(order))
-        for s in pipeline.steps:
-            for line in explain_checkpoint(s, pipeline.workdir_of(s)).lines(s.name):
+        for s, name in _common.once_per_matrix(pipeline.steps):
+            for line in explain_checkpoint(s, pipeline.workdir_of(s)).lines(name):
                 print(line)
         for note in _notes.shown_notes(notes):
             print(_safe(f"note: {note}"))

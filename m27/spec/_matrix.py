@@ -1,0 +1,203 @@
+"""`matrix:`: one step entry, one step per combination of values (replicas, sweeps).
+
+Ten replicas of an MD run were ten copies of one entry, or ten `m27 run -d --set SEED=N`
+and a script around them. A step with ``matrix: {SEED: [1, 2, 3]}`` is checked and
+rendered once per value, with `{{SEED}}` bound to it, as steps ``md.1``, ``md.2`` and
+``md.3``; several keys give their product (the first key varies slowest, as in nested
+loops). A step that depends on the entry's name waits on its instances: all of them, or,
+when the waiting step has a matrix too, those whose shared keys have its own values
+(``analyse.2`` waits on ``md.2`` alone), as Snakemake's wildcards pair files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import TYPE_CHECKING
+
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from m27.paths import name_problem
+from m27.spec._draft import Draft
+from m27.spec._nodes import describe
+from m27.spec._template import VAR_NAME
+from m27.units import QUOTE_MAX, listed, quoted
+
+if TYPE_CHECKING:
+    from m27.spec._check import Checker
+
+#: Most steps one matrix may make: far above a lab's sweep, low enough that a typo
+#: (`[1..1000]` in three keys) is an error and not a billion steps.
+MATRIX_STEPS_MAX = 10_000
+#: What a value may hold: it becomes part of a step name (`md.300K`).
+_VALUE = re.compile(r"[A-Za-z0-9_.\-]+\Z")
+_MERGE = "tag:yaml.org,2002:merge"
+_SPLIT = re.compile(r"[\s,]+")
+#: A value each run gives (`m27 deploy` of `vars: {SEEDS:}`): its steps are made then.
+_LATER_TEXT = "{{each run}}"
+_LATER = [_LATER_TEXT]
+_EACH_RUN: list[dict[str, str]] = []
+
+
+def matrix_node(node: Node) -> Node | None:
+    """The value of `node`'s `matrix:` key, its own or merged (`<<: *defaults`), if it has
+    one. The node is only read: the step checker flattens merges and reports problems."""
+    if not isinstance(node, MappingNode):
+        return None
+    merged: list[Node] = []
+    for key, value in node.value:
+        if not isinstance(key, ScalarNode):
+            continue
+        if key.value == "matrix" and key.tag != _MERGE:
+            own: Node = value
+            return own
+        if key.tag == _MERGE:
+            merged += value.value if isinstance(value, SequenceNode) else [value]
+    for source in merged:  # depth is bounded: the file's nesting limit holds for aliases
+        if (found := matrix_node(source)) is not None:
+            return found
+    return None
+
+
+def expand(checker: Checker, item: Node, index: int, where: str, node: Node) -> list[Draft]:
+    """The drafts of a step entry with a matrix: one per combination, named
+    ``NAME.VALUE[.VALUE...]``. A problem the entry has whatever the values is reported
+    once, not once per instance. A matrix that cannot be read gives one draft under the
+    entry's own name with its keys left out, so that the steps after it are still checked
+    and no `{{KEY}}` is reported undefined. So does one whose values each run gives (`m27
+    deploy`: its runs read the file with them), with `{{KEY}}` standing for itself."""
+    path = f"{where}.matrix"
+    cells = _cells(checker, node, path)
+    if cells is _EACH_RUN:
+        keys = [k.value for k, _ in node.value]  # a mapping: _cells read it
+        cells = [{k: "{{" + k + "}}" for k in keys}]
+        for_each_run = True
+    else:
+        for_each_run = False
+    if cells is None:
+        if isinstance(node, MappingNode):  # its names stand for nothing now: not undefined
+            checker.broken.update(k.value for k, _ in node.value if isinstance(k, ScalarNode))
+        draft = checker.step_draft(item, index, where)
+        return [] if draft is None else [draft]
+    base = checker.values
+    seen = set(checker.problems)
+    drafts: list[Draft] = []
+    named = True
+    try:
+        for cell in cells:
+            checker.values = {**base, **cell}
+            before = len(checker.problems)
+            draft = checker.step_draft(item, index, where)
+            fresh = [p for p in checker.problems[before:] if p not in seen]
+            checker.problems[before:] = fresh
+            seen.update(fresh)
+            if draft is None:
+                return drafts
+            if draft.name is not None and not for_each_run:
+                name = ".".join((draft.name, *cell.values()))
+                if (why := name_problem(name)) is not None:
+                    if named:  # once: each instance would say the same
+                        checker.add(node, path, f"makes the step name {quoted(name)}, which {why}")
+                    named = False
+                draft.group, draft.name = draft.name, name
+            draft.cell = cell
+            drafts.append(draft)
+    finally:
+        checker.values = base
+    return drafts
+
+
+def _cells(checker: Checker, node: Node, where: str) -> list[dict[str, str]] | None:
+    """Every combination of the matrix's values, in order; None after a problem, and
+    `_EACH_RUN` for values a variable left to each run gives."""
+    mapping = checker.mapping(node, where)
+    if mapping is None:
+        return None
+    if not mapping:
+        checker.add(node, where, "the matrix is empty; give a name and its values, SEED: [1, 2]")
+        return None
+    axes: list[tuple[str, list[str]]] = []
+    ok = True
+    for key, (key_node, value) in mapping.items():
+        path = f"{where}.{key[:QUOTE_MAX]}"
+        values = _values(checker, key, key_node, value, path)
+        if values is None:
+            ok = False
+        else:
+            axes.append((key, values))
+    if not ok:
+        return None
+    if any(values is _LATER for _, values in axes):
+        return _EACH_RUN
+    total = 1
+    for _, values in axes:
+        total *= len(values)
+    if total > MATRIX_STEPS_MAX:
+        sizes = " x ".join(str(len(v)) for _, v in axes)
+        limit = f"one matrix may make {MATRIX_STEPS_MAX:,}"
+        checker.add(node, where, f"makes {sizes} = {total:,} steps; {limit}")
+        return None
+    keys = [k for k, _ in axes]
+    combos = itertools.product(*(v for _, v in axes))
+    return [dict(zip(keys, combo, strict=True)) for combo in combos]
+
+
+def _values(checker: Checker, key: str, key_node: Node, node: Node, where: str) -> list[str] | None:
+    """One key's values: a list, or one string of them separated by blanks or commas
+    (`"{{SEEDS}}"`, with `--set SEEDS="1 2 3"`); placeholders are put in either way."""
+    if not VAR_NAME.match(key):
+        checker.add(key_node, where, f"bad matrix name {quoted(key)} (use A-Z, 0-9, _)")
+        return None
+    clash = None
+    if key in checker.declared:
+        clash = "is also a variable under vars:"
+    elif key in checker.overrides:
+        clash = f"is given with --set {key}=..., but a matrix gives it its values"
+    if clash is not None:
+        checker.add(key_node, where, f"{key} {clash}; use another name for one of them")
+        return None
+    if isinstance(node, SequenceNode):
+        items = checker.texts(node, where)
+        if items is None or len(items) != len(node.value):
+            return None
+        rendered = [_rendered(checker, text, item, path) for text, item, path in items]
+        if any(r is None for r in rendered):
+            return None
+        if _LATER_TEXT in rendered:
+            return _LATER
+        values = [r for r in rendered if r is not None]
+    elif isinstance(node, ScalarNode):
+        text = checker.text(node, where)
+        if text is None or (whole := _rendered(checker, text, node, where)) is None:
+            return None
+        if whole == _LATER_TEXT:
+            return _LATER
+        values = [v for v in _SPLIT.split(whole) if v]
+    else:
+        checker.add(node, where, f"must be a list of values, got {describe(node)}")
+        return None
+    if not values:
+        checker.add(node, where, f"{key} has no values")
+        return None
+    for value in values:
+        if not _VALUE.match(value):
+            checker.add(
+                node,
+                where,
+                f"value {quoted(value)} cannot be part of a step name: a matrix value "
+                "may hold only letters, digits, '_', '.' and '-' (build paths from it in "
+                "the step)",
+            )
+            return None
+    if len(set(values)) < len(values):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        checker.add(node, where, f"{key} has the same value twice: {listed(twice, 5)}")
+        return None
+    return values
+
+
+def _rendered(checker: Checker, text: str, node: Node, where: str) -> str | None:
+    tpl = checker.template(node, where, text)
+    if any(ph.name in checker.unset for ph in tpl.placeholders):
+        return _LATER_TEXT
+    return checker.render_plain(tpl)
