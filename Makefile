@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SRC     = m27 flows tests benchmarks examples
 
-.PHONY: install example example-gromacs example-lammps example-openmm test lint typecheck unit bench clean
+.PHONY: install example example-gromacs example-replicas example-lammps example-openmm test lint typecheck unit bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ example: install
 example-gromacs: install
 	@command -v gmx >/dev/null || { echo "gmx not found: apt-get install gromacs" >&2; exit 1; }
 	$(BIN)/m27 run examples/gromacs/pipeline.yaml
+
+## Three replicas of it (matrix:), each with its own starting velocities, then compared.
+example-replicas: install
+	@command -v gmx >/dev/null || { echo "gmx not found: apt-get install gromacs" >&2; exit 1; }
+	$(BIN)/m27 run examples/gromacs/replicas.yaml
 
 ## LAMMPS (apt-get install --no-install-recommends lammps first): a Lennard-Jones melt.
 example-lammps: install

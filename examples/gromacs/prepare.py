@@ -1,10 +1,10 @@
 """Build the example's system: an SPC/E water box from the shipped spc216.gro, then grompp.
 
-    python prepare.py --nsteps 20000 --out out [--box 2.5]
+    python prepare.py --nsteps 20000 --out out [--box 2.5] [--seed 27]
 
-Writes out/md.mdp (nsteps filled in), out/topol.top, out/water.gro, a short energy
-minimization (out/em.*) and out/simulation.tpr, which `gmx mdrun -deffnm simulation` in
-out/ runs.
+Writes out/md.mdp (nsteps and the seed of the starting velocities filled in),
+out/topol.top, out/water.gro, a short energy minimization (out/em.*) and
+out/simulation.tpr, which `gmx mdrun -deffnm simulation` in out/ runs.
 """
 
 from __future__ import annotations
@@ -41,12 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nsteps", type=int, required=True, help="MD steps (2 fs each)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the run's files")
     parser.add_argument("--box", default="2.5", help="cubic box edge in nm (2.5: 1,530 atoms)")
+    parser.add_argument(
+        "--seed", type=int, default=27, help="seed of the starting velocities (gen-seed)"
+    )
     args = parser.parse_args(argv)
     if shutil.which("gmx") is None:
         raise SystemExit("gmx not found: install GROMACS first (apt-get install gromacs)")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     mdp = (HERE / "files" / "md.mdp").read_text().replace("{{NSTEPS}}", str(args.nsteps))
+    mdp = mdp.replace("{{SEED}}", str(args.seed))
     (out / "md.mdp").write_text(mdp)
     (out / "topol.top").write_text(TOPOLOGY)
     shutil.copy(HERE / "files" / "spc216.gro", out / "spc216.gro")

@@ -10,7 +10,7 @@ import pytest
 
 from m27._exceptions import SpecError
 from m27.cli.main import main
-from m27.spec import Pipeline, parse_pipeline
+from m27.spec import Pipeline, load_pipeline, parse_pipeline
 
 REPLICAS = """
 vars:
@@ -203,3 +203,12 @@ steps:
     p = _parse(text, tmp_path)
     assert [s.name for s in p.steps] == ["md.1", "md.2", "analyse.1", "analyse.2", "short.9"]
     assert p.step("short.9").argv == ("echo", "9")
+
+
+def test_the_gromacs_replicas_example_pairs_each_seed_s_steps() -> None:
+    spec = Path(__file__).parents[2] / "examples" / "gromacs" / "replicas.yaml"
+    p = load_pipeline(spec, {"SEEDS": "4 7"})
+    assert p.step("md_simulation.7").depends_on == ("preprocessing.7",)
+    assert p.step("md_simulation.7").workdir == str(spec.parent / "out" / "replicas" / "7")
+    assert p.step("preprocessing.4").argv[-4:] == ("--seed", "4", "--out", "out/replicas/4")
+    assert p.step("compare").depends_on == ("analysis.4", "analysis.7")
