@@ -31,7 +31,7 @@ from m27.spec._limits import (
     under,
     written_absolute,
 )
-from m27.spec._matrix import expand, matrix_node
+from m27.spec._matrix import expand, matrix_names, matrix_node
 from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline
 from m27.spec._nodes import Template, describe, is_null, representable, suggest
 from m27.spec._shell import unsafe_placeholders, unshelled
@@ -166,6 +166,7 @@ class Checker(Variables):
             return []
         if not node.value:
             self.add(node, key, "the pipeline has no steps")
+        self.matrix_names = matrix_names(node.value)
         drafts: list[Draft] = []
         for i, item in enumerate(node.value):
             if (matrix := matrix_node(item)) is not None:

@@ -20,7 +20,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from m27.paths import name_problem
 from m27.spec._draft import Draft
 from m27.spec._nodes import describe
-from m27.spec._template import VAR_NAME
+from m27.spec._template import VAR_NAME, scan
 from m27.units import QUOTE_MAX, listed, quoted
 
 if TYPE_CHECKING:
@@ -57,6 +57,24 @@ def matrix_node(node: Node) -> Node | None:
         if (found := matrix_node(source)) is not None:
             return found
     return None
+
+
+def matrix_names(items: list[Node]) -> dict[str, str]:
+    """Each name a step's matrix gives values to, with that step's name: `{{SEED}}` in
+    another step is undefined, and the problem says whose it is."""
+    names: dict[str, str] = {}
+    for item in items:
+        matrix = matrix_node(item)
+        if not isinstance(matrix, MappingNode) or not isinstance(item, MappingNode):
+            continue
+        step = next(
+            (v.value for k, v in item.value if isinstance(k, ScalarNode) and k.value == "name"),
+            None,
+        )
+        for key, _ in matrix.value:
+            if isinstance(key, ScalarNode) and isinstance(step, str):
+                names.setdefault(key.value, step)
+    return names
 
 
 def expand(checker: Checker, item: Node, index: int, where: str, node: Node) -> list[Draft]:
@@ -148,13 +166,18 @@ def _values(checker: Checker, key: str, key_node: Node, node: Node, where: str) 
     if not VAR_NAME.match(key):
         checker.add(key_node, where, f"bad matrix name {quoted(key)} (use A-Z, 0-9, _)")
         return None
-    clash = None
     if key in checker.declared:
-        clash = "is also a variable under vars:"
-    elif key in checker.overrides:
-        clash = f"is given with --set {key}=..., but a matrix gives it its values"
-    if clash is not None:
-        checker.add(key_node, where, f"{key} {clash}; use another name for one of them")
+        checker.add(key_node, where, f"{key} is also a variable under vars:; rename one of them")
+        return None
+    if key in checker.overrides:
+        given = [ph.name for ph in scan(node.value)[0]] if isinstance(node, ScalarNode) else []
+        how = (
+            f'--set {given[0]}="..." gives its values'
+            if given
+            else f'to choose its values at the command line, write {key}: "{{{{{key}S}}}}" '
+            f'and --set {key}S="1 2 3"'
+        )
+        checker.add(key_node, where, f"--set {key}=... gives a matrix name a value; {how}")
         return None
     if isinstance(node, SequenceNode):
         items = checker.texts(node, where)

@@ -79,6 +79,7 @@ class Reader:
     source: str = ""  # the file's text: marks index into it (the C loader keeps no buffer)
     dropped: int = 0  # problems found beyond MAX_PROBLEMS, counted and not kept
     rendered: int = 0  # characters the templated fields so far render to, all together
+    matrix_names: dict[str, str] = field(default_factory=dict)  # name -> its step's name
 
     def __post_init__(self) -> None:
         self._constructor = yaml.constructor.SafeConstructor()
@@ -254,6 +255,12 @@ class Reader:
                     f"undefined variable {quoted(ph.name)}{hint}; define it with "
                     f"`--set {name}=...` or under vars:"
                 )
+                if ph.name in self.matrix_names:  # another step's matrix
+                    message = (
+                        f"undefined variable {quoted(ph.name)}: it is a name of the matrix "
+                        f"of step {self.matrix_names[ph.name]!r}, which only that step's "
+                        "fields see"
+                    )
                 if ph.name in self.declared:  # `vars: {INPUT:}` declares a required one
                     message = (
                         f"variable {quoted(ph.name)} has no value: `vars:` declares it "
