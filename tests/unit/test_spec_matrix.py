@@ -212,3 +212,35 @@ def test_the_gromacs_replicas_example_pairs_each_seed_s_steps() -> None:
     assert p.step("md_simulation.7").workdir == str(spec.parent / "out" / "replicas" / "7")
     assert p.step("preprocessing.4").argv[-4:] == ("--seed", "4", "--out", "out/replicas/4")
     assert p.step("compare").depends_on == ("analysis.4", "analysis.7")
+
+
+def test_pairing_is_by_table_and_a_cartesian_flood_of_dependencies_is_refused(
+    tmp_path: Path,
+) -> None:
+    text = """
+steps:
+  - name: md
+    type: cpu
+    matrix: {A: "{{AS}}", B: [x, y]}
+    command: echo {{A}} {{B}}
+  - name: per
+    type: cpu
+    depends_on: md
+    matrix: {A: "{{AS}}"}
+    command: echo {{A}}
+  - name: cross
+    type: cpu
+    depends_on: md
+    matrix: {C: "{{CS}}"}
+    command: echo {{C}}
+"""
+    many = " ".join(str(i) for i in range(5000))
+    p = _parse(text, tmp_path, AS=many, CS="1")
+    assert len(p.steps) == 15_001
+    assert p.step("per.4321").depends_on == ("md.4321.x", "md.4321.y")
+    assert len(p.step("cross.1").depends_on) == 10_000  # no name in common: all of them
+    with pytest.raises(SpecError) as caught:
+        _parse(text, tmp_path, AS=many, CS=" ".join(str(i) for i in range(101)))
+    (problem,) = caught.value.problems
+    assert (problem.line, problem.field) == (14, "steps[2].depends_on")
+    assert "its dependencies on matrix steps come to more than 1,000,000" in problem.message
