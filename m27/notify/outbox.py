@@ -21,7 +21,7 @@ node's append-only history, and the notifier never holds the log's write lock.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,10 +162,13 @@ class Outbox:
         rows = self._rows("id = ?", (msg_id,))
         return rows[0] if rows else None
 
-    def mark_sent(self, msg_id: int, now: float) -> None:
+    def mark_sent(self, ids: Sequence[int], now: float) -> None:
+        """Messages sent together (one Telegram message), marked in one statement: a crash
+        resends all of them or none."""
+        marks = ",".join("?" * len(ids))
         self._db.execute(
-            "UPDATE outbox SET status = ?, sent_at = ?, last_error = '' WHERE id = ?",
-            (SENT, now, msg_id),
+            f"UPDATE outbox SET status = ?, sent_at = ?, last_error = '' WHERE id IN ({marks})",
+            (SENT, now, *ids),
         )
 
     def mark_failed(self, msg_id: int, attempts: int, next_at: float, error: str) -> None:

@@ -76,7 +76,8 @@ def test_enqueue_moves_the_cursor_and_is_idempotent(box: Outbox, clock: FakeCloc
 
 def test_messages_go_out_in_order_one_per_interval_per_chat(box: Outbox, clock: FakeClock) -> None:
     sender = FakeSender(clock)
-    queue(box, clock, "1", "2", "3", chats=(1, -5))
+    for seq, kind in enumerate(("run_failed", "gpu_lost", "run_failed"), start=1):
+        queue(box, clock, str(seq), chats=(1, -5), kind=kind, start=seq)  # kinds not joined
     d = Deliverer(box, sender, CFG, clock)
     start = clock.now()
     drain(d, clock, start + 20)
@@ -87,7 +88,8 @@ def test_messages_go_out_in_order_one_per_interval_per_chat(box: Outbox, clock: 
 
 def test_rate_limit_spaces_sends_to_one_chat(box: Outbox, clock: FakeClock) -> None:
     sender = FakeSender(clock)
-    queue(box, clock, "1", "2")
+    queue(box, clock, "1")
+    queue(box, clock, "2", kind="gpu_lost", start=2)
     d = Deliverer(box, sender, CFG, clock)
     d.deliver_due()
     assert len(sender.sent) == 1
@@ -97,6 +99,41 @@ def test_rate_limit_spaces_sends_to_one_chat(box: Outbox, clock: FakeClock) -> N
     clock.advance(0.6)
     d.deliver_due()
     assert len(sender.sent) == 2
+
+
+def test_messages_of_one_kind_queued_together_go_out_as_one(box: Outbox, clock: FakeClock) -> None:
+    """40 replicas restored at once: one buzz, not 40 over 40 seconds. Only messages of
+    one kind right behind each other join, in order, as many as fit one message."""
+    sender = FakeSender(clock)
+    restored = [f"restored md.{i}" for i in range(40)]
+    queue(box, clock, *restored, kind="checkpoint_restored")
+    queue(box, clock, "run failed", kind="run_failed", start=41)
+    queue(box, clock, "restored late", kind="checkpoint_restored", start=42)
+    long = ["x" * 1500, "y" * 1500, "z" * 1500]
+    queue(box, clock, *long, kind="step_retried", start=43)
+    d = Deliverer(box, sender, CFG, clock)
+    drain(d, clock, clock.now() + 20)
+    assert [t for _, t in sender.sent] == [
+        "\n\n".join(restored),
+        "run failed",
+        "restored late",
+        long[0] + "\n\n" + long[1],  # a third would pass Telegram's length
+        long[2],
+    ]
+    assert box.counts() == {"pending": 0, "sent": 45, "parked": 0}
+    assert d.stats.sent == 45
+
+
+def test_a_joined_send_that_fails_leaves_every_message_queued(
+    box: Outbox, clock: FakeClock
+) -> None:
+    sender = FakeSender(clock, script=[net()])
+    queue(box, clock, "a", "b", kind="checkpoint_restored")
+    d = Deliverer(box, sender, CFG, clock)
+    d.deliver_due()
+    assert sender.sent == [] and [m.text for m in box.pending()] == ["a", "b"]
+    drain(d, clock, clock.now() + 10)
+    assert sender.sent == [(1, "a\n\nb")]
 
 
 def test_retry_after_is_obeyed_and_not_counted_as_a_failure(box: Outbox, clock: FakeClock) -> None:
@@ -193,6 +230,6 @@ def test_outbox_survives_reopening(tmp_path: Path, clock: FakeClock) -> None:
 def test_prune_forgets_only_old_sent_messages(box: Outbox, clock: FakeClock) -> None:
     queue(box, clock, "a", "b")
     first = box.pending()[0]
-    box.mark_sent(first.id, clock.now() - 100)
+    box.mark_sent([first.id], clock.now() - 100)
     assert box.prune_sent(clock.now() - 50) == 1
     assert box.counts() == {"pending": 1, "sent": 0, "parked": 0}
