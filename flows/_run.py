@@ -65,6 +65,12 @@ class _Run:
     prefect_log_limit: int = 10 * 1024 * 1024
     #: who asked the run to stop (CancelRequested.by of the first request), "" if none
     cancelled_by: str = ""
+    #: each step's stop flag (:meth:`stop_of`)
+    stops: dict[str, StepStop] = field(default_factory=dict)
+
+    def stop_of(self, step: str) -> StepStop:
+        """`step`'s stop flag: what its runner watches (the run's cancel trips it too)."""
+        return self.stops.setdefault(step, StepStop(self.cancel))
 
     def append(self, *events: Event) -> None:
         self.store.append(list(events))
@@ -81,6 +87,18 @@ class _Run:
             if found is not None:
                 return str(found)
         return None
+
+
+class StepStop(threading.Event):
+    """One step's stop flag: set by `m27 cancel RUN STEP`, and read as set once the whole
+    run is cancelled (the runners only ask ``is_set``)."""
+
+    def __init__(self, run_cancel: threading.Event) -> None:
+        super().__init__()
+        self._run_cancel = run_cancel
+
+    def is_set(self) -> bool:
+        return super().is_set() or self._run_cancel.is_set()
 
 
 def record_failed(run: _Run, name: str, reason: str) -> None:
@@ -112,6 +130,9 @@ def _watch_cancel(run: _Run, stop: threading.Event) -> None:
                 after = rec.seq
                 ev = rec.event
                 if isinstance(ev, CancelRequested) and ev.run_id == run.run_id:
+                    if ev.step:  # `m27 cancel RUN STEP`: that step alone
+                        run.stop_of(ev.step).set()
+                        continue
                     run.cancelled_by = run.cancelled_by or ev.by
                     run.cancel.set()
     except StoreError:  # the flow meets the same error on its next append and ends the run

@@ -131,7 +131,7 @@ def _step_body(run: _Run, step: Step) -> State:
                 options=step.slurm,
                 gpus=step.gpus,
                 on_lines=on_lines,
-                cancel=run.cancel,
+                cancel=run.stop_of(step.name),
                 resume_from=lambda: run.resume_from(step.name),
             )
         )
@@ -142,7 +142,7 @@ def _step_body(run: _Run, step: Step) -> State:
         run.lease,
         launch,
         step.type,
-        cancel=run.cancel,
+        cancel=run.stop_of(step.name),
         gpus=step.gpus,
         gpu_memory=step.gpu_memory or 0,
         priority=step.priority,
@@ -153,6 +153,9 @@ def _step_body(run: _Run, step: Step) -> State:
         time_limit=step.timeout,
         on_wait=lambda: logger.info("%s", waiting_line(step.name, step.gpus)),
     )
+    if result is None and not run.cancel.is_set():  # `m27 cancel RUN STEP` while it queued
+        why = "step cancelled before it started (it was queued)"
+        run.append(StepCancelled(at=_now(), run_id=run.run_id, step=step.name, reason=why))
     return _state_of(result, told.succeeded, told.hold.seconds())
 
 
@@ -332,19 +335,25 @@ def pipeline_flow(
             agent.stop()
     duration = _now() - started
     failed = tuple(s.name for s in pipeline.steps if outcome.get(s.name) == "failed")
+    # steps `m27 cancel RUN STEP` stopped: the run did not do all its work
+    stopped = tuple(s.name for s in pipeline.steps if outcome.get(s.name) == "cancelled")
     cancelled = run.cancel.is_set()
     why = f"{run.cancelled_by} received" if run.cancelled_by in SIGNAL_NAMES else ""
     if cancelled:
         _finish(run, RunCancelled(at=_now(), run_id=run_id, reason=why or "cancel requested"))
-    elif failed:
+    elif failed or stopped:
         _finish(
             run,
             RunFailed(
                 at=_now(),
                 run_id=run_id,
                 duration_s=duration,
-                failed_steps=failed,
-                reason=_failed_text(failed),
+                failed_steps=failed + stopped,
+                reason="; ".join(
+                    _failed_text(names, how)
+                    for names, how in ((failed, "failed"), (stopped, "cancelled"))
+                    if names
+                ),
             ),
         )
     else:
@@ -353,18 +362,21 @@ def pipeline_flow(
     run.lease.close()
     if cancelled:
         return Cancelled(message=f"run {run_id} cancelled" + (f": {why}" if why else ""))
-    if failed:
-        return Failed(message=f"run {run_id}: step(s) {', '.join(failed)} failed")
+    if failed or stopped:
+        return Failed(
+            message=f"run {run_id}: step(s) {', '.join(failed + stopped)} did not succeed"
+        )
     return {"run_id": run_id, "steps": outcome}
 
 
-def _failed_text(failed: tuple[str, ...]) -> str:
+def _failed_text(failed: tuple[str, ...], how: str = "failed") -> str:
     """`step a failed`, `steps a, b failed`, `steps a, b, c and 4 more failed`: every
-    failed step (the first alone said the run failed of it when others had too)."""
+    failed step (the first alone said the run failed of it when others had too); `how`:
+    `cancelled` for the steps `m27 cancel RUN STEP` stopped."""
     if len(failed) == 1:
-        return f"step {failed[0]} failed"
+        return f"step {failed[0]} {how}"
     more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
-    return f"steps {', '.join(failed[:3])}{more} failed"
+    return f"steps {', '.join(failed[:3])}{more} {how}"
 
 
 def _refused(exc: M27Error) -> State:
@@ -411,14 +423,15 @@ def _walk(run: _Run, pipeline: Pipeline, done: Mapping[str, str]) -> dict[str, s
                 run.append(StepSkipped(at=_now(), run_id=run.run_id, step=name, reason=why))
                 skipped_task.with_options(name=name, task_run_name=name).submit(why, False).wait()
             elif settled.ready(name):
-                if run.cancel.is_set():
+                if run.stop_of(name).is_set():
                     settled.settle(name, "cancelled")
+                    whose = "run" if run.cancel.is_set() else "step"
                     run.append(
                         StepCancelled(
                             at=_now(),
                             run_id=run.run_id,
                             step=name,
-                            reason="run cancelled before the step started",
+                            reason=f"{whose} cancelled before the step started",
                         )
                     )
                     continue

@@ -120,6 +120,8 @@ def _run_cancelled(state: NodeState, e: ev.RunCancelled) -> None:
 
 @_on(ev.CancelRequested)
 def _cancel_requested(state: NodeState, e: ev.CancelRequested) -> None:
+    if e.step:  # one step's: the run goes on
+        return
     if run := _run(state, e.run_id):
         run.cancel_requested, run.cancel_requested_by = True, e.by
 

@@ -63,9 +63,11 @@ class RunCancelled(RunEvent):
 @event
 @dataclass(frozen=True)
 class CancelRequested(RunEvent):
-    """Someone (`m27 cancel`, Ctrl-C, the bot, Prefect) asked a run to stop."""
+    """Someone (`m27 cancel`, Ctrl-C, the bot, Prefect) asked a run to stop; with `step`,
+    only that step (`m27 cancel RUN STEP`: the run goes on without it)."""
 
     by: str = ""
+    step: str = ""
 
 
 # --- scale: the m27 worker and crash truth ---------------------------------------------

@@ -48,7 +48,7 @@ HELP = (
     "/runs: recent runs\n"
     "/queue: running and queued steps\n"
     "/gpus: GPUs of this node\n"
-    "/cancel RUN: cancel a run (asks first)\n"
+    "/cancel RUN [STEP]: cancel a run, or one of its steps (asks first)\n"
     "/bump RUN STEP N: raise a step's priority by N\n"
     "/resume RUN: how to resume a run"
 )
@@ -272,12 +272,24 @@ class CommandBot:
         return run
 
     def cancel(self, args: list[str]) -> str | tuple[str, InlineKeyboardMarkup]:
-        found = self._find_run(args, "/cancel RUN")
+        usage = "/cancel RUN [STEP]"
+        found = self._find_run(args, usage)
         if isinstance(found, str):
             return found
+        if len(args) > 2:
+            return f"Usage: {usage}"
         if found.status != "running":
             return f"Run <code>{esc(found.run_id)}</code> already {found.status}."
-        data = f"cancel:{found.run_id}"
+        step = args[1] if len(args) == 2 else ""
+        what = f"run <code>{esc(found.run_id)}</code>"
+        if step:
+            if step not in found.steps:
+                return f"Run <code>{esc(found.run_id)}</code> has no step <b>{esc(step)}</b>."
+            what = f"<code>{esc(found.run_id)}</code>/<b>{esc(step)}</b>"
+            ended = step_ended(found.status, found.steps[step].status)
+            if ended is not None:
+                return f"{what} is {ended}: nothing to cancel."
+        data = f"cancel:{found.run_id}" + (f":{step}" if step else "")
         if len(data.encode()) > 64:
             return "This run id is too long for a button; use `m27 cancel` on the node."
         keyboard = InlineKeyboardMarkup(
@@ -288,7 +300,8 @@ class CommandBot:
                 ]
             ]
         )
-        return f"Cancel run <code>{esc(found.run_id)}</code>?", keyboard
+        alone = " (the run goes on without it)" if step else ""
+        return f"Cancel {what}?{alone}", keyboard
 
     def bump(self, chat_id: int, args: list[str]) -> str:
         usage = "/bump RUN STEP N"
@@ -343,18 +356,22 @@ class CommandBot:
         message_id = message.message_id if message is not None else None
         if data.startswith("cancel:"):
             self.refresh()
-            run_id = data.removeprefix("cancel:")
+            run_id, _, step = data.removeprefix("cancel:").partition(":")
             run = self.facts.runs.get(run_id)
-            if run is None or run.status != "running":
-                state = "is unknown" if run is None else f"already {run.status}"
+            what = f"<code>{esc(run_id)}</code>" + (f"/<b>{esc(step)}</b>" if step else "")
+            ended = None
+            if run is not None and step:
+                ended = step_ended(run.status, run.step(step).status)
+            if run is None or run.status != "running" or ended is not None:
+                state = "is unknown" if run is None else f"already {ended or run.status}"
                 self.client.answer_callback(query.id, "Nothing to cancel")
-                text = f"Run <code>{esc(run_id)}</code> {state}."
+                text = f"{'Run ' if not step else ''}{what} {state}."
             else:
                 by = f"telegram:{chat_id}"
-                self.store.append([ev.CancelRequested(self.clock.now(), run_id, by=by)])
-                log.info("%s requested cancel of %s", by, run_id)
+                self.store.append([ev.CancelRequested(self.clock.now(), run_id, by=by, step=step)])
+                log.info("%s requested cancel of %s", by, f"{run_id}/{step}" if step else run_id)
                 self.client.answer_callback(query.id, "Cancel requested")
-                text = f"⏹ Cancel requested for <code>{esc(run_id)}</code> by {esc(by)}."
+                text = f"⏹ Cancel requested for {what} by {esc(by)}."
         else:
             self.client.answer_callback(query.id, "Kept")
             text = "Kept running."

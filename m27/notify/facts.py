@@ -95,7 +95,7 @@ def _apply(node: NodeFacts, e: ev.Event) -> None:
         node.run(e.run_id).status = "cancelled"
     elif isinstance(e, ev.RunCrashed):
         node.run(e.run_id).status = "crashed"
-    elif isinstance(e, ev.CancelRequested):
+    elif isinstance(e, ev.CancelRequested) and not e.step:
         node.run(e.run_id).cancel_requested_by = e.by
     elif isinstance(e, ev.StepQueued):
         step = node.run(e.run_id).step(e.step)

@@ -135,6 +135,27 @@ def test_cancel_asks_first_then_records_the_request(
     assert edit.params["message_id"] == "77" and "Cancel requested" in edit.params["text"]
 
 
+def test_cancel_of_one_step_asks_first_then_records_it_for_that_step(
+    api: FakeBotApi, bot: CommandBot, store: MemoryEventStore
+) -> None:
+    [question] = ask(api, bot, "/cancel md-1 sim")
+    assert question.startswith("Cancel <code>md-1</code>/<b>sim</b>? (the run goes on")
+    call = api.calls_to("sendMessage")[-1]
+    buttons = json.loads(call.params["reply_markup"])["inline_keyboard"][0]
+    assert [b["callback_data"] for b in buttons] == ["cancel:md-1:sim", "keep"]
+    [typo] = ask(api, bot, "/cancel md-1 simm")
+    assert typo == "Run <code>md-1</code> has no step <b>simm</b>."
+
+    api.push_callback(CHAT, "cancel:md-1:sim", message_id=78)
+    bot.poll_once()
+    [req] = [r.event for r in store.read() if isinstance(r.event, ev.CancelRequested)]
+    assert (req.run_id, req.step, req.by) == ("md-1", "sim", f"telegram:{CHAT}")
+    [edit] = api.calls_to("editMessageText")
+    assert "Cancel requested for <code>md-1</code>/<b>sim</b>" in edit.params["text"]
+    # the run itself is not asked to stop
+    assert bot.facts.runs["md-1"].cancel_requested_by == ""
+
+
 def test_keep_running_button_cancels_nothing(
     api: FakeBotApi, bot: CommandBot, store: MemoryEventStore
 ) -> None:

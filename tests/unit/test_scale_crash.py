@@ -251,7 +251,7 @@ def test_m27_cancel_of_a_run_whose_process_died_stops_its_steps_and_frees_its_gp
         with open_store(m27_home) as store:
             # no Prefect flow run: there is no Prefect server to tell, none is started
             started_run(store, pid=dead.pid, step_pid=step.pid, flow_run_id=None)  # type: ignore[arg-type]
-        assert cancel.run(argparse.Namespace(run_id="r", wait=5.0)) == 0
+        assert cancel.run(argparse.Namespace(run_id="r", wait=5.0, steps=[])) == 0
         wait_until(lambda: step.poll() is not None, what="the step's group stopped")
     finally:
         if step.poll() is None:

@@ -17,7 +17,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("runs", "runs", "list runs (newest last)"),
     ("status", "status", "show a run's steps, or the live runs"),
     ("logs", "logs", "print a step's log"),
-    ("cancel", "cancel", "cancel a run"),
+    ("cancel", "cancel", "cancel a run, or some of its steps"),
     ("wait", "wait", "wait until runs end; exit 0 if every one succeeded"),
     ("checkpoints", "checkpoints", "list, verify or garbage-collect a run's checkpoints"),
     ("gpus", "gpus", "show the GPUs of this node"),

@@ -242,6 +242,8 @@ class Progress:
             if isinstance(ev, RunSubmitted):
                 if ev.prefect_url:
                     text = f"Prefect flow run: {ev.prefect_url}"
+            elif isinstance(ev, CancelRequested) and ev.step:
+                text = f"{ev.step}: cancel requested ({ev.by}); the run goes on without it"
             elif row is None:
                 text = self._run_end(ev)
             elif isinstance(ev, StepQueued):
