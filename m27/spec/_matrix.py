@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 #: Most steps one matrix may make: far above a lab's sweep, low enough that a typo
 #: (`[1..1000]` in three keys) is an error and not a billion steps.
 MATRIX_STEPS_MAX = 10_000
+#: ... and all of a file's matrices together: a few lines of aliases (one list of 10,000
+#: values, named by a thousand steps) made ten million steps.
+MATRIX_TOTAL_MAX = 100_000
 #: What a value may hold: it becomes part of a step name (`md.300K`).
 _VALUE = re.compile(r"[A-Za-z0-9_.\-]+\Z")
 _MERGE = "tag:yaml.org,2002:merge"
@@ -155,6 +158,18 @@ def _cells(checker: Checker, node: Node, where: str) -> list[dict[str, str]] | N
         limit = f"one matrix may make {MATRIX_STEPS_MAX:,}"
         checker.add(node, where, f"makes {sizes} = {total:,} steps; {limit}")
         return None
+    if checker.matrix_made > MATRIX_TOTAL_MAX:  # said at the matrix that passed it
+        return None
+    if checker.matrix_made + total > MATRIX_TOTAL_MAX:
+        checker.add(
+            node,
+            where,
+            f"makes {total:,} steps, and the matrices before it {checker.matrix_made:,}: "
+            f"all of a file's matrices together may make {MATRIX_TOTAL_MAX:,}",
+        )
+        checker.matrix_made = MATRIX_TOTAL_MAX + 1  # said once: the next ones are left out
+        return None
+    checker.matrix_made += total
     keys = [k for k, _ in axes]
     combos = itertools.product(*(v for _, v in axes))
     return [dict(zip(keys, combo, strict=True)) for combo in combos]

@@ -80,6 +80,7 @@ class Reader:
     dropped: int = 0  # problems found beyond MAX_PROBLEMS, counted and not kept
     rendered: int = 0  # characters the templated fields so far render to, all together
     matrix_names: dict[str, str] = field(default_factory=dict)  # name -> its step's name
+    matrix_made: int = 0  # steps every matrix so far made, all together
 
     def __post_init__(self) -> None:
         self._constructor = yaml.constructor.SafeConstructor()

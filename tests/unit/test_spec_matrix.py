@@ -244,3 +244,22 @@ steps:
     (problem,) = caught.value.problems
     assert (problem.line, problem.field) == (14, "steps[2].depends_on")
     assert "its dependencies on matrix steps come to more than 1,000,000" in problem.message
+
+
+def test_all_matrices_together_make_at_most_100_000_steps(tmp_path: Path) -> None:
+    """A hostile file: one list of 10,000 values named by many steps' matrices."""
+    values = ", ".join(str(i) for i in range(10_000))
+    steps = "".join(
+        f"  - {{name: s{i}, type: cpu, command: echo, matrix: {{A: *v}}}}\n" for i in range(1, 12)
+    )
+    text = (
+        f"steps:\n  - {{name: s0, type: cpu, command: echo, matrix: {{A: &v [{values}]}}}}\n{steps}"
+    )
+    with pytest.raises(SpecError) as caught:
+        _parse(text, tmp_path)
+    (problem,) = caught.value.problems
+    assert problem.line == 12  # s10: 110,000 with it
+    assert problem.message == (
+        "makes 10,000 steps, and the matrices before it 100,000: all of a file's matrices "
+        "together may make 100,000"
+    )
