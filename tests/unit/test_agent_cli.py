@@ -116,6 +116,37 @@ def test_bump_of_an_unknown_step_is_bad_input(
     assert "no waiting or running step matches 'nope'" in capsys.readouterr().err
 
 
+def test_bump_of_a_matrix_entry_bumps_each_of_its_steps_that_waits_or_runs(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = time.time()
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(
+                at=now, run_id="mx", pipeline="p", spec_path="p.yaml",
+                steps=("md.1", "md.2", "md.3", "all"),
+            ),
+            ev.StepRequested(at=now, run_id="mx", step="md.2", type="gpu", gpus=1),
+            ev.StepRequested(at=now, run_id="mx", step="md.3", type="gpu", gpus=1),
+            ev.StepSucceeded(now, "mx", "md.1", 1, 1.0),
+        ]
+    )  # fmt: skip
+    assert bump.run(argparse.Namespace(run_id="mx", step="md", delta=4)) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "mx/md.2: priority +4 (bumps now +4)",
+        "mx/md.3: priority +4 (bumps now +4)",
+    ]
+    bumped = [r.event for r in store.read() if isinstance(r.event, ev.PriorityBumped)]
+    assert [(e.step, e.delta) for e in bumped] == [("md.2", 4), ("md.3", 4)]
+    store.append(
+        [ev.StepSucceeded(now, "mx", "md.2", 1, 1.0), ev.StepSucceeded(now, "mx", "md.3", 1, 1.0)]
+    )
+    assert bump.run(argparse.Namespace(run_id="mx", step="md", delta=4)) == 2
+    assert "mx/every step of md already ended (succeeded)" in capsys.readouterr().err
+    store.close()
+
+
 def test_bump_of_a_step_that_ended_is_bad_input_and_writes_nothing(
     m27_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,4 +1,5 @@
-"""`m27 bump RUN STEP N`: raise (or, with a negative N, lower) a step's priority."""
+"""`m27 bump RUN STEP N`: raise (or, with a negative N, lower) a step's priority; a
+matrix entry's name bumps each of its steps that still waits or runs."""
 
 from __future__ import annotations
 
@@ -38,22 +39,29 @@ def run(args: argparse.Namespace) -> int:
     book = fold_book(records)
     steps = set(state.runs[run_id].steps) if run_id in state.runs else set()
     steps |= {s for r, s in [*book.requests, *book.held] if r == run_id}
-    if args.step not in steps:
+    made = sorted(n for n in steps if n.startswith(args.step + "."))
+    if args.step not in steps and not made:
         print(
             f"m27 bump: {_common.no_such_step(run_id, args.step, sorted(steps))}", file=sys.stderr
         )
         return 2
-    ended = state.runs[run_id].ended(args.step) if run_id in state.runs else None
-    if ended is not None:
+    names = [args.step] if args.step in steps else made  # a matrix entry: its steps
+    run_state = state.runs.get(run_id)
+    live = [n for n in names if run_state is None or run_state.ended(n) is None]
+    if not live:
+        ended = run_state.ended(names[0]) if run_state is not None else None
+        which = args.step if len(names) == 1 else f"every step of {args.step}"
         print(
-            f"m27 bump: {run_id}/{args.step} already ended ({ended}): a priority only "
+            f"m27 bump: {run_id}/{which} already ended ({ended}): a priority only "
             "matters while a step waits or runs",
             file=sys.stderr,
         )
         return 2
-    st.append([PriorityBumped(at=time.time(), run_id=run_id, step=args.step, delta=args.delta)])
-    total = book.bumps.get((run_id, args.step), 0) + args.delta
-    print(f"{run_id}/{args.step}: priority {args.delta:+d} (bumps now {total:+d})")
+    now = time.time()
+    st.append([PriorityBumped(at=now, run_id=run_id, step=n, delta=args.delta) for n in live])
+    for name in live:
+        total = book.bumps.get((run_id, name), 0) + args.delta
+        print(f"{run_id}/{name}: priority {args.delta:+d} (bumps now {total:+d})")
     return 0
 
 
