@@ -128,12 +128,18 @@ def shown_status(run: RunState) -> str:
     return "running"
 
 
+def made_by(entry: str, steps: Iterable[str]) -> list[str]:
+    """The steps of a run that a `matrix:` entry called `entry` made (`md.1`, `md.2`), by
+    name: what `m27 cancel`, `m27 bump` and `m27 logs` take the entry's name for."""
+    return [n for n in steps if n.startswith(entry + ".")]
+
+
 def no_such_step(run_id: str, step: str, steps: Iterable[str]) -> str:
     """`run R has no step 'anlyse' (did you mean 'analyse'? its steps: ...)`: what `m27
     logs` and `m27 bump` say of a step name the run lacks (the first 20 of a wide run's);
     for the name of a `matrix:` entry, the steps it made (`md` -> `md.1`, `md.2`)."""
     names = list(steps)
-    if members := [n for n in names if n.startswith(step + ".")]:  # a matrix entry's name
+    if members := made_by(step, names):
         return (
             f"run {run_id} has no step {quoted(step)}; its matrix made the steps "
             f"{listed(members, 20)}: name one"

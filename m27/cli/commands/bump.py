@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     book = fold_book(records)
     steps = set(state.runs[run_id].steps) if run_id in state.runs else set()
     steps |= {s for r, s in [*book.requests, *book.held] if r == run_id}
-    made = sorted(n for n in steps if n.startswith(args.step + "."))
+    made = sorted(_common.made_by(args.step, steps))
     if args.step not in steps and not made:
         print(
             f"m27 bump: {_common.no_such_step(run_id, args.step, sorted(steps))}", file=sys.stderr

@@ -98,7 +98,7 @@ def _cancel_steps(st: SqliteEventStore, r: RunState, asked: list[str], wait_s: f
     steps = _common.run_state(st, r.run_id).runs[r.run_id].steps
     names: list[str] = []
     for name in asked:
-        made = [n for n in steps if n.startswith(name + ".")] if name not in steps else [name]
+        made = [name] if name in steps else _common.made_by(name, steps)
         if not made:
             print(f"m27 cancel: {_common.no_such_step(r.run_id, name, steps)}", file=sys.stderr)
             return 2
