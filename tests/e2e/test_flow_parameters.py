@@ -181,3 +181,20 @@ def test_resume_of_a_run_that_still_runs_is_refused_and_of_a_dead_one_goes_on(
     assert [s.run_id for s in _submitted(m27_home)] == ["r-live", "r-dead"]
     resumed = _flow(spec_path=str(spec), overrides={"MSG": "x"}, resume_of="r-dead")
     assert resumed.is_completed(), resumed.message
+
+
+def test_a_deployment_s_run_makes_the_matrix_steps_from_its_own_overrides(
+    tmp_path: Path, m27_home: Path, prefect_env: str
+) -> None:
+    """`vars: {SEEDS:}` left to each run (`m27 deploy`): a Custom run with SEEDS "4 5"
+    runs the steps md.4 and md.5, each with its value."""
+    path = tmp_path / "replicas.yaml"
+    path.write_text(
+        "vars:\n  SEEDS:\nsteps:\n  - name: md\n    type: cpu\n"
+        '    matrix: {SEED: "{{SEEDS}}"}\n    shell: true\n    command: echo {{SEED}} > seed{{SEED}}.txt\n'
+    )
+    state = _flow(spec_path=str(path), overrides={"SEEDS": "4 5"})
+    assert state.is_completed(), state.message
+    (submitted,) = _submitted(m27_home)
+    assert submitted.steps == ("md.4", "md.5")
+    assert (tmp_path / "seed5.txt").read_text() == "5\n"
