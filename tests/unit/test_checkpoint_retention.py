@@ -300,3 +300,20 @@ def test_the_background_prune_parses_each_manifest_once_and_rereads_a_replaced_o
     copy.replace(newer)
     assert cache.info(newer).seq == int(older.name[5:15])
     assert reads == [newer.name, newer.name]
+
+
+def test_cli_takes_a_matrix_entry_s_name_for_the_checkpoints_of_each_step_it_made(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = m27_home / "checkpoints" / "20260101-000000-abcd"
+    for seed in ("1", "2"):
+        with Checkpointer(run / f"md.{seed}" / "files", chunk_size=CHUNK) as ck:
+            ck.save(states(1)[0], step=0)
+    with Checkpointer(run / "mdx", chunk_size=CHUNK) as ck:  # another step: not md's
+        ck.save(states(1)[0], step=0)
+    assert main(["checkpoints", "20260101", "md", "--json"]) == 0
+    assert [r["step"] for r in json.loads(capsys.readouterr().out)] == ["md.1/files", "md.2/files"]
+    assert main(["checkpoints", "verify", "20260101", "md"]) == 0
+    assert capsys.readouterr().out.endswith("2 ok, 0 corrupt\n")
+    assert main(["checkpoints", "20260101", "m"]) == 2
+    assert "has no checkpoints for step 'm'" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from m27.checkpoint import Listed, checkpoints_home, load_settings, prune, scan,
 from m27.checkpoint.files import CAPTURES, capture_dir
 from m27.cli.commands import SUMMARY
 from m27.cli.commands._ckpt_done import gc_done
-from m27.cli.commands._common import print_json
+from m27.cli.commands._common import made_by, print_json
 from m27.paths import join_under
 from m27.tables import Col
 from m27.units import format_size
@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         # argparse would write nargs="+" as "[verify|gc] RUN [STEP] [[verify|gc] ...]"
         usage="m27 checkpoints [-h] [--json] [--keep N] [verify|gc] RUN [STEP]\n"
         "       m27 checkpoints gc --done [--dry-run] [--json] [RUN]",
-        description="List the checkpoints of RUN (all steps, or STEP); `verify` checks every "
+        description="List the checkpoints of RUN (all steps, or STEP; a `matrix:` entry's "
+        "name: each step it made); `verify` checks every "
         "chunk's hash (exit 1 on corruption, naming the files); `gc` keeps the newest N intact "
         "checkpoints (every chunk read; a corrupt one is left but not counted) and deletes "
         "packs nothing references; `gc --done` deletes the checkpoints of every step that "
@@ -141,6 +142,11 @@ def _directories(run: str, step: str | None) -> list[tuple[str, Path]]:
         # `STEP/files`, as the listing names a step's captures, picks those alone
         name, slash, part = step.partition("/")
         step_dir = join_under(run_dir, name) if not slash or part == CAPTURES else None
+        if step_dir is not None and not step_dir.is_dir() and run_dir.is_dir() and not slash:
+            # a `matrix:` entry's name: the checkpoints of each step it made
+            made = made_by(name, sorted(p.name for p in run_dir.iterdir() if p.is_dir()))
+            if made:
+                return [t for m in made for t in _with_captures(m, join_under(run_dir, m))]
         if step_dir is None or not step_dir.is_dir():
             raise RunError(f"run {run_id} has no checkpoints for step {step!r}", run_id=run_id)
         return [t for t in _with_captures(name, step_dir) if not slash or t[0] == step]
