@@ -84,7 +84,8 @@ def _top() -> tuple[_Parser, argparse._SubParsersAction[_Parser]]:
         prog="m27",
         description="Run YAML pipelines of cpu/gpu steps on Prefect, keep GPUs busy, "
         "checkpoint long jobs.",
-        epilog="Exit codes: 0 success, 1 failure, 2 bad input. Docs: docs/ in the repository.",
+        epilog="Exit codes: 0 success, 1 failure, 2 bad input. A bug in m27 says so in one "
+        "line and saves its traceback in $M27_HOME/errors/. Docs: docs/ in the repository.",
     )
     parser.add_argument("--version", action="version", version=f"m27 {__version__}")
     return parser, parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -131,7 +132,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         text, code = _os_error(exc)
         print(f"m27: {text}", file=sys.stderr)
         return code
+    except Exception as exc:  # a bug in m27: one line, and where its traceback is
+        return _internal_error(exc, argv)
     return code
+
+
+def _internal_error(exc: Exception, argv: Sequence[str]) -> int:
+    """An exception no command expects is a bug in m27: the user gets one line that names
+    it and the file that holds its traceback, for a report, not forty lines of frames (a
+    NameError in `m27 checkpoints` printed a traceback)."""
+    import tempfile
+    import time
+    import traceback
+
+    text = f"m27 {' '.join(argv)}\n" + "".join(traceback.format_exception(exc))
+    saved = None
+    for folder in (_errors_folder(), Path(tempfile.gettempdir())):
+        if folder is None:
+            continue
+        path = folder / f"m27-error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError:
+            continue
+        saved = path
+        break
+    where = f"its traceback is in {saved}" if saved else "its traceback could not be saved"
+    print(
+        f"m27: internal error: {type(exc).__name__}: {exc}; this is a bug in m27 ({where}; "
+        "please report it)",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _errors_folder() -> Path | None:
+    """$M27_HOME/errors, made if need be; None when it cannot be."""
+    try:
+        from m27.config import m27_home
+
+        folder = m27_home() / "errors"
+        folder.mkdir(parents=True, exist_ok=True)
+    except (M27Error, OSError):
+        return None
+    return folder
 
 
 #: errno of a write that found no room: a write's OSError names no file (`print` to a full

@@ -417,3 +417,40 @@ def test_m27_run_against_a_server_that_is_not_prefect_is_one_line(
     last = done.stderr.splitlines()[-1]
     assert last.startswith("m27: run ") and " did not start: Failed to reach API at " in last
     assert _runs(m27_home) == {}
+
+
+def test_a_bug_in_a_command_is_one_line_naming_the_file_with_its_traceback(
+    m27_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from m27.cli.commands import runs
+
+    def broken(args: object) -> int:
+        return undefined_name  # type: ignore[name-defined]  # noqa: F821
+
+    monkeypatch.setattr(runs, "run", broken)
+    assert main(["runs"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "m27: internal error: NameError: name 'undefined_name' is not defined; this is a bug "
+        "in m27 (its traceback is in "
+    )
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    (saved,) = (m27_home / "errors").iterdir()
+    assert str(saved) in err
+    text = saved.read_text()
+    assert text.startswith("m27 runs\n") and "in broken" in text and "NameError" in text
+
+
+def test_a_bug_s_traceback_goes_to_the_temporary_folder_when_m27_home_cannot_hold_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from m27.cli.commands import runs
+
+    home = tmp_path / "home"
+    home.write_text("a file, not a folder")
+    monkeypatch.setenv("M27_HOME", str(home))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr(runs, "run", lambda args: 1 / 0)
+    assert main(["runs"]) == 1
+    assert f"its traceback is in {tmp_path}/m27-error-" in capsys.readouterr().err
+    assert list(tmp_path.glob("m27-error-*.txt"))
