@@ -301,6 +301,7 @@ def pipeline_flow(
             steps=tuple(s.name for s in pipeline.steps),
             step_types=tuple(s.type for s in pipeline.steps),
             step_commands=tuple(shlex.join(s.argv) for s in pipeline.steps),
+            step_groups=tuple(s.group or "" for s in pipeline.steps),
             vars=dict(pipeline.vars),
             owner=getpass.getuser(),
             priority=pipeline.priority,

@@ -96,6 +96,9 @@ def _run_submitted(state: NodeState, e: ev.RunSubmitted) -> None:
     if len(e.step_commands) == len(e.steps):
         for name, command in zip(e.steps, e.step_commands, strict=True):
             run.step(name).command = command
+    if len(e.step_groups) == len(e.steps):
+        for name, group in zip(e.steps, e.step_groups, strict=True):
+            run.step(name).group = group
     state.runs[e.run_id] = run
 
 

@@ -34,6 +34,8 @@ class StepState:
     type: str = ""
     #: the command the run's file gave it (RunSubmitted.step_commands), "" when not recorded
     command: str = ""
+    #: the `matrix:` entry that made it (RunSubmitted.step_groups), "" for none
+    group: str = ""
     status: StepStatus = "pending"
     attempts: int = 0
     pid: int | None = None

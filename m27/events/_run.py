@@ -35,6 +35,9 @@ class RunSubmitted(RunEvent):
     #: options), in the order of `steps`, so `m27 run --resume` can say that a step which
     #: succeeded here has another command now; empty in logs written before it was recorded
     step_commands: tuple[str, ...] = ()
+    #: each step's `matrix:` entry (`md` for `md.1`; "" for a step no matrix made), in the
+    #: order of `steps`; empty in logs written before it was recorded
+    step_groups: tuple[str, ...] = ()
     #: the steps `m27 run --resume R --rerun STEP` named: they and the steps waiting on
     #: them ran again from the start, though they had succeeded
     rerun: tuple[str, ...] = ()

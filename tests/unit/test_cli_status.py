@@ -375,3 +375,32 @@ def test_queue_why_names_the_steps_a_name_shared_by_two_runs_could_mean(
     )
     assert main(["queue", "--why", f"{runs[1]}/md"]) == 0
     assert capsys.readouterr().out.startswith(f"{runs[1]}/md: waits out its retry_delay")
+
+
+def test_status_counts_each_matrix_s_steps_by_status_below_the_table(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    steps = (*(f"md.{i}" for i in range(30)), "summary")
+    groups = ("md",) * 30 + ("",)
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, RUN, "p", "p.yaml", steps, pid=0, step_groups=groups),
+            ev.StepFailed(1.3, RUN, "md.27", 1, 0.1, "exited with code 3", exit_code=3),
+            ev.StepCancelled(1.3, RUN, "md.28", reason="cancelled"),
+            *(
+                ev.StepSucceeded(1.2, RUN, f"md.{i}", 1, 0.1, outputs=(f"out/{i}.xtc",))
+                for i in range(27)
+            ),
+        ]
+    )
+    store.close()
+    assert main(["status", RUN]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  matrix md: 27 succeeded, 1 failed, 1 cancelled, 1 pending" in out
+    assert not any(line.startswith("  matrix summary") for line in out)
+    (outputs,) = [line for line in out if line.startswith("  outputs: ")]
+    assert outputs.endswith(", out/19.xtc and 7 more")  # not 27 paths on one line
+    assert main(["status", RUN, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["steps"]
+    assert (got["md.3"]["matrix"], got["summary"]["matrix"]) == ("md", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 from m27 import tables
@@ -16,7 +17,7 @@ from m27.config import m27_home
 from m27.events.state import NodeState, RunState, StepState
 from m27.monitoring.energy import energy_by_run, energy_by_step, format_energy
 from m27.tables import Col
-from m27.units import cpu_list, format_duration
+from m27.units import cpu_list, format_duration, listed
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -142,6 +143,7 @@ def _run_dict(
                 "energy_j": energy.by_step.get((r.run_id, name)),
                 "outputs": list(s.outputs),
                 "guest": _guest(s, primary or {}),
+                "matrix": s.group or None,
             }
             for name, s in r.steps.items()
         },
@@ -244,9 +246,28 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
         Col("NOTE", wrap=True),
     ]
     tables.show(cols, rows, indent=2)
+    for line in _matrix_lines(d["steps"]):
+        print(line)
     outputs = [o for s in d["steps"].values() for o in s["outputs"]]
     if outputs:
-        print("  outputs: " + ", ".join(outputs))
+        print("  outputs: " + listed(outputs, OUTPUTS_SHOWN))
+
+
+#: outputs `m27 status` names before `and N more` (a sweep's 500 filled the screen)
+OUTPUTS_SHOWN = 20
+
+
+def _matrix_lines(steps: dict[str, dict[str, Any]]) -> list[str]:
+    """`matrix md: 97 succeeded, 2 running, 1 failed`: each `matrix:` entry's steps by
+    status, below the table, where a sweep's hundred rows do not show how it goes."""
+    groups: dict[str, Counter[str]] = {}
+    for s in steps.values():
+        if s["matrix"]:
+            groups.setdefault(s["matrix"], Counter())[s["status"]] += 1
+    return [
+        f"  matrix {name}: " + ", ".join(f"{n} {status}" for status, n in counts.most_common())
+        for name, counts in groups.items()
+    ]
 
 
 def _guest_note(run_id: str, guest: dict[str, Any]) -> str:
