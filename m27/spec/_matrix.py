@@ -35,6 +35,8 @@ MATRIX_TOTAL_MAX = 100_000
 #: What a value may hold: it becomes part of a step name (`md.300K`).
 _VALUE = re.compile(r"[A-Za-z0-9_.\-]+\Z")
 _MERGE = "tag:yaml.org,2002:merge"
+#: The matrix's key that lists combinations to leave out, as GitHub Actions' matrix does.
+EXCLUDE = "exclude"
 _SPLIT = re.compile(r"[\s,]+")
 #: A value each run gives (`m27 deploy` of `vars: {SEEDS:}`): its steps are made then.
 _LATER_TEXT = "{{each run}}"
@@ -75,7 +77,7 @@ def matrix_names(items: list[Node]) -> dict[str, str]:
             None,
         )
         for key, _ in matrix.value:
-            if isinstance(key, ScalarNode) and isinstance(step, str):
+            if isinstance(key, ScalarNode) and isinstance(step, str) and key.value != EXCLUDE:
                 names.setdefault(key.value, step)
     return names
 
@@ -90,7 +92,7 @@ def expand(checker: Checker, item: Node, index: int, where: str, node: Node) -> 
     path = f"{where}.matrix"
     cells = _cells(checker, node, path)
     if cells is _EACH_RUN:
-        keys = [k.value for k, _ in node.value]  # a mapping: _cells read it
+        keys = [k.value for k, _ in node.value if k.value != EXCLUDE]  # _cells read it
         cells = [{k: "{{" + k + "}}" for k in keys}]
         for_each_run = True
     else:
@@ -134,6 +136,7 @@ def _cells(checker: Checker, node: Node, where: str) -> list[dict[str, str]] | N
     mapping = checker.mapping(node, where)
     if mapping is None:
         return None
+    exclude = mapping.pop(EXCLUDE, None)
     if not mapping:
         checker.add(node, where, "the matrix is empty; give a name and its values, SEED: [1, 2]")
         return None
@@ -150,6 +153,9 @@ def _cells(checker: Checker, node: Node, where: str) -> list[dict[str, str]] | N
         return None
     if any(values is _LATER for _, values in axes):
         return _EACH_RUN
+    rules = [] if exclude is None else _exclusions(checker, exclude[1], axes, f"{where}.{EXCLUDE}")
+    if rules is None:
+        return None
     total = 1
     for _, values in axes:
         total *= len(values)
@@ -169,10 +175,44 @@ def _cells(checker: Checker, node: Node, where: str) -> list[dict[str, str]] | N
         )
         checker.matrix_made = MATRIX_TOTAL_MAX + 1  # said once: the next ones are left out
         return None
-    checker.matrix_made += total
     keys = [k for k, _ in axes]
-    combos = itertools.product(*(v for _, v in axes))
-    return [dict(zip(keys, combo, strict=True)) for combo in combos]
+    combos = (dict(zip(keys, c, strict=True)) for c in itertools.product(*(v for _, v in axes)))
+    cells = [c for c in combos if not any(r.items() <= c.items() for r in rules)]
+    if not cells:
+        if exclude is not None:
+            checker.add(exclude[1], f"{where}.{EXCLUDE}", "it leaves out every combination")
+        return None
+    checker.matrix_made += len(cells)
+    return cells
+
+
+def _exclusions(
+    checker: Checker, node: Node, axes: list[tuple[str, list[str]]], where: str
+) -> list[dict[str, str]] | None:
+    """`exclude:`, a list of mappings of matrix names to values: a combination that has
+    all the values of one of them makes no step. None after a problem."""
+    if not isinstance(node, SequenceNode):
+        checker.add(
+            node, where, f"must be a list of {{NAME: value}} mappings, got {describe(node)}"
+        )
+        return None
+    names = [k for k, _ in axes]
+    rules: list[dict[str, str]] = []
+    for i, item in enumerate(node.value):
+        path = f"{where}[{i}]"
+        before = len(checker.problems) + checker.dropped
+        mapping = checker.mapping(item, path, names)
+        if mapping is None or len(checker.problems) + checker.dropped > before:  # a name typo
+            return None
+        rule = {}
+        for key, (_, value) in mapping.items():
+            text = checker.text(value, f"{path}.{key}")
+            if text is None or (rendered := _rendered(checker, text, value, path)) is None:
+                return None
+            rule[key] = rendered
+        if _LATER_TEXT not in rule.values():  # `m27 deploy`: each run's own values decide
+            rules.append(rule)
+    return rules
 
 
 def _values(checker: Checker, key: str, key_node: Node, node: Node, where: str) -> list[str] | None:

@@ -263,3 +263,29 @@ def test_all_matrices_together_make_at_most_100_000_steps(tmp_path: Path) -> Non
         "makes 10,000 steps, and the matrices before it 100,000: all of a file's matrices "
         "together may make 100,000"
     )
+
+
+def test_exclude_leaves_out_the_combinations_it_names(tmp_path: Path) -> None:
+    text = """
+steps:
+  - name: md
+    type: cpu
+    matrix:
+      T: [300, 310, 320]
+      P: "{{PS}}"
+      exclude:
+        - {T: 320, P: 2}
+        - {T: "{{COLD}}"}
+    command: echo {{T}} {{P}}
+  - name: per_t
+    type: cpu
+    depends_on: md
+    matrix: {T: [310, 320]}
+    command: echo {{T}}
+"""
+    p = _parse(text, tmp_path, PS="1 2", COLD="300")
+    assert [s.name for s in p.steps if s.group == "md"] == ["md.310.1", "md.310.2", "md.320.1"]
+    assert p.step("per_t.320").depends_on == ("md.320.1",)
+    # an exclusion a run's values do not meet leaves everything in
+    p = _parse(text, tmp_path, PS="5", COLD="200")
+    assert [s.name for s in p.steps if s.group == "md"] == ["md.300.5", "md.310.5", "md.320.5"]
