@@ -124,6 +124,8 @@ def _run_cancelled(state: NodeState, e: ev.RunCancelled) -> None:
 @_on(ev.CancelRequested)
 def _cancel_requested(state: NodeState, e: ev.CancelRequested) -> None:
     if e.step:  # one step's: the run goes on
+        if (step := _step(state, e.run_id, e.step)) and not step.done:
+            step.cancel_requested_by = step.cancel_requested_by or e.by
         return
     if run := _run(state, e.run_id):
         run.cancel_requested, run.cancel_requested_by = True, e.by

@@ -37,6 +37,9 @@ class StepState:
     #: the `matrix:` entry that made it (RunSubmitted.step_groups), "" for none
     group: str = ""
     status: StepStatus = "pending"
+    #: who asked this step alone to stop (`m27 cancel RUN STEP`), "" if no one: a step
+    #: still waiting on others showed plain `pending` until the run reached it
+    cancel_requested_by: str = ""
     attempts: int = 0
     pid: int | None = None
     #: the step process's start time (StepStarted.pid_started): tells it from a reused pid

@@ -80,6 +80,15 @@ def test_cancel_of_one_replica_lets_the_run_go_on_and_a_resume_runs_it(
         (run,) = state.runs.values()
         assert run.status == "running"
         assert run.steps["md.1"].status == run.steps["md.3"].status == "running"
+        # the waiting step says it will not start, not a plain `pending`
+        assert run.steps["after.3"].cancel_requested_by.startswith("cli:")
+        shown = m27("status", "last")
+        line = next(x for x in shown.stdout.splitlines() if x.strip().startswith("after.3"))
+        assert "pending" in line and "cancel requested (cli:" in line, shown.stdout
+        assert "it will not start" in shown.stdout
+        assert json.loads(m27("status", "last", "--json").stdout)["steps"]["after.3"][
+            "cancel_requested_by"
+        ].startswith("cli:")
         (tmp_path / "go").touch()
         out, _ = proc.communicate(timeout=120)
     finally:

@@ -211,6 +211,31 @@ def test_cancel_request_then_cancelled_steps_and_run() -> None:
     assert run.ended_at == T0 + 13
 
 
+def test_a_cancel_of_one_step_marks_that_step_and_leaves_the_run_going() -> None:
+    state = fold(
+        records(
+            submitted(),
+            started("prep"),
+            ev.CancelRequested(at=T0 + 11, run_id="r1", by="cli:7", step="analysis"),
+            ev.CancelRequested(at=T0 + 12, run_id="r1", by="bot", step="analysis"),
+            ev.CancelRequested(at=T0 + 13, run_id="r1", by="cli:8", step="prep"),
+        )
+    )
+    run = state.runs["r1"]
+    assert not run.cancel_requested and run.status == "running"
+    # the first asker is kept; a step that waits shows it before the run reaches it
+    assert (run.steps["analysis"].status, run.steps["analysis"].cancel_requested_by) == (
+        "pending",
+        "cli:7",
+    )
+    assert run.steps["prep"].cancel_requested_by == "cli:8"
+    assert run.steps["md"].cancel_requested_by == ""
+    # a step that already ended keeps no request (a late cancel changes nothing)
+    apply(state, Recorded(6, ev.StepSucceeded(T0 + 14, "r1", "md", attempt=1, duration_s=1.0)))
+    apply(state, Recorded(7, ev.CancelRequested(at=T0 + 15, run_id="r1", by="x", step="md")))
+    assert run.steps["md"].cancel_requested_by == ""
+
+
 def test_resumed_run_links_to_the_original_and_skips_done_steps() -> None:
     state = fold(
         records(

@@ -144,6 +144,8 @@ def _run_dict(
                 "outputs": list(s.outputs),
                 "guest": _guest(s, primary or {}),
                 "matrix": s.group or None,
+                # `m27 cancel RUN STEP` asked it to stop (by whom), None if no one did
+                "cancel_requested_by": s.cancel_requested_by or None,
             }
             for name, s in r.steps.items()
         },
@@ -229,6 +231,8 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
             note = _common.how_it_failed(s["exit_code"], s["signal"], s["reason"])
         if s["status"] == "queued" and (retry := retry_note(s, now)):
             note = f"{note}; {retry}" if note else retry
+        if d["status"] == "running" and (cancel := cancel_note(s)) is not None:
+            note = f"{cancel}; {note}" if note else cancel
         if (guest := s["guest"]) is not None:
             note = f"{_guest_note(r.run_id, guest)} {note}".strip()
         if s["energy_j"]:
@@ -268,6 +272,17 @@ def _matrix_lines(steps: dict[str, dict[str, Any]]) -> list[str]:
         f"  matrix {name}: " + ", ".join(f"{n} {status}" for status, n in counts.most_common())
         for name, counts in groups.items()
     ]
+
+
+def cancel_note(s: dict[str, Any]) -> str | None:
+    """For a step `m27 cancel RUN STEP` asked to stop that has not ended yet: that it will
+    not start (it waits on others, and the run reaches it later) or is being stopped."""
+    by = s["cancel_requested_by"]
+    if not by or s["status"] in ("succeeded", "failed", "cancelled", "crashed", "skipped"):
+        return None
+    if s["status"] == "running":
+        return f"cancel requested ({by}): stopping"
+    return f"cancel requested ({by}): it will not start"
 
 
 def _guest_note(run_id: str, guest: dict[str, Any]) -> str:
