@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SRC     = m27 flows tests benchmarks examples
 
-.PHONY: install example example-gromacs example-replicas example-lammps example-openmm test lint typecheck unit bench clean
+.PHONY: install example example-gromacs example-replicas example-lammps example-cp2k example-openmm test lint typecheck unit bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ example-replicas: install
 example-lammps: install
 	@command -v lmp >/dev/null || { echo "lmp not found: apt-get install lammps" >&2; exit 1; }
 	$(BIN)/m27 run examples/lammps/pipeline.yaml
+
+## CP2K (apt-get install --no-install-recommends cp2k first): DFT dynamics of a water molecule.
+example-cp2k: install
+	@command -v cp2k >/dev/null || { echo "cp2k not found: apt-get install cp2k" >&2; exit 1; }
+	$(BIN)/m27 run examples/cp2k/pipeline.yaml
 
 ## OpenMM as a Python library (installed by make install): a water box, m27.Checkpointer.
 example-openmm: install

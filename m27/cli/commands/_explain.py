@@ -63,7 +63,13 @@ class Explained:
                 f"when they change and are complete{often}, and when the program exits)"
             )
             out.append(f"  resume: {shlex.join(p.resume) or '(no extra arguments)'}")
-            out.append(f"  signal: SIG{p.signal} before a stop, then a bounded grace")
+            out.append(
+                f"  signal: SIG{p.signal} before a stop, then a bounded grace"
+                if getattr(recipe_named(p.recipe), "saves_at_stop", True)
+                else f"  signal: SIG{p.signal} ends it at a stop (a cancel, timeout or "
+                f"preemption); {p.recipe} saves nothing then: a resume starts from the last "
+                "capture"
+            )
         elif self.checkpointer:
             out.append("  m27.Checkpointer: M27_CHECKPOINT_INTERVAL and M27_RESUME_FROM")
             grace = format_duration(load_settings().checkpoint_grace)
@@ -89,7 +95,8 @@ def explain_checkpoint(step: Step, base: Path) -> Explained:
     recipe = recipe_named(plan.recipe)
     if recipe is not None and not step.checkpoint_files:
         warnings += recipe.warnings(plan.argv, base)
-    unsaved = (checkpointer and not stop) or plan.recipe == "lammps"  # nothing at a stop
+    # nothing saved at a stop: Python without watch_stop, or a program that ignores signals
+    unsaved = (checkpointer and not stop) or not getattr(recipe, "saves_at_stop", True)
     timeout, every = step.timeout, plan.every
     if unsaved and timeout is not None and every is not None and every >= timeout:
         warnings.append(

@@ -1,4 +1,4 @@
-"""Recipes for programs that checkpoint themselves (GROMACS, LAMMPS, ...).
+"""Recipes for programs that checkpoint themselves (GROMACS, LAMMPS, CP2K, ...).
 
 A step's `checkpoint:` says how often and, optionally, which files and resume arguments.
 A recipe knows one engine's command line: it turns the interval into the engine's own
@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from m27.executors.engines import gromacs, lammps
+from m27.executors.engines import cp2k, gromacs, lammps
 from m27.executors.engines._base import Recipe, RecipePlan, engine_index
+from m27.executors.engines.cp2k import Cp2k
 from m27.executors.engines.gromacs import Gromacs
 from m27.executors.engines.lammps import Lammps
 from m27.paths import not_a_file
@@ -29,7 +30,7 @@ from m27.paths import not_a_file
 SIGNALS = ("TERM", "USR1", "INT")
 
 #: Recipes in the order they are tried; :func:`register` adds one.
-RECIPES: list[Recipe] = [Gromacs(), Lammps()]
+RECIPES: list[Recipe] = [Gromacs(), Lammps(), Cp2k()]
 
 
 def register(recipe: Recipe) -> None:
@@ -184,9 +185,10 @@ def _python_code(argv: Sequence[str], workdir: Path) -> Iterator[str]:
 def error_said(lines: Sequence[str]) -> str | None:
     """What an engine's error message at the end of a failed step's output says, on one
     line, at most ERROR_SAID_MAX characters (GROMACS's error block, LAMMPS's `ERROR:`
-    line); None when there is none. A failure said only `exited with code 1`."""
+    line, CP2K's `[ABORT]` box); None when there is none. A failure said only `exited
+    with code 1`."""
     lines = list(lines)  # (a runner's tail is a deque)
-    for said in (gromacs.error_said(lines), lammps.error_said(lines)):
+    for said in (gromacs.error_said(lines), lammps.error_said(lines), cp2k.error_said(lines)):
         if said:
             return said if len(said) <= ERROR_SAID_MAX else said[: ERROR_SAID_MAX - 3] + "..."
     return None

@@ -37,6 +37,9 @@ class Recipe(Protocol):
     name: str
     #: program basenames that start the engine (`gmx`, `gmx_mpi`, `lmp`, ...)
     programs: tuple[str, ...]
+    #: whether the program writes a checkpoint when it gets the plan's signal (mdrun does;
+    #: LAMMPS and CP2K do not, so a cancel or a time limit goes back to the last capture)
+    saves_at_stop: bool = True
 
     def matches(self, argv: Argv, index: int) -> bool:
         """Whether the command at `argv[index]` is the checkpointing mode of the engine."""

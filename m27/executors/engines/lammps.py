@@ -35,6 +35,7 @@ _STRINGS, _INTS, _NTIMESTEP = {0, 4}, {1, 2, 3, 48}, 5
 class Lammps(Recipe):
     name = "lammps"
     programs: tuple[str, ...] = ("lmp", "lmp_serial", "lmp_mpi", "lammps")
+    saves_at_stop = False
 
     def plan(self, argv: Argv, index: int, every: float | None) -> RecipePlan:
         extra: list[str] = ["-var", "m27_restart", RESTART_FILE]

@@ -1,0 +1,92 @@
+"""CP2K as a black box: m27 captures the restart file CP2K rewrites, and a resume runs it
+for the steps the input has left, with no frame written twice.
+
+Real `cp2k` on the example's water molecule (DFT molecular dynamics, `examples/cp2k/`),
+writing `water-1.restart` every 5 steps. A power cut (kill -9 of `m27 run` and of cp2k)
+after two captures; `m27 run --resume` must put the newest capture back (or the newer
+complete file CP2K wrote in the instant before the kill, captured first), run it with
+STEPS set to what is left, and cut the energy and trajectory files back to that step, so
+that `water-1.ener` holds steps 0 to the last, each once. With CI=true a missing `cp2k`
+fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from m27.events import CheckpointRestored, StepStarted
+from tests.e2e._helpers import M27, ROOT, events, file_captures, start_run
+from tests.services import need_program
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+EXAMPLE = ROOT / "examples" / "cp2k"
+STEPS, EVERY = 40, 5  # ~0.6 s a step on two idle cores
+
+need_program("cp2k", "CP2K", "apt-get install cp2k")
+
+
+@pytest.fixture(autouse=True)
+def _fast_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("M27_CAPTURE_POLL", "0.2")
+
+
+def _ener_steps(path: Path) -> list[int]:
+    rows = [line.split() for line in path.read_text().splitlines()]
+    return [int(r[0]) for r in rows if r and not r[0].startswith("#")]
+
+
+def test_power_cut_mid_cp2k_resumes_for_the_steps_left_with_no_frame_twice(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    out = tmp_path / "out"
+    spec = tmp_path / "cp2k.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        name: cp2k-e2e
+        pipeline:
+          - name: aimd
+            type: cpu
+            workdir: {out}
+            env: {{OMP_NUM_THREADS: "1"}}
+            checkpoint: 1s
+            command: cp2k -i {EXAMPLE / "water.inp"} -o water.out -E STEPS={STEPS}
+        """)
+    )
+    proc = start_run(spec, new_session=True)
+    try:
+        wait_until(lambda: len(file_captures(m27_home)) >= 2, timeout=300, what="two captures")
+        started = [e for e in events(m27_home) if isinstance(e, StepStarted) and e.step == "aimd"]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the power cut: m27 run, then cp2k
+        proc.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(started[-1].pgid, signal.SIGKILL)
+    steps = [e.engine_step for e in file_captures(m27_home)]
+    assert all(s is not None and s % EVERY == 0 for s in steps) and steps == sorted(steps), steps
+    assert steps[-1] is not None and steps[-1] < STEPS, "cp2k ended before the power cut"
+
+    done = m27("run", "--resume", "last", "--plain", timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    restored = [e for e in events(m27_home) if isinstance(e, CheckpointRestored)]
+    assert len(restored) == 1 and restored[0].files == ("water-1.restart",)
+    start = restored[0].engine_step
+    assert start is not None and start % EVERY == 0 and steps[-1] <= start < STEPS, start
+    assert (
+        f"water-1.restart is at step {start} of {STEPS}: m27-resume.inp runs "
+        f"{STEPS - start} more" in done.stdout
+    ), done.stdout[-3000:]
+    assert f"(step {start}); resuming with: -i m27-resume.inp" in done.stdout
+    # the attempt that died wrote past the capture; those frames were cut, not repeated
+    assert _ener_steps(out / "water-1.ener") == list(range(STEPS + 1))
+    positions = (out / "water-pos-1.xyz").read_text()
+    assert [
+        int(line.split()[2].rstrip(",")) for line in positions.splitlines() if " i = " in line
+    ] == list(range(STEPS + 1))

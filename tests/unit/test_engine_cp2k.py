@@ -1,0 +1,166 @@
+"""The CP2K recipe: which commands it takes, when a restart file is whole, which step it
+holds, how many steps the input asks for, what a resume runs, and what it cuts.
+
+`data/cp2k-water-1.restart` is a restart file CP2K 2023.1 (Debian) wrote at step 10 of
+`examples/cp2k/water.inp` run with 30 steps (`STEP_START_VAL 10`, `STEPS 30`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from m27.cli.commands import validate
+from m27.executors.engines import error_said, plan_checkpoint
+from m27.executors.engines.cp2k import (
+    RESUME_INPUT,
+    Cp2k,
+    incomplete,
+    input_steps,
+    trim_outputs,
+    with_steps,
+)
+
+DATA = Path(__file__).parent / "data"
+RESTART = (DATA / "cp2k-water-1.restart").read_text()
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cp2k"
+
+
+def test_a_cp2k_run_gets_the_recipe_and_its_input_as_the_last_option() -> None:
+    plan = plan_checkpoint(("mpirun", "-np", "2", "cp2k.psmp", "in.inp", "-o", "x.out"), 60.0)
+    assert plan.recipe == "cp2k"
+    # a bare input becomes `-i in.inp`, so the `-i m27-resume.inp` a resume appends wins
+    assert plan.argv == ("mpirun", "-np", "2", "cp2k.psmp", "-i", "in.inp", "-o", "x.out")
+    assert plan.files == ("*-1.restart",)
+    assert plan.resume == ("-i", RESUME_INPUT)
+    for check in (("cp2k", "--check", "in.inp"), ("cp2k", "-e", "in.inp"), ("cp2k", "-v")):
+        assert plan_checkpoint(check, 60.0).recipe is None, check
+    assert plan_checkpoint(("cp2k", "-c", "-r", "in.inp"), 60.0).recipe == "cp2k"
+    # `-o out` is a value, not the input
+    assert plan_checkpoint(("cp2k", "-o", "x.out"), 60.0).argv == ("cp2k", "-o", "x.out")
+
+
+def test_a_whole_restart_file_is_complete_and_a_torn_or_foreign_one_is_not() -> None:
+    assert incomplete(RESTART) is None
+    for cut in (len(RESTART) // 3, len(RESTART) - 20):
+        assert "incomplete CP2K restart file" in str(incomplete(RESTART[:cut]))
+    assert "not a CP2K restart file" in str(incomplete("&GLOBAL\n&END GLOBAL\n"))
+
+
+def test_the_step_is_the_restart_files_step_start_val(tmp_path: Path) -> None:
+    assert Cp2k().recorded_step("water-1.restart", RESTART.encode()) == 10
+    assert Cp2k().recorded_step("x", b"no counters here") is None
+    (tmp_path / "torn.restart").write_text(RESTART[:500])
+    assert Cp2k().valid_file(tmp_path / "torn.restart") is not None
+    assert Cp2k().valid_file(tmp_path / "missing") is not None
+
+
+def test_the_inputs_steps_are_read_with_its_variables_and_includes(tmp_path: Path) -> None:
+    (tmp_path / "md.inc").write_text("&MD\n  STEPS ${N}  ! from @SET\n&END MD\n")
+    (tmp_path / "a.inp").write_text(
+        "@SET N 500\n&GLOBAL\n&END GLOBAL\n&MOTION\n  @INCLUDE 'md.inc'\n&END MOTION\n"
+    )
+    assert input_steps(("cp2k", "-i", "a.inp"), tmp_path) == 500
+    (tmp_path / "b.inp").write_text("&MOTION\n  &MD\n    steps $N\n  &END\n&END MOTION\n")
+    assert input_steps(("cp2k", "b.inp", "--set", "N=70"), tmp_path) == 70
+    assert input_steps(("cp2k", "b.inp"), tmp_path) is None  # no value: not claimed
+    # STEPS outside &MOTION &MD is another thing (a geometry optimisation's, say)
+    (tmp_path / "c.inp").write_text("&MOTION\n  &GEO_OPT\n    STEPS 9\n  &END\n&END\n")
+    assert input_steps(("cp2k", "c.inp"), tmp_path) is None
+    (tmp_path / "d.inp").write_text("@IF 1\n&MOTION\n&MD\nSTEPS 3\n&END\n&END\n@ENDIF\n")
+    assert input_steps(("cp2k", "d.inp"), tmp_path) is None  # which branch: CP2K's to say
+    assert input_steps(("cp2k", "gone.inp"), tmp_path) is None
+    example = ("cp2k", "-i", "water.inp", "-o", "water.out", "-E", "STEPS=200")
+    assert input_steps(example, EXAMPLE) == 200
+
+
+def test_with_steps_sets_only_the_md_steps() -> None:
+    changed = with_steps(RESTART, 20)
+    diff = [
+        (a, b) for a, b in zip(RESTART.splitlines(), changed.splitlines(), strict=True) if a != b
+    ]
+    assert diff == [("     STEPS  30", "     STEPS  20")]
+
+
+def test_a_resume_runs_the_restored_file_for_the_steps_left(tmp_path: Path) -> None:
+    (tmp_path / "in.inp").write_text("&MOTION\n &MD\n  STEPS 30\n &END MD\n&END MOTION\n")
+    (tmp_path / "water-1.restart").write_text(RESTART)
+    said: list[str] = []
+    argv = ("cp2k", "-i", "in.inp")
+    assert Cp2k().resume_args(argv, tmp_path, ("-i", RESUME_INPUT), said.append) == (
+        "-i",
+        RESUME_INPUT,
+    )
+    resume = (tmp_path / RESUME_INPUT).read_text()
+    assert "     STEPS  20\n" in resume and "STEP_START_VAL  10" in resume
+    assert said == ["water-1.restart is at step 10 of 30: m27-resume.inp runs 20 more"]
+    # an input it cannot read: the restart file as it is, and said
+    said.clear()
+    Cp2k().resume_args(("cp2k", "-i", "gone.inp"), tmp_path, ("-i", RESUME_INPUT), said.append)
+    assert (tmp_path / RESUME_INPUT).read_text() == RESTART
+    assert "could not read how many MD steps the input asks for" in said[0]
+    # a step's own `resume:` wins
+    assert Cp2k().resume_args(argv, tmp_path, ("-x",), said.append) == ("-x",)
+
+
+def test_a_resume_cuts_what_the_killed_attempt_wrote_after_the_capture(tmp_path: Path) -> None:
+    ener = "#     Step Nr.   Time[fs]  Kin.[a.u.]\n" + "".join(
+        f"{s:>10}  {s * 0.5:10.3f}  0.00{s}\n" for s in range(13)
+    )
+    (tmp_path / "water-1.ener").write_text(ener)
+    frames = "".join(
+        f"       3\n i = {s:>8}, time = {s * 0.5:8.3f}, E = -17.2\n"
+        + "  O 0 0 0\n  H 0.7 0.5 0\n  H -0.7 0.5 0\n"
+        for s in range(13)
+    )
+    (tmp_path / "water-pos-1.xyz").write_text(frames)
+    (tmp_path / "water-1.restart.bak-1").write_text("left alone")
+    (tmp_path / "other-1.ener").write_text("    11  5.5\n")  # another project's
+    assert trim_outputs(tmp_path, "water", 10) == ["water-1.ener", "water-pos-1.xyz"]
+    kept = (tmp_path / "water-1.ener").read_text().splitlines()
+    assert [int(x.split()[0]) for x in kept[1:]] == list(range(11))
+    xyz = (tmp_path / "water-pos-1.xyz").read_text()
+    assert xyz.count("i = ") == 11 and xyz.endswith("  H -0.7 0.5 0\n")
+    assert " i =       10," in xyz and " i =       11," not in xyz
+    assert (tmp_path / "other-1.ener").read_text() == "    11  5.5\n"
+    assert trim_outputs(tmp_path, "water", 10) == []  # nothing past step 10 any more
+
+
+def test_cp2ks_abort_box_is_the_failures_reason() -> None:
+    box = [
+        " *******************************************************************************",
+        " *   ___                                                                       *",
+        " *  /   \\                                                                      *",
+        " * [ABORT]                                                                     *",
+        " *  \\___/   The specified OLD file <nothere.inp> cannot be opened. It does not *",
+        " *    |                 exist. Data directory path: /usr/share/cp2k            *",
+        " *  O/|                                                                        *",
+        " * /| |                                                                        *",
+        " * / \\                                                  common/cp_files.F:143 *",
+        " *******************************************************************************",
+        "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD",
+    ]
+    assert error_said(box) == (
+        "The specified OLD file <nothere.inp> cannot be opened. It does not exist. "
+        "Data directory path: /usr/share/cp2k"
+    )
+
+
+def test_validate_says_cp2k_saves_nothing_at_a_stop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "pipeline:\n"
+        "  - {name: a, type: cpu, checkpoint: 1h, timeout: 30m, command: cp2k -i in.inp}\n"
+    )
+    parser = argparse.ArgumentParser(prog="m27")
+    validate.register(parser.add_subparsers())
+    args = parser.parse_args(["validate", str(path)])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "a: checkpoint every 1h00m (cp2k recipe)" in out
+    assert "signal: SIGTERM ends it at a stop (a cancel, timeout or preemption); cp2k " in out
+    assert "warning: a: timeout: 30m00s stops each attempt before its first checkpoint" in out
