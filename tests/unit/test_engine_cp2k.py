@@ -101,6 +101,13 @@ def test_a_resume_runs_the_restored_file_for_the_steps_left(tmp_path: Path) -> N
     Cp2k().resume_args(("cp2k", "-i", "gone.inp"), tmp_path, ("-i", RESUME_INPUT), said.append)
     assert (tmp_path / RESUME_INPUT).read_text() == RESTART
     assert "could not read how many MD steps the input asks for" in said[0]
+    # not molecular dynamics: run as CP2K wrote it
+    said.clear()
+    geo = RESTART.replace("     STEPS  30\n", "")
+    (tmp_path / "water-1.restart").write_text(geo)
+    Cp2k().resume_args(argv, tmp_path, ("-i", RESUME_INPUT), said.append)
+    assert (tmp_path / RESUME_INPUT).read_text() == geo
+    assert said[0] == "water-1.restart holds no &MD STEPS: CP2K goes on from it as it wrote it"
     # a step's own `resume:` wins
     assert Cp2k().resume_args(argv, tmp_path, ("-x",), said.append) == ("-x",)
 
