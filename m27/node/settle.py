@@ -8,6 +8,10 @@ ended in the log, whose flow process is gone (so nothing else will report it), a
 Prefect still shows open gets the end the log recorded, its unfinished task runs the end
 of their steps. The log is the truth; this only brings Prefect's copy in line.
 
+Steps that started while the server was down have no task run there at all (their flow
+process could not create one): the settle pass creates each, with its step's end, so the
+flow run lists every step the log has.
+
 The same goes for a flow run Prefect shows Crashed when the log recorded another end:
 Prefect's engine calls a run Crashed when it was interrupted (a second Ctrl-C aborts a run
 the first had asked to cancel: the log says cancelled), so it gets the log's end too.
@@ -25,7 +29,7 @@ from m27.events.state import NodeState, RunState
 if TYPE_CHECKING:
     from prefect.client.orchestration import PrefectClient
 
-__all__ = ["ended_runs", "settle", "settle_tasks"]
+__all__ = ["add_missing_tasks", "ended_runs", "settle", "settle_tasks"]
 
 #: Flow runs asked about per request (their ids go into the filter).
 _BATCH = 200
@@ -119,6 +123,38 @@ async def settle_tasks(client: PrefectClient, flow_run_id: str, run: RunState) -
     return len(tasks)
 
 
+def _recorded() -> None:
+    """The function of the stand-in task a missing task run is created for (never run)."""
+
+
+async def add_missing_tasks(client: PrefectClient, flow_run_id: str, run: RunState) -> list[str]:
+    """Create a task run, with its step's end, for each step of `run` that ended in the
+    log and that Prefect has no task run of (it started while the server was down); the
+    steps it created them for."""
+    from uuid import UUID
+
+    from prefect import Task
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    ours = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
+    have: set[str] = set()
+    seen = 0
+    while True:  # the server answers at most a page at a time
+        page = await client.read_task_runs(flow_run_filter=ours, offset=seen, limit=_BATCH)
+        have.update(t.name for t in page)
+        seen += len(page)
+        if len(page) < _BATCH:
+            break
+    made = [name for name, step in run.steps.items() if step.done and name not in have]
+    for name in made:
+        stand_in = Task(fn=_recorded, name=name)
+        created = await client.create_task_run(
+            stand_in, UUID(flow_run_id), dynamic_key=f"m27-settled-{name}", name=name
+        )
+        await client.set_task_run_state(created.id, _task_state(run, name), force=True)
+    return made
+
+
 async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[str]:
     """Give each flow run in `runs` that Prefect still shows open the end the log
     recorded, and its open task runs their steps' ends; the flow run ids it changed."""
@@ -153,6 +189,7 @@ async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[st
             if run.crashed and flow_run.state is not None and flow_run.state.is_crashed():
                 continue  # both say it crashed
             await settle_tasks(client, str(flow_run.id), run)
+            await add_missing_tasks(client, str(flow_run.id), run)
             await client.set_flow_run_state(flow_run.id, _flow_state(run), force=True)
             changed.append(str(flow_run.id))
     return changed

@@ -167,6 +167,19 @@ def prefect_log_messages(prefect_api: str, flow_run_id: str) -> list[str]:
         return asyncio.run(fetch())
 
 
+def prefect_task_states(prefect_api: str, flow_run_id: str) -> dict[str, str]:
+    """Each task run of a flow run in Prefect, by name, with the type of its state."""
+    import json
+    import urllib.request
+
+    body = json.dumps({"flow_runs": {"id": {"any_": [flow_run_id]}}}).encode()
+    request = urllib.request.Request(
+        f"{prefect_api}/task_runs/filter", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return {t["name"]: t["state"]["type"] for t in json.load(resp)}
+
+
 def prefect_flow_run_state(prefect_api: str, flow_run_id: str) -> str:
     """The type of a flow run's state in Prefect (`CANCELLED`, ...): what its UI shows."""
     import json

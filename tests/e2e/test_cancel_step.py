@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from tests.e2e._helpers import (
     group_alive,
     node_state,
     prefect_flow_run_state,
+    prefect_task_states,
     spawn_m27,
 )
 from tests.waiting import wait_until
@@ -41,15 +41,6 @@ PIPELINE = textwrap.dedent("""\
         depends_on: after
         command: python -c "print('all')"
 """)
-
-
-def _task_states(prefect_api: str, flow_run_id: str) -> dict[str, str]:
-    body = json.dumps({"flow_runs": {"id": {"any_": [flow_run_id]}}}).encode()
-    request = urllib.request.Request(
-        f"{prefect_api}/task_runs/filter", body, {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        return {t["name"]: t["state"]["type"] for t in json.load(resp)}
 
 
 def test_cancel_of_one_replica_lets_the_run_go_on_and_a_resume_runs_it(
@@ -109,7 +100,7 @@ def test_cancel_of_one_replica_lets_the_run_go_on_and_a_resume_runs_it(
     assert run.steps["after.3"].reason == "step cancelled before the step started"
     assert run.flow_run_id is not None
     assert prefect_flow_run_state(prefect_server, run.flow_run_id) == "FAILED"
-    tasks = _task_states(prefect_server, run.flow_run_id)
+    tasks = prefect_task_states(prefect_server, run.flow_run_id)
     assert tasks["md.2"] == "CANCELLED" and tasks["md.1"] == "COMPLETED"
 
     # an ended run: nothing to cancel; a name the run lacks: exit 2

@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from m27.events.state import RunState
-from tests.e2e._helpers import gated_script, node_state, prefect_flow_run_state, spawn_m27
+from tests.e2e._helpers import (
+    gated_script,
+    node_state,
+    prefect_flow_run_state,
+    prefect_task_states,
+    spawn_m27,
+)
 from tests.services import free_port, start_prefect_server, wait_http
 from tests.waiting import wait_until
 
@@ -30,6 +36,10 @@ pipeline:
   - name: wait
     type: cpu
     command: python wait.py
+  - name: after
+    type: cpu
+    depends_on: [wait]
+    command: python -c "print('after')"
 """
 
 
@@ -107,4 +117,15 @@ def test_a_run_outlives_its_prefect_server_and_prefect_learns_its_end_later(
         timeout=120,
         interval=0.5,
         what="Prefect showing the flow run Completed",
+    )
+    # `after` started while the server was down: its task run is made with its end
+    assert run.flow_run_id is not None
+    wait_until(
+        lambda: (
+            prefect_task_states(server.url, run.flow_run_id)
+            == {"wait": "COMPLETED", "after": "COMPLETED"}
+        ),
+        timeout=60,
+        interval=0.5,
+        what="Prefect listing both steps' task runs Completed",
     )
