@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from m27.checkpoint.files import FileGuard, capture_dir, newer_than_captures, restore_files
+from m27.checkpoint.files import (
+    FileGuard,
+    capture_dir,
+    matched,
+    newer_than_captures,
+    restore_files,
+)
 from m27.checkpoint.saves import SaveWatch
 from m27.clock import Clock
 from m27.executors import _proc
@@ -152,7 +158,8 @@ def open_guard(
     if validate is not None and newer_than_captures(
         [own, *spec.restore_from], where, spec.files, validate
     ):
-        note(f"{', '.join(spec.files)} in the workdir is complete and newer than the last capture")
+        names = ", ".join(matched(where, spec.files))  # `water-1.restart`, not `*-1.restart`
+        note(f"{names} in the workdir: complete and newer than the last capture")
         guard.poll(final=True)
     restored = restore_files(
         [own, *spec.restore_from],

@@ -172,7 +172,7 @@ def test_a_complete_newer_file_in_the_workdir_is_captured_and_used(tmp_path: Pat
     g.guard.stop()
     assert g.argv == ("prog", "--resume", "sim.cpt")
     assert (work / "sim.cpt").read_bytes() == newer
-    assert any("newer than the last capture" in n for n in notes)
+    assert "sim.cpt in the workdir: complete and newer than the last capture" in notes
     # a torn newer file is not: the capture wins
     (work / "sim.cpt").write_bytes(HEAD + b"x")
     os.utime(work / "sim.cpt", ns=(stamp * 2, stamp * 2))
