@@ -7,7 +7,6 @@ holds, how many steps the input asks for, what a resume runs, and what it cuts.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from m27.executors.engines.cp2k import (
     trim_outputs,
     with_steps,
 )
+from tests.commands import cli
 
 DATA = Path(__file__).parent / "data"
 RESTART = (DATA / "cp2k-water-1.restart").read_text()
@@ -163,11 +163,38 @@ def test_validate_says_cp2k_saves_nothing_at_a_stop(
         "pipeline:\n"
         "  - {name: a, type: cpu, checkpoint: 1h, timeout: 30m, command: cp2k -i in.inp}\n"
     )
-    parser = argparse.ArgumentParser(prog="m27")
-    validate.register(parser.add_subparsers())
-    args = parser.parse_args(["validate", str(path)])
-    assert args.func(args) == 0
+    assert cli(validate, ["validate", str(path)]) == 0
     out = capsys.readouterr().out
     assert "a: checkpoint every 1h00m (cp2k recipe)" in out
     assert "signal: SIGTERM ends it at a stop (a cancel, timeout or preemption); cp2k " in out
     assert "warning: a: timeout: 30m00s stops each attempt before its first checkpoint" in out
+
+
+def test_validate_warns_of_an_input_that_writes_no_restart_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "sp.inp").write_text("&GLOBAL\n  PROJECT sp\n  RUN_TYPE ENERGY\n&END GLOBAL\n")
+    (tmp_path / "default.inp").write_text("&GLOBAL\n  PROJECT sp\n&END GLOBAL\n")
+    (tmp_path / "off.inp").write_text(
+        "&GLOBAL\n RUN_TYPE md\n&END\n&MOTION\n &PRINT\n  &RESTART off\n  &END\n &END\n&END\n"
+    )
+    (tmp_path / "branch.inp").write_text("@IF 1\n&GLOBAL\n RUN_TYPE ENERGY\n&END\n@ENDIF\n")
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "pipeline:\n"
+        "  - {name: sp, type: cpu, checkpoint: 1m, command: cp2k -i sp.inp}\n"
+        "  - {name: default, type: cpu, checkpoint: 1m, command: cp2k default.inp}\n"
+        "  - {name: off, type: cpu, checkpoint: 1m, command: cp2k -i off.inp}\n"
+        "  - {name: branch, type: cpu, checkpoint: 1m, command: cp2k -i branch.inp}\n"
+        f"  - {{name: water, type: cpu, checkpoint: 1m, command: cp2k -i {EXAMPLE}/water.inp}}\n"
+    )
+    assert cli(validate, ["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "warning: sp: checkpoint: has no effect: sp.inp is a single-point calculation "
+        "(RUN_TYPE ENERGY), which writes no restart file to resume from"
+    ) in out
+    assert "warning: default: checkpoint: has no effect: default.inp is a single-point" in out
+    assert "warning: off: checkpoint: has no effect: off.inp turns the restart file off" in out
+    for fine in ("branch", "water"):  # an @IF: not claimed; the example: MD, restart on
+        assert f"warning: {fine}:" not in out

@@ -65,6 +65,26 @@ class Cp2k(Recipe):
         ]
         return RecipePlan(out, (RESTART_GLOB,), ("-i", RESUME_INPUT), "TERM", tuple(notes))
 
+    def warnings(self, argv: Argv, workdir: Path) -> tuple[str, ...]:
+        """An input that writes no restart file mid-run gets no checkpoint, silently: a
+        single-point calculation (`RUN_TYPE ENERGY`), or `&RESTART OFF`."""
+        found = _input_words(argv, workdir)
+        if found is None:
+            return ()
+        name, sections = found
+        run_type = sections.get(("GLOBAL", "RUN_TYPE"), "ENERGY")  # CP2K's default
+        if run_type in _SINGLE_POINT:
+            return (
+                f"checkpoint: has no effect: {name} is a single-point calculation (RUN_TYPE "
+                f"{run_type}), which writes no restart file to resume from",
+            )
+        if sections.get(("MOTION", "PRINT", "&RESTART"), "ON") in _OFF:
+            return (
+                f"checkpoint: has no effect: {name} turns the restart file off (&RESTART "
+                "OFF under &MOTION &PRINT), so there is nothing to capture",
+            )
+        return ()
+
     def valid_file(self, path: Path) -> str | None:
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
@@ -230,6 +250,45 @@ def input_steps(argv: Sequence[str], workdir: Path) -> int | None:
             )
             return int(value) if value.isdigit() else None
     return None
+
+
+#: run types that compute one point and write no restart file while they run
+_SINGLE_POINT = frozenset({"ENERGY", "ENERGY_FORCE", "WAVEFUNCTION_OPTIMIZATION", "WFN_OPT"})
+#: how an input turns a section off (`&RESTART OFF`)
+_OFF = frozenset({"OFF", "F", "FALSE", ".FALSE.", "NO", "N"})
+
+
+def _input_words(
+    argv: Sequence[str], workdir: Path
+) -> tuple[str, dict[tuple[str, ...], str]] | None:
+    """The input `argv` runs and the values it sets, by section path (`("GLOBAL",
+    "RUN_TYPE") -> "MD"`; a section's own parameter under `&NAME`: `("MOTION", "PRINT",
+    "&RESTART") -> "OFF"`), upper-cased; None when it cannot be read for sure (an
+    `@IF` could change any of it)."""
+    index = next((i for i, a in enumerate(argv) if os.path.basename(a) in Cp2k.programs), None)
+    name = _input_name(argv, index) if index is not None else None
+    lines = _lines(workdir / name, workdir, 0) if name else None
+    if name is None or lines is None:
+        return None
+    values: dict[tuple[str, ...], str] = {}
+    path: list[str] = []
+    for raw in lines:
+        words = raw.upper().split()
+        if not words:
+            continue
+        if words[0] == "@SET":
+            continue  # a value with a variable in it matches nothing below
+        if words[0].startswith("@"):
+            return None
+        if words[0] == "&END":
+            path = path[:-1]
+        elif words[0].startswith("&"):
+            if len(words) > 1:
+                values[(*path, words[0])] = words[1]
+            path.append(words[0][1:])
+        elif len(words) > 1:
+            values[(*path, words[0])] = words[1]
+    return name, values
 
 
 def _lines(path: Path, workdir: Path, depth: int) -> list[str] | None:
