@@ -92,6 +92,8 @@ def test_time_limit_signal_makes_mdrun_checkpoint_and_the_requeued_job_resumes_f
     assert written and match
     assert int(match.group(1)) == written[0] > 0  # resumed from the signal's checkpoint
     assert "Reading checkpoint file simulation.cpt" in gmx_log
+    # the batch script asked the recipe at the restart: mdrun's outputs checked first
+    assert "m27: outputs match simulation.cpt: mdrun appends to" in log, log[-3000:]
     captures = [e for e in of(store, CheckpointWritten) if e.source == "files"]
     assert captures and captures[0].files == ("simulation.cpt",)
     assert [e.step for e in of(store, StepStarted)].count("md") >= 1

@@ -198,3 +198,54 @@ def test_validate_warns_of_an_input_that_writes_no_restart_file(
     assert "warning: off: checkpoint: has no effect: off.inp turns the restart file off" in out
     for fine in ("branch", "water"):  # an @IF: not claimed; the example: MD, restart on
         assert f"warning: {fine}:" not in out
+
+
+def test_a_requeued_slurm_job_resumes_through_the_recipe(tmp_path: Path) -> None:
+    """Under Slurm a requeued job restarts on a compute node, where no m27 process wrote
+    `m27-resume.inp`: the batch script asks the recipe there, from the restart file CP2K
+    wrote before the time limit."""
+    import os
+    import subprocess
+    import sys
+
+    from m27.executors.slurm._script import ScriptInput, parse_options, render_script
+
+    (tmp_path / "in.inp").write_text("&MOTION\n &MD\n  STEPS 30\n &END MD\n&END MOTION\n")
+    (tmp_path / "water-1.restart").write_text(RESTART)
+    fake = tmp_path / "bin" / "cp2k"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > args.txt\n')
+    fake.chmod(0o755)
+    plan = plan_checkpoint(("cp2k", "in.inp"), 60.0)
+    script = tmp_path / "job.sh"
+    script.write_text(
+        render_script(
+            ScriptInput(
+                run_id="r1", step="aimd", attempt=1, argv=plan.argv, job_dir=tmp_path,
+                workdir=tmp_path, python=sys.executable, options=parse_options({}, site={}),
+                resume_args=plan.resume, recipe="cp2k", child_signal=plan.signal,
+            )
+        )
+    )  # fmt: skip
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def start(restarts: int) -> list[str]:
+        done = subprocess.run(
+            ["bash", str(script)],
+            cwd=tmp_path,
+            env={**env, "SLURM_RESTART_COUNT": str(restarts)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        said.append(done.stderr)
+        return (tmp_path / "args.txt").read_text().split()
+
+    said: list[str] = []
+
+    assert start(0) == ["-i", "in.inp"]  # the first start: the input
+    assert not (tmp_path / RESUME_INPUT).exists()
+    assert start(1) == ["-i", "in.inp", "-i", RESUME_INPUT]
+    assert "     STEPS  20\n" in (tmp_path / RESUME_INPUT).read_text()
+    assert "m27: water-1.restart is at step 10 of 30: m27-resume.inp runs 20 more" in said[-1]

@@ -276,6 +276,7 @@ def _self_checkpoint_script(launch: StepLaunch, add_resume: bool) -> dict[str, A
         return {}
     return {
         "resume_args": spec.resume if add_resume else (),
+        "recipe": spec.recipe or "",
         "child_signal": spec.signal,
         "requeue_on_clean_exit": True,
     }

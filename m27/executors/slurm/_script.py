@@ -306,6 +306,8 @@ class ScriptInput:
     options: SlurmOptions
     #: a self-checkpointing program: what its restarts add (`-cpi simulation.cpt`)
     resume_args: tuple[str, ...] = ()
+    #: the engine recipe that checks them against the files at each restart ("": none)
+    recipe: str = ""
     #: the signal the step gets when Slurm sends USR1 (GROMACS checkpoints on TERM)
     child_signal: str = "USR1"
     #: requeue after USR1 even when the step exits 0 (mdrun does after its checkpoint)
@@ -429,10 +431,29 @@ def _resume_lines(s: ScriptInput) -> list[str]:
     """A restarted job of a self-checkpointing program resumes from the file it wrote."""
     if not s.resume_args:
         return []
+    static = f"m27_extra=({shlex.join(s.resume_args)})"
+    if not s.recipe:
+        return ["m27_extra=()", f'if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then {static}; fi']
+    # the recipe decides at the restart, from the files the last start wrote (CP2K's
+    # m27-resume.inp; mdrun's -noappend when its outputs do not match), as m27 does
+    # before a resume it starts itself; if it cannot run, the arguments as planned
+    ask = shlex.join(
+        [
+            s.python,
+            "-m",
+            "m27.executors.slurm._resume",
+            "--args",
+            s.recipe,
+            str(len(s.resume_args)),
+            *s.resume_args,
+            *s.argv,
+        ]
+    )
     return [
         "m27_extra=()",
-        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then '
-        f"m27_extra=({shlex.join(s.resume_args)}); fi",
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then',
+        f'    if m27_args="$({ask})"; then eval "m27_extra=($m27_args)"; else {static}; fi',
+        "fi",
     ]
 
 
