@@ -10,8 +10,9 @@ Resuming runs the restored restart file as the input. Its ``STEPS`` counts from 
 step 1,400; m27 writes ``m27-resume.inp``, the restart file with ``STEPS`` set to what the
 step's own input asks for (read from it, its ``@SET`` and ``--set`` values applied) less
 the steps already done, and appends ``-i m27-resume.inp`` (CP2K reads the last ``-i``).
-CP2K appends to its ``.ener`` and trajectory files on the resume, so frames written after
-the last capture and before the stop appear twice there (docs/engines.md).
+CP2K appends to its ``.ener``, ``.cell`` and ``.xyz`` files on the resume, so m27 first
+cuts them after the restored step: the frames the attempt that died wrote after its last
+capture would be there twice (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class Cp2k(Recipe):
         text = restart.read_text(encoding="utf-8", errors="replace")
         done = self.recorded_step(restart.name, text.encode())
         total = input_steps(argv, workdir)
-        if with_steps(text, 0) == text:  # a geometry optimisation, say: no MD to count
+        if _md_steps_line(text.splitlines()) is None:  # a geometry optimisation, say
             note(f"{restart.name} holds no &MD STEPS: CP2K goes on from it as it wrote it")
             shown = text
         elif done is None or total is None:
@@ -194,9 +195,8 @@ def incomplete(text: str) -> str | None:
     return None
 
 
-def with_steps(text: str, steps: int) -> str:
-    """`text` with the STEPS of its `&MOTION &MD` section set to `steps`."""
-    lines = text.splitlines(keepends=True)
+def _md_steps_line(lines: Sequence[str]) -> int | None:
+    """Which of `lines` is the STEPS of the `&MOTION &MD` section (None: there is none)."""
     path: list[str] = []
     for i, line in enumerate(lines):
         words = line.split()
@@ -208,9 +208,19 @@ def with_steps(text: str, steps: int) -> str:
         elif head.startswith("&"):
             path.append(head[1:])
         elif head == "STEPS" and path[-2:] == ["MOTION", "MD"]:
-            lines[i] = line[: len(line) - len(line.lstrip())] + f"STEPS  {steps}\n"
-            return "".join(lines)
-    return text
+            return i
+    return None
+
+
+def with_steps(text: str, steps: int) -> str:
+    """`text` with the STEPS of its `&MOTION &MD` section set to `steps`."""
+    lines = text.splitlines(keepends=True)
+    at = _md_steps_line(lines)
+    if at is None:
+        return text
+    line = lines[at]
+    lines[at] = line[: len(line) - len(line.lstrip())] + f"STEPS  {steps}\n"
+    return "".join(lines)
 
 
 def input_steps(argv: Sequence[str], workdir: Path) -> int | None:
