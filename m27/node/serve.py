@@ -45,7 +45,7 @@ from m27.node.embed import build_agent, request_handover, withdraw_handover
 from m27.node.outage import Repeats
 from m27.node.prefect_server import PrefectServer
 from m27.node.runner import WarmRunner
-from m27.node.settle import ended_runs, settle, settle_tasks
+from m27.node.settle import add_missing_tasks, ended_runs, settle, settle_tasks
 from m27.store.sqlite import open_store
 from m27.units import cpu_list
 
@@ -58,6 +58,9 @@ __all__ = ["busy", "serve"]
 STOP_GRACE_S = 10.0
 #: A crashed run's task runs are closed again every few seconds for this long.
 RECHECK_FOR_S = 60.0
+#: How long after a settle the steps Prefect has no task run of get one (m27.node.settle:
+#: a task run the flow process created can reach Prefect that late, as events).
+MISSING_AFTER_S = 15.0
 RECHECK_EVERY_S = 3.0
 #: How often ended runs are checked against Prefect (a Prefect that was down when a run
 #: ended still shows it open: m27.node.settle).
@@ -97,6 +100,8 @@ class _Watcher:
         #: flow run id -> (until when, run): settled flow runs whose task runs are checked
         #: again (a task run's state can reach Prefect after its flow run was settled)
         self.resettle: dict[str, tuple[float, RunState]] = {}
+        #: flow run id -> (when, run): settled flow runs whose missing task runs are made
+        self.missing: dict[str, tuple[float, RunState]] = {}
         self.settle_at = 0.0
         self.thread = threading.Thread(target=self._main, name="m27-crash-watch", daemon=True)
 
@@ -116,7 +121,8 @@ class _Watcher:
         if dead_runs(self.state, self.host):
             self.close_dead()
             self.state = fold(self.store.read(self.state.last_seq), self.state)
-        if self.unmarked or ((self.recheck or self.resettle) and now >= self.recheck_at):
+        rechecks = self.recheck or self.resettle or self.missing
+        if self.unmarked or (rechecks and now >= self.recheck_at):
             self.recheck_at = now + RECHECK_EVERY_S
             with_prefect(self._tell_prefect)
         if now >= self.settle_at:
@@ -128,6 +134,7 @@ class _Watcher:
                 for flow_run_id in changed:
                     run = ended[flow_run_id]
                     self.resettle[flow_run_id] = (now + RECHECK_FOR_S, run)
+                    self.missing[flow_run_id] = (now + MISSING_AFTER_S, run)
                     self.log(
                         f"m27 agent: flow run of {run.run_id} was open or Crashed in Prefect; "
                         f"set to how the run ended ({run.status})"
@@ -165,6 +172,15 @@ class _Watcher:
                 del self.resettle[flow_run_id]
                 continue
             await settle_tasks(client, flow_run_id, run)
+        for flow_run_id, (due, run) in list(self.missing.items()):
+            if now >= due:
+                made = await add_missing_tasks(client, flow_run_id, run)
+                del self.missing[flow_run_id]
+                if made:
+                    self.log(
+                        f"m27 agent: {run.run_id}: Prefect had no task run of "
+                        f"{', '.join(made)} (started while it was down); made with their ends"
+                    )
 
 
 def _used_at(home: Path) -> float:

@@ -9,8 +9,10 @@ Prefect still shows open gets the end the log recorded, its unfinished task runs
 of their steps. The log is the truth; this only brings Prefect's copy in line.
 
 Steps that started while the server was down have no task run there at all (their flow
-process could not create one): the settle pass creates each, with its step's end, so the
-flow run lists every step the log has.
+process could not create one): :func:`add_missing_tasks` creates each, with its step's end,
+so the flow run lists every step the log has. The node service calls it a while after the
+settle, not with it: a task run the flow process did create reaches Prefect as events,
+seconds late, and one made for it meanwhile would show the step twice.
 
 The same goes for a flow run Prefect shows Crashed when the log recorded another end:
 Prefect's engine calls a run Crashed when it was interrupted (a second Ctrl-C aborts a run
@@ -189,7 +191,6 @@ async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[st
             if run.crashed and flow_run.state is not None and flow_run.state.is_crashed():
                 continue  # both say it crashed
             await settle_tasks(client, str(flow_run.id), run)
-            await add_missing_tasks(client, str(flow_run.id), run)
             await client.set_flow_run_state(flow_run.id, _flow_state(run), force=True)
             changed.append(str(flow_run.id))
     return changed

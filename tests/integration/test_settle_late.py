@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,20 @@ def _task_states(flow_run_id: str) -> Any:
     return read
 
 
+def _task_names(flow_run_id: str) -> Any:
+    async def read(client: Any) -> list[str]:
+        from uuid import UUID
+
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
+        )
+        return [r.name for r in runs]
+
+    return read
+
+
 def test_a_task_run_that_reaches_prefect_after_the_settle_gets_its_step_s_end(
     prefect_env: str, m27_home: Path
 ) -> None:
@@ -94,10 +109,12 @@ def test_a_task_run_that_reaches_prefect_after_the_settle_gets_its_step_s_end(
     store = open_store(m27_home)
     store.append(
         [  # ended while Prefect could not be told; its process (none recorded) is gone
-            ev.RunSubmitted(1.0, "r1", "p", "p.yaml", ("md", "em"), flow_run_id=flow_run_id,
-                            host=socket.gethostname()),
+            ev.RunSubmitted(1.0, "r1", "p", "p.yaml", ("md", "em", "gone"),
+                            flow_run_id=flow_run_id, host=socket.gethostname()),
             ev.StepSucceeded(1.1, "r1", "md", 1, 0.1),
             ev.StepFailed(1.2, "r1", "em", 1, 0.1, "exited with code 3", exit_code=3),
+            # started while Prefect was down: it never gets a task run of its own
+            ev.StepCancelled(1.25, "r1", "gone", "step cancelled before the step started"),
             ev.RunFailed(1.3, "r1", 0.3, ("em",), "step em failed"),
         ]
     )  # fmt: skip
@@ -114,4 +131,18 @@ def test_a_task_run_that_reaches_prefect_after_the_settle_gets_its_step_s_end(
         "md": ("COMPLETED", ""),
         "em": ("FAILED", "exited with code 3"),
     }
+    # a while after the settle, the step Prefect never heard of gets a task run with its
+    # end; those that did reach it (late or not) are not made twice
+    ((due, _),) = watcher.missing.values()
+    assert due > time.time()
+    watcher.missing[flow_run_id] = (0.0, watcher.missing[flow_run_id][1])
+    watcher.recheck_at = 0.0
+    _in_prefect(url, watcher.step)
+    assert sorted(_prefect(url, _task_names(flow_run_id))) == ["em", "gone", "md"]
+    assert _prefect(url, _task_states(flow_run_id))["gone"] == (
+        "CANCELLED",
+        "step cancelled before the step started",
+    )
+    assert any("Prefect had no task run of gone" in line for line in lines), lines
+    assert not watcher.missing
     watcher.store.close()
