@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -11,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from m27.events import CheckpointWritten, Event
+from m27.events import CheckpointWritten, Event, StepStarted
 from m27.events.state import NodeState, RunState, StepState, fold
 from m27.store.sqlite import SqliteEventStore
 
@@ -121,6 +123,25 @@ def events(home: Path) -> list[Event]:
         return [r.event for r in store.read()]
     finally:
         store.close()
+
+
+def power_cut(
+    spec: Path, home: Path, step: str, ready: Callable[[], bool], what: str, timeout: float = 240
+) -> None:
+    """Run `spec` in a session of its own until `ready()`, then cut the power: kill -9 of
+    `m27 run`, then of the process group of `step`'s newest attempt (else the node service
+    would stop it with its checkpoint signal, which a power cut does not send)."""
+    from tests.waiting import wait_until
+
+    proc = start_run(spec, new_session=True)
+    try:
+        wait_until(ready, timeout=timeout, what=what)
+        started = [e for e in events(home) if isinstance(e, StepStarted) and e.step == step]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # m27 run and what runs in its session
+        proc.wait()
+    with contextlib.suppress(ProcessLookupError):  # the node service may have stopped it
+        os.killpg(started[-1].pgid, signal.SIGKILL)
 
 
 def file_captures(home: Path) -> list[CheckpointWritten]:

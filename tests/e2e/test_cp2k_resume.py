@@ -12,18 +12,14 @@ fails instead of skipping.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from m27.events import CheckpointRestored, StepStarted
-from tests.e2e._helpers import M27, ROOT, events, file_captures, start_run
+from m27.events import CheckpointRestored
+from tests.e2e._helpers import M27, ROOT, events, file_captures, power_cut
 from tests.services import need_program
-from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
@@ -60,15 +56,9 @@ def test_power_cut_mid_cp2k_resumes_for_the_steps_left_with_no_frame_twice(
             command: cp2k -i {EXAMPLE / "water.inp"} -o water.out -E STEPS={STEPS}
         """)
     )
-    proc = start_run(spec, new_session=True)
-    try:
-        wait_until(lambda: len(file_captures(m27_home)) >= 2, timeout=300, what="two captures")
-        started = [e for e in events(m27_home) if isinstance(e, StepStarted) and e.step == "aimd"]
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the power cut: m27 run, then cp2k
-        proc.wait()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(started[-1].pgid, signal.SIGKILL)
+    power_cut(
+        spec, m27_home, "aimd", lambda: len(file_captures(m27_home)) >= 2, "two captures", 300
+    )
     steps = [e.engine_step for e in file_captures(m27_home)]
     assert all(s is not None and s % EVERY == 0 for s in steps) and steps == sorted(steps), steps
     assert steps[-1] is not None and steps[-1] < STEPS, "cp2k ended before the power cut"

@@ -10,7 +10,6 @@ frame exactly once. With CI=true a missing `gmx` fails instead of skipping.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -23,7 +22,7 @@ import pytest
 
 from m27.events import CheckpointRestored, LeaseGranted, StepStarted
 from m27.gpu.cpus import core_of, node_cpus, split_cores, step_cpus
-from tests.e2e._helpers import M27, ROOT, events, file_captures, node_state, start_run
+from tests.e2e._helpers import M27, ROOT, events, file_captures, node_state, power_cut, start_run
 from tests.services import need_program
 from tests.waiting import wait_until
 
@@ -111,17 +110,13 @@ def _resume(m27: M27, run_id: str, home: Path) -> tuple[subprocess.CompletedProc
 def _power_cut(spec: Path, home: Path, captures: int) -> None:
     """Run until `captures` checkpoints were captured, then kill -9 m27 run and mdrun."""
     before = len(file_captures(home))
-    proc = start_run(spec, new_session=True)
-    try:
-        wait_until(
-            lambda: len(file_captures(home)) >= before + captures, timeout=240, what="captures"
-        )
-        started = _md_started(home)[-1]
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the power cut: m27 run, then mdrun
-        proc.wait()
-    with contextlib.suppress(ProcessLookupError):  # the node service may have stopped it
-        os.killpg(started.pgid, signal.SIGKILL)
+    power_cut(
+        spec,
+        home,
+        "md_simulation",
+        lambda: len(file_captures(home)) >= before + captures,
+        "captures",
+    )
 
 
 def _cut_mid_mdrun(tmp_path: Path, home: Path, captures: int) -> tuple[Path, int]:

@@ -14,16 +14,13 @@ cancelled, not from the last periodic checkpoint. With CI=true a missing `openmm
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from m27.events import CheckpointRestored, CheckpointWritten, StepStarted
-from tests.e2e._helpers import M27, ROOT, events, start_run
+from m27.events import CheckpointRestored, CheckpointWritten
+from tests.e2e._helpers import M27, ROOT, events, power_cut, start_run
 from tests.services import need_module
 from tests.waiting import wait_until
 
@@ -72,15 +69,7 @@ def test_power_cut_mid_openmm_resumes_from_the_newest_checkpoint(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:
     spec, out = _pipeline(tmp_path)
-    proc = start_run(spec, new_session=True)
-    try:
-        wait_until(lambda: len(_saves(m27_home)) >= 2, timeout=300, what="two checkpoints")
-        started = [e for e in events(m27_home) if isinstance(e, StepStarted)]
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the power cut: m27 run, then the script
-        proc.wait()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(started[-1].pgid, signal.SIGKILL)
+    power_cut(spec, m27_home, "dynamics", lambda: len(_saves(m27_home)) >= 2, "two saves", 300)
     saved = [e.sim_step for e in _saves(m27_home)]
     assert saved == sorted(saved) and all(s % EVERY == 0 for s in saved), saved
     assert saved[-1] < STEPS, "the dynamics ended before the power cut"
