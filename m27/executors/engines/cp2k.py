@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from m27.executors.engines._base import Argv, Note, Recipe, RecipePlan, option
@@ -195,21 +195,29 @@ def incomplete(text: str) -> str | None:
     return None
 
 
-def _md_steps_line(lines: Sequence[str]) -> int | None:
-    """Which of `lines` is the STEPS of the `&MOTION &MD` section (None: there is none)."""
-    path: list[str] = []
+def _keywords(lines: Sequence[str]) -> Iterator[tuple[int, tuple[str, ...], list[str]]]:
+    """Each keyword line of a CP2K input (a line's index, the sections it is in, its words
+    upper-cased), and each section's opening with its parameter (`&RESTART OFF`: under the
+    path to it, words `["&RESTART", "OFF"]`); preprocessor lines (`@SET`) as they are."""
+    path: tuple[str, ...] = ()
     for i, line in enumerate(lines):
-        words = line.split()
+        words = line.upper().split()
         if not words:
             continue
-        head = words[0].upper()
-        if head == "&END":
+        if words[0] == "&END":
             path = path[:-1]
-        elif head.startswith("&"):
-            path.append(head[1:])
-        elif head == "STEPS" and path[-2:] == ["MOTION", "MD"]:
-            return i
-    return None
+            continue
+        yield i, path, words
+        if words[0].startswith("&"):
+            path = (*path, words[0][1:])
+
+
+def _md_steps_line(lines: Sequence[str]) -> int | None:
+    """Which of `lines` is the STEPS of the `&MOTION &MD` section (None: there is none)."""
+    return next(
+        (i for i, path, words in _keywords(lines) if words[0] == "STEPS" and path[-2:] == _MD),
+        None,
+    )
 
 
 def with_steps(text: str, steps: int) -> str:
@@ -227,41 +235,30 @@ def input_steps(argv: Sequence[str], workdir: Path) -> int | None:
     """The STEPS of the `&MOTION &MD` section of the input `argv` runs, with its `@SET`,
     `@INCLUDE` and `--set` values applied; None when it cannot be read for sure (no such
     keyword, an `@IF`, a variable without a value)."""
-    index = next((i for i, a in enumerate(argv) if os.path.basename(a) in Cp2k.programs), None)
-    if index is None:
+    found = _input_lines(argv, workdir)
+    if found is None:
         return None
-    name = _input_name(argv, index)
-    values: dict[str, str] = {}
-    for i in range(index + 1, len(argv) - 1):
-        if argv[i] in ("-E", "--set") and "=" in argv[i + 1]:
-            key, value = argv[i + 1].split("=", 1)
-            values[key.upper()] = value
-    lines = _lines(workdir / name, workdir, 0) if name else None
-    if lines is None:
-        return None
-    path: list[str] = []
-    for raw in lines:
-        words = raw.split()
-        if not words:
-            continue
-        head = words[0].upper()
-        if head == "@SET" and len(words) >= 3:
-            values[words[1].upper()] = " ".join(words[2:])
-            continue
-        if head.startswith("@"):
+    values = {
+        key.upper(): value
+        for i, arg in enumerate(argv[:-1])
+        if arg in ("-E", "--set") and "=" in argv[i + 1]
+        for key, value in [argv[i + 1].split("=", 1)]
+    }
+    _, lines = found
+    for i, path, words in _keywords(lines):
+        if words[0] == "@SET" and len(words) >= 3:
+            values[words[1]] = " ".join(lines[i].split()[2:])
+        elif words[0].startswith("@"):
             return None  # @IF and friends: which branch runs is CP2K's to say
-        if head == "&END":
-            path = path[:-1]
-        elif head.startswith("&"):
-            path.append(head[1:])
-        elif head == "STEPS" and path[-2:] == ["MOTION", "MD"] and len(words) == 2:
-            value = _VAR.sub(
-                lambda m: values.get((m.group(1) or m.group(2)).upper(), "?"), words[1]
-            )
+        elif words[0] == "STEPS" and path[-2:] == _MD and len(words) == 2:
+            raw = lines[i].split()[1]
+            value = _VAR.sub(lambda m: values.get((m.group(1) or m.group(2)).upper(), "?"), raw)
             return int(value) if value.isdigit() else None
     return None
 
 
+#: the section whose STEPS a resume sets
+_MD = ("MOTION", "MD")
 #: run types that compute one point and write no restart file while they run
 _SINGLE_POINT = frozenset({"ENERGY", "ENERGY_FORCE", "WAVEFUNCTION_OPTIMIZATION", "WFN_OPT"})
 #: how an input turns a section off (`&RESTART OFF`)
@@ -275,30 +272,25 @@ def _input_words(
     "RUN_TYPE") -> "MD"`; a section's own parameter under `&NAME`: `("MOTION", "PRINT",
     "&RESTART") -> "OFF"`), upper-cased; None when it cannot be read for sure (an
     `@IF` could change any of it)."""
+    found = _input_lines(argv, workdir)
+    if found is None:
+        return None
+    name, lines = found
+    values: dict[tuple[str, ...], str] = {}
+    for _, path, words in _keywords(lines):
+        if words[0].startswith("@") and words[0] != "@SET":
+            return None
+        if len(words) > 1 and words[0] != "@SET":  # a value with a variable matches nothing
+            values[(*path, words[0])] = words[1]
+    return name, values
+
+
+def _input_lines(argv: Sequence[str], workdir: Path) -> tuple[str, list[str]] | None:
+    """The name of the input `argv` runs and its lines (see :func:`_lines`), or None."""
     index = next((i for i, a in enumerate(argv) if os.path.basename(a) in Cp2k.programs), None)
     name = _input_name(argv, index) if index is not None else None
     lines = _lines(workdir / name, workdir, 0) if name else None
-    if name is None or lines is None:
-        return None
-    values: dict[tuple[str, ...], str] = {}
-    path: list[str] = []
-    for raw in lines:
-        words = raw.upper().split()
-        if not words:
-            continue
-        if words[0] == "@SET":
-            continue  # a value with a variable in it matches nothing below
-        if words[0].startswith("@"):
-            return None
-        if words[0] == "&END":
-            path = path[:-1]
-        elif words[0].startswith("&"):
-            if len(words) > 1:
-                values[(*path, words[0])] = words[1]
-            path.append(words[0][1:])
-        elif len(words) > 1:
-            values[(*path, words[0])] = words[1]
-    return name, values
+    return None if name is None or lines is None else (name, lines)
 
 
 def _lines(path: Path, workdir: Path, depth: int) -> list[str] | None:
