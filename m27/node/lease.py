@@ -244,12 +244,16 @@ class AgentLease:
             if (g := self._held.get(key) or self._granted.get(key)) is not None:
                 g.hold.apply(e)
         elif isinstance(e, ev.GpuLost):
-            for g in self._held.values():
+            # A grant its step's thread has not picked up yet is lost too: its step would
+            # start on the lost GPU and never learn it (a guest there waits at its gate
+            # for good)
+            for g in (*self._held.values(), *self._granted.values()):
                 if e.gpu in g.gpus:
                     g.why = g.why or f"GPU {e.gpu} lost"
                     g.lost.set()
         elif isinstance(e, ev.LeaseReleased):
-            mine = self._held.get((e.run_id, e.step))
+            key = (e.run_id, e.step)
+            mine = self._held.get(key) or self._granted.get(key)
             if mine is not None:
                 # released by someone else (the agent): the step must stop
                 mine.why = mine.why or "the node agent took its lease back"
