@@ -60,6 +60,7 @@ from m27.events import (
     StepSucceeded,
 )
 from m27.events.state import fold
+from m27.executors import environ
 from m27.executors.local import StepResult
 from m27.executors.slurm import run_slurm_step
 from m27.node.embed import ensure_agent
@@ -316,6 +317,7 @@ def pipeline_flow(
     ]
     run.first_seq = store.last_seq()
     store.append(submitted)
+    environ.record(home, run_id)  # what a resume from Telegram runs in
     _RUNS[run_id] = run
     stop_watch = threading.Event()
     watcher = threading.Thread(target=_watch_cancel, args=(run, stop_watch), daemon=True)

@@ -38,6 +38,7 @@ from m27.notify.outbox import Outbox, outbox_path
 from m27.notify.resume import resume_detached
 from m27.notify.telegram import DeliveryError, TelegramClient, scrub
 from m27.policy import PRIORITY_LIMIT
+from m27.runids import RunIdError, resolve
 from m27.store import EventStore
 
 log = logging.getLogger("m27.notify.bot")
@@ -334,18 +335,22 @@ class CommandBot:
     def resume(self, args: list[str]) -> str:
         if not args:
             return "Usage: /resume RUN"
-        run = self.facts.runs.get(args[0])
+        try:  # as `m27 run --resume` reads it (a prefix, `last`): the run whose environment
+            target = resolve(args[0], self.facts.runs)  # the resume runs in
+        except RunIdError:
+            target = args[0]  # the command says what is wrong with it
+        run = self.facts.runs.get(target)
         if run is not None and run.status == "running":
             # resuming it would run its steps twice at once (`m27 run --resume` refuses too)
             return f"Run <code>{esc(run.run_id)}</code> is still running; /cancel it first."
         if self.resume_handler is not None:
-            return esc(self.resume_handler(args[0]))
+            return esc(self.resume_handler(target))
         if self.config.allow_resume:
-            return esc(resume_detached(args[0]))
+            return esc(resume_detached(target))
         return (
             "Resuming from a phone is not enabled (M27_TELEGRAM_RESUME=1 on the node "
             "enables it); on the node run:\n"
-            f"<code>{esc(resume_command(args[0]))}</code>"
+            f"<code>{esc(resume_command(target))}</code>"
         )
 
     def _callback(self, chat_id: int, update: Update) -> None:

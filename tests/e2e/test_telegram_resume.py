@@ -1,9 +1,11 @@
 """/resume from the phone, on a node that allows it (`M27_TELEGRAM_RESUME=1`): the bot runs
-`m27 run --resume RUN --detach` and answers with the new run; a run that cannot be resumed
-gets the command's own reason. Without the setting the bot only names the command."""
+`m27 run --resume RUN --detach`, in the run's environment, not its own, and answers with
+the new run; a run that cannot be resumed gets the command's own reason. Without the
+setting the bot only names the command."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -33,11 +35,20 @@ def test_resume_from_the_phone_starts_the_resume_on_the_node(
           - name: md
             type: gpu
             depends_on: [prep]
-            command: python -c "import os, sys; sys.exit(0 if os.path.exists('fixed') else 3)"
+            command: lab-md
     """)
     )
+    # The engine is on the PATH of the shell that ran the pipeline (`module load`), not
+    # on the bot's: the resume must run where the run did.
+    tools = tmp_path / "modules" / "bin"
+    tools.mkdir(parents=True)
+    (tools / "lab-md").write_text("#!/bin/sh\ntest -e fixed || exit 3\n")
+    (tools / "lab-md").chmod(0o755)
+    bot_path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{bot_path}")
     failed = m27("run", str(spec), "--plain")
     assert failed.returncode == 1, failed.stdout + failed.stderr
+    monkeypatch.setenv("PATH", bot_path)
     (first,) = node_state(m27_home).runs
     (tmp_path / "fixed").write_text("")  # what the person fixed before asking
     with running(TOKEN) as api:

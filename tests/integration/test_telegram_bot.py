@@ -198,6 +198,9 @@ def test_resume_replies_with_the_command_or_uses_the_handler(
     bot.resume_handler = lambda run: f"started resume of {run} as <new>"
     assert "started resume of old-1 as &lt;new&gt;" in ask(api, bot, "/resume old-1")[0]
     assert "is still running; /cancel it first" in ask(api, bot, "/resume md-1")[0]
+    # a prefix (or `last`) names the run as `m27 run --resume` reads it
+    assert "is still running; /cancel it first" in ask(api, bot, "/resume md")[0]
+    assert "started resume of old-1 as" in ask(api, bot, "/resume old")[0]
 
 
 def test_unknown_text_gets_help(api: FakeBotApi, bot: CommandBot) -> None:

@@ -1,0 +1,83 @@
+"""A run's environment is kept (privately) for a resume that starts elsewhere: Telegram's
+/resume runs in it, with the node's own settings (log, Prefect server, bot) its own."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from m27.executors import environ
+from m27.notify.resume import _run_environment
+
+
+def test_a_run_environment_is_kept_private_and_read_back(
+    m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = {
+        "PATH": "/opt/gromacs/bin:/usr/bin",
+        "OMP_NUM_THREADS": "8",
+        "M27_HOME": str(m27_home),
+        "PREFECT_API_URL": "http://127.0.0.1:4200/api",
+        "M27_TELEGRAM_TOKEN": "123:secret",
+    }
+    assert environ.record(m27_home, "r1", env)
+    path = m27_home / "runs" / "r1" / environ.ENVIRON_NAME
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # it may hold secrets
+    assert "123:secret" not in path.read_text()  # the bot's token is the bot's
+    got = environ.recorded(m27_home, "r1")
+    assert got is not None and got.cwd == str(tmp_path)
+    assert got.env == {"PATH": "/opt/gromacs/bin:/usr/bin", "OMP_NUM_THREADS": "8"}
+    # the resume: the run's own variables, the node's from the process that resumes
+    bot = {"PATH": "/usr/bin", "M27_HOME": "/srv/m27", "PREFECT_API_URL": "http://lab/api"}
+    assert environ.for_resume(got, bot) == {
+        "PATH": "/opt/gromacs/bin:/usr/bin",
+        "OMP_NUM_THREADS": "8",
+        "M27_HOME": "/srv/m27",
+        "PREFECT_API_URL": "http://lab/api",
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "{", '{"env": {"A": 1}, "cwd": "/"}', '{"env": [], "cwd": "/"}', '{"cwd": "/"}', "[]"],
+)
+def test_a_torn_or_edited_record_reads_as_none(m27_home: Path, text: str) -> None:
+    path = m27_home / "runs" / "r1" / environ.ENVIRON_NAME
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    assert environ.recorded(m27_home, "r1") is None
+    assert environ.recorded(m27_home, "nosuchrun") is None
+
+
+def test_a_record_that_cannot_be_written_leaves_the_run_going(m27_home: Path) -> None:
+    (m27_home / "runs").write_text("not a folder")  # as a full disk or a bad home fails
+    assert environ.record(m27_home, "r1", {"A": "1"}) is False
+    assert environ.recorded(m27_home, "r1") is None
+
+
+def test_the_bot_resumes_in_the_run_environment_or_says_it_uses_its_own(
+    m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    environ.record(m27_home, "r1", {"PATH": "/opt/cp2k/bin", "M27_HOME": "/elsewhere"})
+    bot = {"PATH": "/usr/bin", "M27_HOME": str(m27_home)}
+    env, cwd, note = _run_environment("r1", bot)
+    assert env == {"PATH": "/opt/cp2k/bin", "M27_HOME": str(m27_home)}
+    assert cwd == str(tmp_path) and note == ""
+    env, cwd, note = _run_environment("r2", bot)
+    assert env == bot and cwd is None
+    assert note == (
+        " It runs in the bot's environment: r2 recorded none"
+        " (its steps' programs must be on the bot's PATH)."
+    )
+    # a folder gone since: the resume runs where the bot is (the spec's paths are its own)
+    (tmp_path / "gone").mkdir()
+    monkeypatch.chdir(tmp_path / "gone")
+    environ.record(m27_home, "r3", {"PATH": "/opt/cp2k/bin"})
+    monkeypatch.chdir(tmp_path)
+    os.rmdir(tmp_path / "gone")
+    assert _run_environment("r3", bot)[1] is None
