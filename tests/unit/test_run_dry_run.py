@@ -139,3 +139,65 @@ def test_a_program_s_own_checkpoint_is_named_with_the_step_it_holds(
     assert _will(capsys.readouterr().out)["analysis"] == (
         f"run, from run {RUN}'s checkpoint at step 5120"
     )
+
+
+def test_a_newer_complete_file_in_the_workdir_is_named_over_the_capture(
+    tmp_path: Path,
+    m27_home: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CP2K wrote its restart at step 12 after m27's last capture (step 10), then m27 was
+    killed: the resume goes on from the file in the workdir (the runner says so when it
+    starts), and the dry run must name that, not the older capture."""
+    import os
+
+    from m27.checkpoint.files import FileGuard, capture_dir
+    from m27.executors.engines import recipe_named
+
+    bin_dir = tmp_path / "bin"  # the plan reads the command, not the program: a stand-in
+    bin_dir.mkdir()
+    (bin_dir / "cp2k").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "cp2k").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    spec = tmp_path / "qm.yaml"
+    spec.write_text(
+        "name: qm\npipeline:\n"
+        "  - {name: md, type: cpu, command: cp2k -i water.inp, checkpoint: 60s}\n"
+    )
+    (tmp_path / "water.inp").write_text(
+        "&GLOBAL\n  PROJECT water\n  RUN_TYPE MD\n&END GLOBAL\n"
+        "&MOTION\n  &MD\n    STEPS 40\n  &END MD\n&END MOTION\n"
+    )
+    restart = (Path(__file__).parent / "data" / "cp2k-water-1.restart").read_text()
+    (tmp_path / "water-1.restart").write_text(restart)  # at step 10
+    recipe = recipe_named("cp2k")
+    assert recipe is not None
+    guard = FileGuard(
+        capture_dir(m27_home / "checkpoints" / RUN / "md"), tmp_path, ["*-1.restart"],
+        store=None, run_id=RUN, step="md", validate=recipe.valid_file,
+        read_step=recipe.recorded_step,
+    )  # fmt: skip
+    guard.stop()  # captured at step 10
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(1.0, RUN, "qm", str(spec), ("md",)),
+            ev.RunCrashed(1.2, RUN, "process 4242 died"),
+        ]
+    )
+    store.close()
+    assert main(["run", "--resume", RUN, "--dry-run"]) == 0
+    assert _will(capsys.readouterr().out)["md"] == f"run, from run {RUN}'s checkpoint at step 10"
+    newer = restart.replace("STEP_START_VAL  10", "STEP_START_VAL  12")
+    (tmp_path / "water-1.restart").write_text(newer)
+    captured = max(p.stat().st_mtime_ns for p in (m27_home / "checkpoints").rglob("*"))
+    os.utime(tmp_path / "water-1.restart", ns=(captured + 10**9, captured + 10**9))
+    assert main(["run", "--resume", RUN, "--dry-run"]) == 0
+    assert _will(capsys.readouterr().out)["md"] == (
+        f"run, from water-1.restart in the workdir at step 12 (complete, newer than run {RUN}'s "
+        "checkpoint at step 10)"
+    )
+    (tmp_path / "water-1.restart").write_text(newer[: len(newer) // 2])  # torn: not used
+    assert main(["run", "--resume", RUN, "--dry-run"]) == 0
+    assert _will(capsys.readouterr().out)["md"] == f"run, from run {RUN}'s checkpoint at step 10"

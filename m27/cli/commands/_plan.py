@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 
 from m27 import tables
 from m27.checkpoint import scan
-from m27.checkpoint.files import capture_dir
+from m27.checkpoint.files import capture_dir, matched, newer_than_captures
 from m27.config import m27_home
+from m27.executors.engines import plan_for_step, recipe_named
 from m27.paths import join_under
-from m27.spec import Pipeline
+from m27.spec import Pipeline, Step
 from m27.store.chain import chain, gone_note, rerun_note, successes
 from m27.tables import Col
 
@@ -94,6 +95,29 @@ def _checkpoint_of(step: str, runs: list[str]) -> str | None:
     return None
 
 
+def _resumes_from(pipeline: Pipeline, step: Step, runs: list[str]) -> str | None:
+    """Where a resumed step would go on from, as the runner will find it: the program's
+    own checkpoint file in the workdir when it is complete and newer than every capture
+    (the program wrote it after m27's last capture), else :func:`_checkpoint_of`."""
+    found = _checkpoint_of(step.name, runs)
+    plan = plan_for_step(step) if found is not None else None
+    recipe = recipe_named(plan.recipe) if plan is not None else None
+    if plan is None or recipe is None or not plan.files:
+        return found
+    root = m27_home() / "checkpoints"
+    captures = [capture_dir(join_under(root, run_id, step.name)) for run_id in runs]
+    workdir = pipeline.workdir_of(step)
+    if not newer_than_captures(captures, workdir, plan.files, recipe.valid_file):
+        return found
+    names = matched(workdir, plan.files)
+    try:
+        at = recipe.recorded_step(names[0], (workdir / names[0]).read_bytes())
+    except OSError:
+        at = None
+    here = f" at step {at}" if at is not None else ""
+    return f"{', '.join(names)} in the workdir{here} (complete, newer than {found})"
+
+
 def print_dry_run(pipeline: Pipeline, plan: ResumePlan | None) -> None:
     """`m27 run --dry-run`: each step and what the run would do with it; nothing starts."""
     rows = []
@@ -110,7 +134,7 @@ def print_dry_run(pipeline: Pipeline, plan: ResumePlan | None) -> None:
         elif name in plan.outputs_gone:
             will = f"run again, from the start: {', '.join(plan.outputs_gone[name])} gone"
         else:
-            found = _checkpoint_of(name, plan.chain)
+            found = _resumes_from(pipeline, step, plan.chain)
             will = f"run, from {found}" if found else "run, from the start"
         rows.append((name, step.type, will))
     what = f"a resume of run {plan.chain[0]}" if plan else "a new run"
