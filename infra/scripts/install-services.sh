@@ -46,6 +46,12 @@ if ! command -v cp2k >/dev/null 2>&1; then
     missing+=(cp2k)
 fi
 
+# Open MPI's mpirun (a GPU step's MPI ranks are kept to its share of the cores; tested with
+# the real launcher, with CI=true that test fails, not skips, without it).
+if ! command -v mpirun >/dev/null 2>&1; then
+    missing+=(openmpi-bin)
+fi
+
 # A C compiler: `pip install` builds csrc/spans.c (m27.checkpoint._spans) with it.
 if ! command -v cc >/dev/null 2>&1; then
     missing+=(gcc libc6-dev)

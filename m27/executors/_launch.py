@@ -18,6 +18,7 @@ from m27._exceptions import RunnerError
 from m27.config import m27_home
 from m27.executors._guard import SelfCheckpoint
 from m27.paths import join_under, matches
+from m27.units import cpu_list
 
 # The runner's logger, as before this module was split out of m27.executors.local.
 log = logging.getLogger("m27.executors.local")
@@ -219,7 +220,17 @@ def child_env(launch: StepLaunch, attempt: int, resume_from: str | None) -> dict
         env["M27_CPUS"] = str(len(launch.cpus))
         if "OMP_NUM_THREADS" not in launch.env:
             env["OMP_NUM_THREADS"] = str(max(1, len(launch.cpus) // mpi_ranks(launch.argv)))
+        # Open MPI's mpirun binds its ranks to cores 0, 1, ... of the node whatever mask it
+        # starts in (measured, Open MPI 4.1.4: under `taskset -c 1`, rank 0 ran on core 0),
+        # so the MPI steps of two GPUs shared cores. Its cpu_set keeps the ranks in the
+        # share, even with the command's own --bind-to core; unless the step or the
+        # environment sets it. (Other MPIs keep the mask they start in, or say otherwise.)
+        env.setdefault(OMPI_CPU_SET, cpu_list(launch.cpus))
     return env
+
+
+#: Open MPI's setting (an MCA parameter) of the cores its ranks may run on.
+OMPI_CPU_SET = "OMPI_MCA_hwloc_base_cpu_set"
 
 
 #: Programs that start MPI ranks, and their options that say how many.
@@ -227,10 +238,15 @@ _MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "srun")
 _RANK_OPTIONS = ("-np", "-n", "--np", "--ntasks")
 
 
+def mpi_launched(argv: Sequence[str]) -> bool:
+    """Whether `argv` starts with an MPI launcher (`mpirun`, `mpiexec`, `srun`)."""
+    return bool(argv) and os.path.basename(argv[0]) in _MPI_LAUNCHERS
+
+
 def mpi_ranks(argv: Sequence[str]) -> int:
     """How many processes `mpirun -np 4 prog` (or `mpiexec -n`, `srun --ntasks=4`) starts
     on this node; 1 for a command that is not started by an MPI launcher or does not say."""
-    if not argv or os.path.basename(argv[0]) not in _MPI_LAUNCHERS:
+    if not mpi_launched(argv):
         return 1
     for i, arg in enumerate(argv[1:], start=1):
         name, eq, value = arg.partition("=")

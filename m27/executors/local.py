@@ -36,12 +36,14 @@ from m27.events import (
 from m27.executors import _proc
 from m27.executors._guard import SelfCheckpoint, open_guard
 from m27.executors._launch import (
+    OMPI_CPU_SET,
     AttemptEnd,
     Sink,
     StepLaunch,
     StepResult,
     child_env,
     default_log_path,
+    mpi_launched,
     requeue_reason,
     resolve_argv,
 )
@@ -241,6 +243,8 @@ def _attempt(
         return AttemptEnd(False, reason, exit_code=code, retryable=False)
     if launch.cpus:
         omp = env.get("OMP_NUM_THREADS", "")
+        if mpi_launched(argv):  # where it matters: said with the other variables
+            did = ", ".join(filter(None, (did, f"{OMPI_CPU_SET}={env.get(OMPI_CPU_SET)}")))
         sink.note(_cores_said(launch.cpus, bool(pin), unpinned, did, omp))
     try:
         store.append(

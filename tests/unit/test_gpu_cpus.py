@@ -313,3 +313,22 @@ def test_each_mpi_rank_gets_its_part_of_the_cores(command: str, ranks: int) -> N
     step = launch("", cpus=tuple(range(8)))
     env = child_env(replace(step, argv=tuple(command.split())), 1, None)
     assert (env["OMP_NUM_THREADS"], env["M27_CPUS"]) == (str(max(1, 8 // ranks)), "8")
+
+
+def test_open_mpi_ranks_are_kept_to_the_share_unless_the_step_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Open MPI's mpirun binds its ranks from core 0 whatever mask it starts in: its
+    cpu_set (an MCA parameter it reads from the environment) is the step's share. The
+    real mpirun is in tests/integration/test_mpi_cores.py."""
+    from m27.executors.local import child_env
+
+    monkeypatch.delenv("OMPI_MCA_hwloc_base_cpu_set", raising=False)
+    step = replace(launch("", cpus=(8, 9, 10, 11, 20)), argv=("mpirun", "-np", "2", "lmp"))
+    assert child_env(step, 1, None)["OMPI_MCA_hwloc_base_cpu_set"] == "8-11,20"
+    own = replace(step, env={"OMPI_MCA_hwloc_base_cpu_set": "8"})
+    assert child_env(own, 1, None)["OMPI_MCA_hwloc_base_cpu_set"] == "8"
+    monkeypatch.setenv("OMPI_MCA_hwloc_base_cpu_set", "0-3")  # the node's own setting
+    assert child_env(step, 1, None)["OMPI_MCA_hwloc_base_cpu_set"] == "0-3"
+    monkeypatch.delenv("OMPI_MCA_hwloc_base_cpu_set")
+    assert "OMPI_MCA_hwloc_base_cpu_set" not in child_env(replace(step, cpus=()), 1, None)
