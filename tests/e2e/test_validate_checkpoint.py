@@ -16,7 +16,8 @@ def test_validate_explains_the_seed_checkpoint_as_cpt_5_and_cpi(tmp_path: Path) 
     lines = done.stdout.splitlines()
     assert "md_simulation: checkpoint every 5m00s (gromacs recipe)" in lines
     assert "  command: gmx mdrun -cpt 5 -deffnm simulation -v" in lines
-    assert "  resume: -cpi simulation.cpt" in lines
+    assert "  on resume: -cpi simulation.cpt (appending to its outputs)" in lines
+    assert not any(line.startswith("  resume:") for line in lines)  # said once
     assert "warning" not in done.stdout
 
 

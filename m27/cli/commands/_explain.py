@@ -58,11 +58,18 @@ class Explained:
         out += [f"  {note}" for note in p.notes]
         if p.files:
             often = f", at most once per {every}" if p.every is not None else ""
-            out.append(
-                f"  files: {', '.join(p.files)} (captured into the checkpoint store "
-                f"when they change and are complete{often}, and when the program exits)"
-            )
-            out.append(f"  resume: {shlex.join(p.resume) or '(no extra arguments)'}")
+            when = f"when they change and are complete{often}, and when the program exits"
+            # said once: a recipe's note names the files or the resume with its reason
+            said = {note.partition(":")[0] for note in p.notes}
+            if "files" in said:
+                out.append(f"  captured into the checkpoint store {when}")
+            else:
+                out.append(
+                    f"  files: {', '.join(p.files)} (captured into the checkpoint store {when})"
+                )
+            resume = shlex.join(p.resume)
+            if not (resume and f"on resume: {resume}" in [n.partition(" (")[0] for n in p.notes]):
+                out.append(f"  resume: {resume or '(no extra arguments)'}")
             out.append(
                 f"  signal: SIG{p.signal} before a stop, then a bounded grace"
                 if getattr(recipe_named(p.recipe), "saves_at_stop", True)
