@@ -53,9 +53,9 @@ def record(home: Path, run_id: str, env: Mapping[str, str] | None = None) -> boo
     says it used its own environment instead."""
     env = os.environ if env is None else env
     path = _path(home, run_id)
-    body = {"cwd": os.getcwd(), "env": {k: v for k, v in env.items() if not _is_node(k)}}
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
+    try:  # (getcwd fails in a folder deleted since: then nothing is kept)
+        body = {"cwd": os.getcwd(), "env": {k: v for k, v in env.items() if not _is_node(k)}}
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -59,6 +59,16 @@ def test_a_record_that_cannot_be_written_leaves_the_run_going(m27_home: Path) ->
     assert environ.recorded(m27_home, "r1") is None
 
 
+def test_a_run_started_in_a_deleted_folder_keeps_nothing_and_goes_on(
+    m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "gone").mkdir()
+    monkeypatch.chdir(tmp_path / "gone")
+    os.rmdir(tmp_path / "gone")
+    assert environ.record(m27_home, "r1", {"A": "1"}) is False
+    assert environ.recorded(m27_home, "r1") is None
+
+
 def test_the_bot_resumes_in_the_run_environment_or_says_it_uses_its_own(
     m27_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
