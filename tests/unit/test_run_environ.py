@@ -91,3 +91,43 @@ def test_the_bot_resumes_in_the_run_environment_or_says_it_uses_its_own(
     monkeypatch.chdir(tmp_path)
     os.rmdir(tmp_path / "gone")
     assert _run_environment("r3", bot)[1] is None
+
+
+def test_a_resume_without_the_runs_programs_on_path_says_where_that_run_found_them(
+    m27_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A resume from a fresh ssh session, without the `module load` of the shell that ran
+    the pipeline: the note before it starts names the folder the run found the program in."""
+    from m27 import events as ev
+    from m27.cli.main import main
+    from m27.store.sqlite import open_store
+
+    tools = tmp_path / "modules" / "bin"
+    tools.mkdir(parents=True)
+    (tools / "lab-md").write_text("#!/bin/sh\nexit 0\n")
+    (tools / "lab-md").chmod(0o755)
+    spec = tmp_path / "p.yaml"
+    spec.write_text("name: p\npipeline:\n  - {name: md, type: cpu, command: lab-md -v}\n")
+    run = "20261207-030000-aaaa"
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(1.0, run, "p", str(spec), ("md",)),
+            ev.RunCrashed(1.2, run, "process 4242 died"),
+        ]
+    )
+    store.close()
+    environ.record(m27_home, run, {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"})
+    assert main(["run", "--resume", run, "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"'lab-md' is not on PATH here; the step fails `command not found: lab-md` when it "
+        f"starts, unless an earlier step installs it (run {run} found it at {tools}/lab-md: "
+        f"put {tools} on PATH, as that run's shell had it, before resuming)"
+    ) in err
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    assert main(["run", "--resume", run, "--dry-run"]) == 0
+    assert "lab-md" not in capsys.readouterr().err  # on PATH now: nothing to say

@@ -20,10 +20,11 @@ if TYPE_CHECKING:
     from m27.spec import Pipeline, Step
 
 
-def pipeline_notes(pipeline: Pipeline) -> list[str]:
-    """Every note about `pipeline` that needs no event log."""
+def pipeline_notes(pipeline: Pipeline, resumed_path: tuple[str, str] | None = None) -> list[str]:
+    """Every note about `pipeline` that needs no event log; `resumed_path` is the run a
+    resume goes on from and the PATH it ran with (m27.executors.environ)."""
     return (
-        missing_programs(pipeline)
+        missing_programs(pipeline, resumed_path)
         + shell_pythons(pipeline)
         + unrunnable_programs(pipeline)
         + gpu_indexes(pipeline)
@@ -81,12 +82,15 @@ def unrunnable_programs(pipeline: Pipeline) -> list[str]:
     return lines
 
 
-def missing_programs(pipeline: Pipeline) -> list[str]:
+def missing_programs(pipeline: Pipeline, resumed_path: tuple[str, str] | None = None) -> list[str]:
     """A line for each program that steps run here would find on no folder of their PATH
     (a typo, an environment not activated): such a step fails `command not found` when it
     starts, which may be hours into the run. Only a bare name is looked up, as the step
     would look it up; a path (`./sim`) may be what an earlier step builds, a shell command
-    or a container has its own lookup, and a Slurm step runs on another node."""
+    or a container has its own lookup, and a Slurm step runs on another node.
+
+    For a resume, `resumed_path` (run, PATH) names where the run it goes on from found
+    the program: a fresh ssh session without the `module load` of the shell that ran it."""
     missing: dict[tuple[str, str, str], list[Step]] = {}
     for step in pipeline.steps:
         if step.shell or step.container or step.executor != "local" or not step.argv:
@@ -101,6 +105,13 @@ def missing_programs(pipeline: Pipeline) -> list[str]:
             # `prep.sh` meant as `./prep.sh`: as in a shell, only PATH is looked in
             has = (workdir / program).is_file()
             here = f" (the workdir has it: write ./{program})" if has else ""
+            if not has and resumed_path is not None and "PATH" not in step.env:
+                run_id, run_path = resumed_path
+                if (found := shutil.which(program, path=run_path)) is not None:
+                    here = (
+                        f" (run {run_id} found it at {found}: put {os.path.dirname(found)} "
+                        "on PATH, as that run's shell had it, before resuming)"
+                    )
             missing.setdefault((program, where, here), []).append(step)
     shown = shown_path(pipeline)
     lines = []

@@ -32,10 +32,11 @@ from m27.cli.prefect_run import (
     silence_prefect,
 )
 from m27.events import CancelRequested, RunCancelled, RunFailed
+from m27.executors import environ
 from m27.executors.engines import plan_for_step
 from m27.gpu import detect
 from m27.locks import OutputLocks
-from m27.paths import make_home
+from m27.paths import m27_home, make_home
 from m27.signals import SignalRelay
 from m27.spec import Pipeline, Problem
 
@@ -203,6 +204,16 @@ def _checkpoint_warnings(pipeline: Pipeline) -> list[str]:
     ]
 
 
+def _resumed_path(resume_of: str | None) -> tuple[str, str] | None:
+    """The run a resume goes on from and the PATH it ran with, when it kept it."""
+    if resume_of is None:
+        return None
+    kept = environ.recorded(m27_home(), resume_of)
+    if kept is None or "PATH" not in kept.env:
+        return None
+    return resume_of, kept.env["PATH"]
+
+
 def run(args: argparse.Namespace) -> int:
     atexit.register(_fast_exit)
     pipeline, overrides, resume_of, plan = prepare(args)
@@ -210,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     if problems := problems + _container_problems(pipeline):
         print("\n".join(f"m27: {p}" for p in problems), file=sys.stderr)
         return 2
-    for note in _notes.shown_notes(_notes.pipeline_notes(pipeline)):
+    for note in _notes.shown_notes(_notes.pipeline_notes(pipeline, _resumed_path(resume_of))):
         print(f"m27: note: {note}", file=sys.stderr)
     for warning in _notes.shown_notes(_checkpoint_warnings(pipeline)):
         print(f"m27: warning: {warning}", file=sys.stderr)
