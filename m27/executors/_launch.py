@@ -225,7 +225,10 @@ def child_env(launch: StepLaunch, attempt: int, resume_from: str | None) -> dict
         # so the MPI steps of two GPUs shared cores. Its cpu_set keeps the ranks in the
         # share, even with the command's own --bind-to core; unless the step or the
         # environment sets it. (Other MPIs keep the mask they start in, or say otherwise.)
-        env.setdefault(OMPI_CPU_SET, cpu_list(launch.cpus))
+        # Not with cores this process may not use (taken offline, outside a `taskset` of
+        # `m27 run`): mpirun then exits 1 without a word, where the step ran before.
+        if set(launch.cpus) <= os.sched_getaffinity(0):
+            env.setdefault(OMPI_CPU_SET, cpu_list(launch.cpus))
     return env
 
 
