@@ -6,9 +6,18 @@ a lock; when a second signal arrives while the first handler holds it, the neste
 waits forever for a lock its own thread holds. That is not rare: a Slurm step gets TERM
 from slurmstepd and the forwarded TERM from its batch script within microseconds (the
 preemption test hung 1 run in 5 that way, the step SIGKILLed before it could checkpoint),
-and people press Ctrl-C twice. So a handler here only writes the signal's number to a
-pipe; a daemon thread reads it and does the work (set an event, append an event, ...),
-where taking locks is safe.
+and people press Ctrl-C twice. So a handler here only puts the signal's number on a
+``queue.SimpleQueue``; a daemon thread takes it and does the work (set an event, append an
+event, ...), where taking locks is safe.
+
+The handler installed is the queue's own ``put``, a method written in C, not a Python
+function: Python checks for signals between the bytecodes of a handler too, so a burst
+of signals ran a Python handler inside itself, a frame deeper each time, until a
+RecursionError killed the step (CI: 3 processes sent 6,000 TERM and USR1 each on a loaded
+machine). ``put`` runs no bytecode, so a handler never runs inside another, and it is
+reentrant (Python's documentation says so: it may interrupt itself and take no lock
+that deadlocks). It is called as ``put(signum, frame)``: ``frame`` lands in its ``block``
+argument, which a SimpleQueue ignores.
 
 A leaf (imports nothing from m27): the Slurm step API (``m27.executors.slurm``) and the
 long-running commands (``m27.cli``) use it.
@@ -16,12 +25,12 @@ long-running commands (``m27.cli``) use it.
 
 from __future__ import annotations
 
-import contextlib
-import os
+import queue
 import signal
 import threading
 from collections.abc import Callable, Iterable
 from types import FrameType
+from typing import Any, cast
 
 __all__ = ["STOP_SIGNALS", "SignalRelay", "stop_event", "watch_stop"]
 
@@ -32,46 +41,40 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class SignalRelay:
-    """A signal handler (call it, or :meth:`install` it) that runs `on_signal` elsewhere.
+    """A signal handler (:meth:`install` it, or call it) that runs `on_signal` elsewhere.
 
     `on_signal(signum)` runs in the daemon thread ``m27-signals``, once per signal received,
-    in the order received (a signal that arrives while the pipe is full is dropped: by then
-    thousands are waiting). :meth:`close` ends the thread once it has run what is queued.
+    in the order received. :meth:`close` ends the thread once it has run what is queued.
     """
 
     def __init__(self, on_signal: Callable[[int], object]) -> None:
         self._on_signal = on_signal
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)
+        self._queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        #: what :meth:`install` installs: the queue's C ``put`` (see the module's docs)
+        self.handler = cast("Callable[[int, FrameType | None], Any]", self._queue.put)
+        self._closed = False
         self._thread = threading.Thread(target=self._relay, name="m27-signals", daemon=True)
         self._thread.start()
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        """The handler: one write(2), no lock, safe at any point of the main thread."""
-        fd = self._write
-        if fd < 0:
-            return  # closed: the number may belong to another file by now
-        with contextlib.suppress(OSError):  # (BlockingIOError: the pipe is full)
-            os.write(fd, bytes((signum & 0xFF,)))
+        """Relay `signum` (for a Python handler of its own that passes some signals on)."""
+        if not self._closed:
+            self._queue.put(signum)
 
     def install(self, signals: Iterable[int]) -> dict[int, object]:
         """Handle `signals` with this relay; returns the handlers it replaced."""
-        return {int(s): signal.signal(s, self) for s in signals}
+        return {int(s): signal.signal(s, self.handler) for s in signals}
 
     def close(self) -> None:
-        """Stop relaying (the handlers stay installed but write nowhere)."""
-        fd, self._write = self._write, -1
-        if fd >= 0:
-            os.close(fd)
+        """Stop relaying (the handlers stay installed; what they queue is not run)."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
         self._thread.join(5)
 
     def _relay(self) -> None:
-        try:
-            while data := os.read(self._read, 64):
-                for signum in data:
-                    self._on_signal(signum)
-        finally:
-            os.close(self._read)
+        while (signum := self._queue.get()) is not None:
+            self._on_signal(signum)
 
 
 def stop_event(signals: Iterable[int]) -> threading.Event:
@@ -90,9 +93,9 @@ def stop_event(signals: Iterable[int]) -> threading.Event:
         if known is not None:
             relay, event = known
             handlers = [signal.getsignal(s) for s in wanted]
-            if all(h is relay for h in handlers):
+            if all(h is relay.handler for h in handlers):
                 return event
-            if not any(h is relay for h in handlers):
+            if not any(h is relay.handler for h in handlers):
                 relay.close()  # no signal reaches it any more: end its thread
         event = threading.Event()
         relay = SignalRelay(lambda _signum: event.set())
