@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from m27._exceptions import M27Error
 from m27.config import m27_home
 from m27.executors import environ
 
@@ -83,7 +84,7 @@ def _run_environment(
     they are not the run's own (the bot's are used then)."""
     try:
         run = environ.recorded(m27_home(current), run_id)
-    except Exception:  # a bad M27_HOME: the command itself says what is wrong with it
+    except M27Error:  # an id that is no run's (`../x`): the command says what is wrong
         run = None
     if run is None:
         return (

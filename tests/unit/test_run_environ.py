@@ -78,6 +78,7 @@ def test_the_bot_resumes_in_the_run_environment_or_says_it_uses_its_own(
     env, cwd, note = _run_environment("r1", bot)
     assert env == {"PATH": "/opt/cp2k/bin", "M27_HOME": str(m27_home)}
     assert cwd == str(tmp_path) and note == ""
+    assert _run_environment("../r1", bot)[0] == bot  # no run's id: the command says so
     env, cwd, note = _run_environment("r2", bot)
     assert env == bot and cwd is None
     assert note == (
