@@ -243,8 +243,8 @@ def _attempt(
         return AttemptEnd(False, reason, exit_code=code, retryable=False)
     if launch.cpus:
         omp = env.get("OMP_NUM_THREADS", "")
-        if mpi_launched(argv):  # where it matters: said with the other variables
-            did = ", ".join(filter(None, (did, f"{OMPI_CPU_SET}={env.get(OMPI_CPU_SET)}")))
+        if mpi_launched(argv) and (cpu_set := env.get(OMPI_CPU_SET)):  # where it matters
+            did = ", ".join(filter(None, (did, f"{OMPI_CPU_SET}={cpu_set}")))
         sink.note(_cores_said(launch.cpus, bool(pin), unpinned, did, omp))
     try:
         store.append(
