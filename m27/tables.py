@@ -14,7 +14,8 @@ Two rules shape the output:
   ``awk`` keep working; lines carry no trailing blanks, no colour and no box drawing.
 
 Why a top-level module: the CLI and the simulator (``m27.sim``, a lower layer) both print
-tables, so the helper lives below both, as a leaf that imports nothing from m27.
+tables, so the helper lives below both, as a leaf that imports nothing from m27 but the
+leaf :mod:`m27.units`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import TextIO
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from m27.units import printable
 
 __all__ = ["Col", "render", "show"]
 
@@ -58,7 +61,8 @@ def render(
 ) -> str:
     """The table as text lines (no trailing newline), at most `width` columns wide where
     the ``wrap`` columns allow it. Cell values are shown as ``str(value)``, never as rich
-    markup, so ``[brackets]`` in a path stay as they are; None shows as an empty cell."""
+    markup, so ``[brackets]`` in a path stay as they are; None shows as an empty cell, and
+    a control character as its escape (``\\n``, ``\\x1b``)."""
     table = Table(box=None, pad_edge=False, show_edge=False, padding=(0, 1), header_style="")
     # Unbounded: nothing needs to wrap and nothing may (a value over max_width is cut).
     # Bounded (a terminal): every cell may wrap, so rich never drops a column to fit.
@@ -73,7 +77,8 @@ def render(
             max_width=col.max_width,
         )
     for row in rows:
-        table.add_row(*(Text("" if v is None else str(v)) for v in row))
+        # printable(): a newline in a cell would split its row, an ESC act on the terminal
+        table.add_row(*(Text("" if v is None else printable(str(v))) for v in row))
     out = io.StringIO()
     console = Console(
         file=out,

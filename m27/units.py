@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import unicodedata
 from collections.abc import Collection, Iterable
 
 _SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
@@ -109,6 +110,28 @@ def quoted(value: object, most: int = QUOTE_MAX) -> str:
     if len(text) <= most:
         return repr(value)
     return f"{text[:most]!r}... ({len(text):,} characters)"
+
+
+#: Unicode's bidirectional overrides and isolates: they reorder the text printed after them
+#: (a name that reads `rm` on screen and is `mr`), so they count as control characters.
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def is_control(char: str) -> bool:
+    """True for a character a terminal acts on instead of showing: C0 and C1 controls (ESC
+    starts the sequences that retitle a terminal or clear it) and bidirectional overrides."""
+    return unicodedata.category(char) == "Cc" or char in _BIDI
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as its escape (``\\x1b``, ``\\n``).
+
+    For values m27 prints but did not choose (a variable's value, a name recorded before
+    names were checked): shown as they are, an escape sequence in one would act on the
+    terminal of whoever runs `m27 status`."""
+    if not any(is_control(c) for c in text):
+        return text
+    return "".join(repr(c)[1:-1] if is_control(c) else c for c in text)
 
 
 def listed(names: Iterable[str], most: int) -> str:

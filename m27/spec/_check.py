@@ -43,7 +43,7 @@ from m27.spec._template import (
     substitute,
 )
 from m27.spec._vars import Variables
-from m27.units import quoted
+from m27.units import is_control, quoted
 
 TOP_KEYS = ("name", "vars", "env", "priority", "workdir", "executor", "pipeline", "steps")
 _STEP_KEYS_TEXT = (
@@ -143,6 +143,17 @@ class Checker(Variables):
         value = self.plain(top["name"][1], "name")
         if value is not None and not (value.strip() and len(value) <= 200):
             self.add(top["name"][1], "name", "must be 1 to 200 characters, not only blanks")
+            return None
+        bad = value and next((c for c in value if is_control(c)), None)
+        if bad:
+            # The name is printed as it is by `m27 run`, `status` and Telegram: an escape
+            # sequence in it would retitle the terminal or clear the screen of whoever looks.
+            self.add(
+                top["name"][1],
+                "name",
+                f"holds the control character U+{ord(bad):04X}; a pipeline's name is shown in "
+                "terminals, logs and Prefect's UI, so it may hold only printable characters",
+            )
             return None
         return value
 

@@ -194,6 +194,29 @@ def test_a_resume_says_which_steps_it_was_asked_to_run_again(
     assert (shown["resume_of"], shown["rerun"]) == (first, ["a"])
 
 
+def test_a_value_with_control_characters_is_shown_escaped_not_sent_to_the_terminal(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--set TITLE=...` may carry anything to a command; `m27 status` prints it, and an ESC
+    printed as it is would retitle or clear the terminal of whoever looks."""
+    store = SqliteEventStore(m27_home / "events.db")
+    hostile = "x\x1b]0;owned\x07\x1b[2J"
+    store.append(
+        [
+            ev.RunSubmitted(1.0, RUN, hostile, "p.yaml", ("a",), vars={"TITLE": hostile}),
+            ev.RunSucceeded(2.0, RUN, 1.0),
+        ]
+    )
+    store.close()
+    assert main(["status", RUN]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert out.splitlines()[0].startswith(f"run {RUN}  pipeline x\\x1b]0;owned\\x07\\x1b[2J  ")
+    assert "  vars: TITLE=x\\x1b]0;owned\\x07\\x1b[2J\n" in out
+    assert main(["status", RUN, "--json"]) == 0  # JSON carries the value as it is
+    assert json.loads(capsys.readouterr().out)["vars"] == {"TITLE": hostile}
+
+
 def test_a_run_its_closed_terminal_cancelled_says_how_to_outlive_one(
     m27_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -82,6 +82,7 @@ SIDEWAYS: dict[tuple[str, str], str] = {
     ("m27.config", "m27.paths"): "where the home and settings file are: m27.paths, which the "
     "warm runner's client imports without the settings parser",
     ("m27.runids", "m27.units"): "a run id that matches nothing is quoted as m27.units quotes",
+    ("m27.tables", "m27.units"): "a cell shows a control character as m27.units.printable does",
 }
 
 

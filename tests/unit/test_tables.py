@@ -59,3 +59,11 @@ def test_a_wide_table_at_80_columns_keeps_every_column() -> None:
     assert primary == "20260101-000000-abcd/md_simulation"  # wrapped, every character kept
     (one,) = render(cols, [row]).splitlines()[1:]  # in a pipe: one line, the long name cut
     assert name[:25] + "…" in one and one.endswith("r2/analysis (paused)")
+
+
+def test_a_control_character_in_a_cell_is_shown_escaped_and_keeps_the_row_whole() -> None:
+    """A name recorded with an escape sequence or a newline (a hostile pipeline file of an
+    older m27) must neither act on the terminal nor split its row."""
+    text = render(["RUN", "PIPELINE"], [("r1", "md\x1b]0;owned\x07\x1b[2J\nline2")])
+    assert "\x1b" not in text and "\x07" not in text
+    assert text.splitlines()[1].split() == ["r1", r"md\x1b]0;owned\x07\x1b[2J\nline2"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from m27.units import QUOTE_MAX, parse_duration, parse_size, quoted
+from m27.units import QUOTE_MAX, is_control, parse_duration, parse_size, printable, quoted
 
 
 def test_quoted_is_repr_up_to_the_limit_then_the_start_and_the_length() -> None:
@@ -22,3 +22,11 @@ def test_parse_errors_quote_a_long_value_by_its_start() -> None:
     assert str(err.value).startswith(f"not a duration: {'9' * 80!r}... (107 characters)")
     with pytest.raises(ValueError, match=r"^not a size: 'GiB\+' \(use"):
         parse_size("GiB+")
+
+
+def test_printable_escapes_what_a_terminal_would_act_on_and_keeps_the_rest() -> None:
+    assert printable("gromacs ✓ é 水") == "gromacs ✓ é 水"
+    assert printable("a\x1b[2Jb\nc\td\x9b") == r"a\x1b[2Jb\nc\td\x9b"
+    # a bidirectional override would make the rest of the line read backwards
+    assert printable("rm\u202egnp.exe") == r"rm\u202egnp.exe"
+    assert is_control("\u2066") and not is_control("\u200d")  # ZWJ, in emoji, is kept

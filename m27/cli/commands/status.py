@@ -17,7 +17,7 @@ from m27.config import m27_home
 from m27.events.state import NodeState, RunState, StepState
 from m27.monitoring.energy import energy_by_run, energy_by_step, format_energy
 from m27.tables import Col
-from m27.units import cpu_list, format_duration, listed
+from m27.units import cpu_list, format_duration, listed, printable
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -201,10 +201,10 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
     shown = d["status"] + (f": {d['reason']}" if d["reason"] else "")  # cancelled: why
     if d["status"] == "cancelled" and d["reason"] == "SIGHUP received":
         shown += " (its terminal closed; `m27 run --resume RUN -d` goes on after that)"
-    print(f"run {r.run_id}  pipeline {r.pipeline}  {shown}  ({took})")
-    print(f"  file: {r.spec_path}")
+    print(f"run {r.run_id}  pipeline {printable(r.pipeline)}  {shown}  ({took})")
+    print(f"  file: {printable(str(r.spec_path))}")
     if r.vars:
-        print("  vars: " + " ".join(f"{k}={v}" for k, v in r.vars.items()))
+        print("  vars: " + " ".join(f"{k}={printable(v)}" for k, v in r.vars.items()))
     if r.resume_of:
         again = f" (--rerun {' '.join(r.rerun)})" if r.rerun else ""
         print(f"  resumes: {r.resume_of}{again}")
