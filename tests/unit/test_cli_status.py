@@ -217,6 +217,25 @@ def test_a_value_with_control_characters_is_shown_escaped_not_sent_to_the_termin
     assert json.loads(capsys.readouterr().out)["vars"] == {"TITLE": hostile}
 
 
+def test_a_cancelled_step_s_note_keeps_its_reason_apart_from_its_last_checkpoint(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, RUN, "p", "p.yaml", ("md",)),
+            ev.StepStarted(2.0, RUN, "md", 1, 10, 10, ("md",), gpus=(0,)),
+            ev.CheckpointWritten(3.0, RUN, "md", "/ck/1", 985, 10, 10, 0.1),
+            ev.StepCancelled(4.0, RUN, "md", reason="cancelled"),
+            ev.RunCancelled(4.0, RUN, reason="cancel requested"),
+        ]
+    )
+    store.close()
+    assert main(["status", RUN]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "  md  " in line)
+    assert row.endswith("cancelled; checkpoint@985")
+
+
 def test_a_run_its_closed_terminal_cancelled_says_how_to_outlive_one(
     m27_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

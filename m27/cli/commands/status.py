@@ -238,7 +238,9 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
         if s["energy_j"]:
             note = f"{note} {format_energy(s['energy_j'])}".strip()
         if s["last_checkpoint"]:
-            note = f"{note} checkpoint@{s['checkpoint_step']}".strip()
+            # "; ": `cancelled checkpoint@985` read as if the checkpoint had been cancelled
+            saved = f"checkpoint@{s['checkpoint_step']}"
+            note = f"{note}; {saved}" if note else saved
         rows.append((name, s["type"], s["status"], s["attempts"], took, where, note))
     cols = [
         Col("STEP", wrap=True),
