@@ -61,6 +61,14 @@ def spawn_m27(
     )
 
 
+def as_from_a_terminal() -> None:
+    """`preexec_fn` for an `m27 run` that a test Ctrl-C's: SIGINT at its default, as a
+    shell at a terminal leaves it. The suite itself may run as a script's background job
+    (`make test &`), whose children inherit SIGINT ignored, and `m27 run` then rightly
+    keeps running on a Ctrl-C meant for the script."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 #: A pipeline whose step `long` runs 5 minutes (with a child of its own) unless stopped.
 SLEEPER = textwrap.dedent("""\
     name: sleeper

@@ -17,6 +17,7 @@ from m27.cli.commands.run import ABORTED
 from tests.e2e._helpers import (
     M27,
     SLEEPER,
+    as_from_a_terminal,
     gated_script,
     group_alive,
     m27_env,
@@ -415,7 +416,7 @@ def test_m27_cancel_stops_the_step_process_group_and_records_the_run_cancelled(
 
 def test_ctrl_c_cancels_the_run(m27: M27, tmp_path: Path, m27_home: Path) -> None:
     spec = _write(tmp_path, SLEEPER)
-    proc = spawn_m27("run", str(spec), "--plain")
+    proc = spawn_m27("run", str(spec), "--plain", preexec_fn=as_from_a_terminal)
     try:
         run_id, pgid = _wait_running(m27_home)
         proc.send_signal(signal.SIGINT)
@@ -442,7 +443,7 @@ def test_ctrl_c_twice_aborts_at_once_and_the_run_is_not_left_running(
     m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
 ) -> None:
     spec = _write(tmp_path, STUBBORN)
-    proc = spawn_m27("run", str(spec), "--plain")
+    proc = spawn_m27("run", str(spec), "--plain", preexec_fn=as_from_a_terminal)
     lines: list[str] = []
     assert proc.stdout is not None
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)

@@ -21,7 +21,14 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e._helpers import M27, call_m27, m27_env, node_state, spawn_m27
+from tests.e2e._helpers import (
+    M27,
+    as_from_a_terminal,
+    call_m27,
+    m27_env,
+    node_state,
+    spawn_m27,
+)
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -206,7 +213,7 @@ def _long_run(m27: M27, tmp_path: Path, home: Path) -> tuple[subprocess.Popen[st
     before = set(node_state(home).runs)
     spec = tmp_path / "long.yaml"
     spec.write_text(LONG)
-    proc = spawn_m27("run", str(spec), "--plain")
+    proc = spawn_m27("run", str(spec), "--plain", preexec_fn=as_from_a_terminal)
 
     def step_running() -> Any:
         run = _only_run(home, before)
