@@ -111,8 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # bounded like `m27 validate`: the first problems, then how many more
         from m27.spec import problem_lines  # here: `m27 --version` stays free of yaml
 
-        lines = problem_lines(exc)
-        print("m27: " + "\n".join(lines), file=sys.stderr)
+        if not exc.context.get("problems"):
+            print(f"m27: {exc}", file=sys.stderr)
+            return 2
+        # as `m27 validate` shows them: `file:line:column: field: message` on every line
+        # (an `m27: ` before the first one broke that line for editors and tools)
+        for line in problem_lines(exc):
+            print(line, file=sys.stderr)
+        total = exc.context.get("total", len(exc.context["problems"]))
+        print(f"{total} problem(s) found", file=sys.stderr)
         return 2
     except ConfigError as exc:
         print(f"m27: {exc}", file=sys.stderr)

@@ -194,6 +194,9 @@ class Checker(Variables):
         if keys is None:
             return None
         draft = Draft(index, node, where)
+        draft.marks = {
+            k: (n.start_mark.line + 1, n.start_mark.column + 1) for k, (_, n) in keys.items()
+        }
         v = draft.values
         for required in ("name", "type", "command"):
             if required not in keys:

@@ -37,6 +37,8 @@ class Draft:
     #: an instance of a `matrix:` entry: the entry's name, and its values of the keys
     group: str | None = None
     cell: dict[str, str] = field(default_factory=dict)
+    #: each key the entry gives -> (line, column) of its value, for checks after parsing
+    marks: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def cross_check(reader: Reader, drafts: list[Draft], base: str) -> None:
@@ -192,5 +194,7 @@ def build(d: Draft, env: dict[str, str], priority: int, workdir: str | None, exe
         container=v.get("container"),
         binds=v.get("binds", ()),
         line=d.node.start_mark.line + 1,
+        where=d.where,
+        marks=MappingProxyType(d.marks),
         group=d.group,
     )

@@ -22,6 +22,7 @@ STEP_TYPES = ("cpu", "gpu", "gpu_light")
 EXECUTORS = ("local", "slurm")
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+_NO_MARKS: Mapping[str, tuple[int, int]] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,10 @@ class Step:
     container: str | None = None
     binds: tuple[str, ...] = ()
     line: int = 0
+    #: the entry's field path (`pipeline[2]`), and each key it gives -> (line, column) of
+    #: its value: checks made after parsing (the node's GPUs) point where the file says it
+    where: str = ""
+    marks: Mapping[str, tuple[int, int]] = field(default_factory=lambda: _NO_MARKS)
     #: the entry's own name, for a step a `matrix:` made (`md` for `md.1`)
     group: str | None = None
 

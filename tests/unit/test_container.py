@@ -88,8 +88,9 @@ def test_run_refuses_container_steps_before_anything_starts_when_no_runtime_is_i
     )
     assert main(["run", str(spec), "--plain"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"m27: {spec}:3: step 'boxed': this step runs in a container, but neither apptainer "
+        f"{spec}:3: step 'boxed': this step runs in a container, but neither apptainer "
         "nor singularity is installed (install Apptainer: "
-        "https://apptainer.org/docs/admin/main/installation.html)"
+        "https://apptainer.org/docs/admin/main/installation.html)",
+        "1 problem(s) found",
     ]
     assert not (m27_home / "service.json").exists()  # no node service started for it

@@ -1,7 +1,7 @@
 """A step that asks for more GPUs or GPU memory than the node has would wait in the queue
 forever: `m27 run` refuses it before anything starts (against the node's GPUs), and so
 does `m27 validate` when `M27_GPUS=sim:NxSIZE` says what the node has. Every such step
-is named, each with its line."""
+is named, at the line and column of the field that asks, as the file's other problems."""
 
 from __future__ import annotations
 
@@ -43,9 +43,10 @@ def test_run_names_every_step_the_node_cannot_hold_and_starts_nothing(
     assert main(["run", str(spec), "--plain"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        f"m27: {spec}:3: step 'big' needs 3 GPUs; this node has 2",
-        f"m27: {spec}:10: step 'huge' asks for gpu_memory 200.0GiB; "
+        f"{spec}:5:11: pipeline[0].gpus: step 'big' needs 3 GPUs; this node has 2",
+        f"{spec}:12:17: pipeline[2].gpu_memory: step 'huge' asks for gpu_memory 200.0GiB; "
         "the largest GPU here has 80.0GiB",
+        "2 problem(s) found",
     ]
     assert not (m27_home / "service.json").exists()  # no node service started for it
 
@@ -56,8 +57,8 @@ def test_validate_with_simulated_gpus_names_them_too(
     assert main(["validate", str(spec)]) == 2
     out, err = capsys.readouterr()
     assert out.splitlines() == [
-        f"{spec}:3: step 'big' needs 3 GPUs; M27_GPUS=sim:2x80GiB has 2",
-        f"{spec}:10: step 'huge' asks for gpu_memory 200.0GiB; "
+        f"{spec}:5:11: pipeline[0].gpus: step 'big' needs 3 GPUs; M27_GPUS=sim:2x80GiB has 2",
+        f"{spec}:12:17: pipeline[2].gpu_memory: step 'huge' asks for gpu_memory 200.0GiB; "
         "the GPUs of M27_GPUS=sim:2x80GiB have 80.0GiB",
     ]
     assert err.strip() == "2 problem(s) found"
@@ -104,7 +105,7 @@ def test_slurm_steps_are_held_to_slurms_options_not_to_this_nodes_gpus(
     assert main(["run", str(spec), "--plain"]) == 2  # before anything starts
     assert (
         capsys.readouterr().err.splitlines()[0]
-        == f"m27: {where}.tier 'urgent' is not in slurm.tiers (none are configured)"
+        == f"{where}.tier 'urgent' is not in slurm.tiers (none are configured)"
     )
     assert not (m27_home / "service.json").exists()
 
@@ -115,12 +116,12 @@ def test_validate_json_reports_what_the_node_cannot_hold_as_json(
     assert main(["validate", str(spec), "--json"]) == 2
     result = json.loads(capsys.readouterr().out)  # JSON, not the text lines
     assert result["ok"] is False and result["total"] == 2
-    assert [(p["file"], p["line"], p["message"]) for p in result["problems"]] == [
-        (str(spec), 3, "step 'big' needs 3 GPUs; M27_GPUS=sim:2x80GiB has 2"),
-        (
-            str(spec),
-            10,
-            "step 'huge' asks for gpu_memory 200.0GiB; the GPUs of M27_GPUS=sim:2x80GiB "
-            "have 80.0GiB",
-        ),
+    where = [(p["file"], p["line"], p["column"], p["field"]) for p in result["problems"]]
+    assert where == [
+        (str(spec), 5, 11, "pipeline[0].gpus"),
+        (str(spec), 12, 17, "pipeline[2].gpu_memory"),
+    ]
+    assert [p["message"] for p in result["problems"]] == [
+        "step 'big' needs 3 GPUs; M27_GPUS=sim:2x80GiB has 2",
+        "step 'huge' asks for gpu_memory 200.0GiB; the GPUs of M27_GPUS=sim:2x80GiB have 80.0GiB",
     ]

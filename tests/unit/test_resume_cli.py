@@ -82,7 +82,7 @@ def test_resuming_a_run_whose_file_is_gone_says_how_to_give_its_new_path(
     moved = tmp_path / "moved.yaml"
     moved.write_text(NINE_GPUS)
     assert main(["run", "--resume", "gone", str(moved), "--plain"]) == 2
-    assert f"{moved}:3: step 'a' needs 9 GPUs" in capsys.readouterr().err
+    assert f"{moved}:3:32: pipeline[0].gpus: step 'a' needs 9 GPUs" in capsys.readouterr().err
 
 
 def test_a_new_value_on_resume_is_noted_with_the_old_one(

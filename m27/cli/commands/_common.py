@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from m27 import liveness, runids
 from m27._exceptions import ConfigError, SpecError
+from m27.cli.commands._notes import shown_path
 from m27.config import m27_home
 from m27.events.state import NodeState, RunState, fill_in, fold, live_runs
 from m27.store.sqlite import SqliteEventStore, open_store
@@ -44,11 +45,15 @@ def run_state(st: SqliteEventStore, run_id: str, after: int = 0) -> NodeState:
     return fold(st.read_runs((run_id,), after=after))
 
 
-def step_problem(pipeline: Pipeline, step: Step, message: str) -> Problem:
-    """A problem found after parsing, at the step's line: `FILE:LINE: step 'x' ...`."""
+def step_problem(pipeline: Pipeline, step: Step, message: str, key: str = "") -> Problem:
+    """A problem found after parsing, named as the file's own problems are: at the value
+    of the step's `key` (`FILE:LINE:COLUMN: pipeline[0].gpus: step 'x' ...`), else at
+    the step's line, the file as the user gave it (relative to here)."""
     from m27.spec import Problem  # called with a pipeline: spec is loaded
 
-    return Problem(str(pipeline.path), step.line, 0, "", f"step {step.name!r}{message}")
+    line, column = step.marks.get(key, (step.line, 0))
+    field = f"{step.where}.{key}" if key in step.marks and step.where else ""
+    return Problem(shown_path(pipeline), line, column, field, f"step {step.name!r}{message}")
 
 
 def beyond_gpus(
@@ -63,7 +68,7 @@ def beyond_gpus(
             continue  # Slurm gives its GPUs, on its nodes
         if step.uses_gpu and step.gpus > count:
             problems.append(
-                step_problem(pipeline, step, f" needs {step.gpus} GPUs; {gpus_are} {count}")
+                step_problem(pipeline, step, f" needs {step.gpus} GPUs; {gpus_are} {count}", "gpus")
             )
         elif step.uses_gpu and largest is not None and (step.gpu_memory or 0) > largest:
             asks = format_size(step.gpu_memory or 0)
@@ -72,6 +77,7 @@ def beyond_gpus(
                     pipeline,
                     step,
                     f" asks for gpu_memory {asks}; {memory_is} {format_size(largest)}",
+                    "gpu_memory",
                 )
             )
     return problems

@@ -219,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
     pipeline, overrides, resume_of, plan = prepare(args)
     problems = _check_resources(pipeline) + _common.slurm_problems(pipeline)
     if problems := problems + _container_problems(pipeline):
-        print("\n".join(f"m27: {p}" for p in problems), file=sys.stderr)
+        print("\n".join(map(str, problems)), file=sys.stderr)
+        print(f"{len(problems)} problem(s) found", file=sys.stderr)
         return 2
     for note in _notes.shown_notes(_notes.pipeline_notes(pipeline, _resumed_path(resume_of))):
         print(f"m27: note: {note}", file=sys.stderr)
