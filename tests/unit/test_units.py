@@ -30,3 +30,11 @@ def test_printable_escapes_what_a_terminal_would_act_on_and_keeps_the_rest() -> 
     # a bidirectional override would make the rest of the line read backwards
     assert printable("rm\u202egnp.exe") == r"rm\u202egnp.exe"
     assert is_control("\u2066") and not is_control("\u200d")  # ZWJ, in emoji, is kept
+
+
+def test_sizes_go_up_to_pebibytes_so_the_largest_size_a_field_takes_can_be_written() -> None:
+    # `gpu_memory:` says "must be at most 1PiB": the value it names is one it reads
+    assert parse_size("1PiB") == parse_size("1024TiB") == 1024**5
+    assert parse_size("2 pb") == 2 * 1024**5
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("1EiB")
