@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from m27._exceptions import SpecError
 from m27.cli.commands._prepare import Prepared, prepare
 from m27.events import RunFailed, RunSubmitted, StepSucceeded
 from m27.store.sqlite import open_store
@@ -17,13 +18,21 @@ from m27.store.sqlite import open_store
 STEP = "  - {name: prep, type: cpu, command: 'true'}\n"
 
 
-def _ran(home: Path, spec: Path, pipeline: str) -> None:
-    """A finished run of `pipeline` from `spec` whose step prep succeeded."""
+def _ran(home: Path, spec: Path, pipeline: str, values: dict[str, str] | None = None) -> None:
+    """A finished run of `pipeline` from `spec` (with `values` set) whose step prep
+    succeeded."""
     now = time.time()
     store = open_store(home)
     store.append(
         [
-            RunSubmitted(now, "r1", pipeline=pipeline, spec_path=str(spec), steps=("prep",)),
+            RunSubmitted(
+                now,
+                "r1",
+                pipeline=pipeline,
+                spec_path=str(spec),
+                steps=("prep",),
+                vars=values or {},
+            ),
             StepSucceeded(now, "r1", "prep", 1, 0.1),
             RunFailed(now, "r1", 0.1, reason="stopped"),
         ]
@@ -51,6 +60,36 @@ def test_a_run_of_another_pipeline_is_refused_with_both_names(
     err = capsys.readouterr().err
     assert f"run r1 is of pipeline 'md' ({md}), {other} is pipeline 'other'" in err
     assert "give it `name: md`" in err
+
+
+def test_a_run_of_another_pipeline_with_variables_is_refused_for_that_not_for_them(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the run's X=deep would go to other.yaml, which has no X: the reason to give is
+    # that it is another pipeline, not "no variable 'X'" about a --set never typed
+    md = tmp_path / "md.yaml"
+    md.write_text("name: md\nvars: {X: shallow}\nsteps:\n" + STEP)
+    other = tmp_path / "other.yaml"
+    other.write_text("name: other\nsteps:\n" + STEP)
+    _ran(m27_home, md, "md", {"X": "deep"})
+    with pytest.raises(SystemExit) as exited:
+        _prepare(other)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"run r1 is of pipeline 'md' ({md}), {other} is pipeline 'other'" in err
+    assert "variable" not in err
+
+
+def test_a_copy_of_the_pipeline_without_the_runs_variable_names_the_variable(
+    m27_home: Path, tmp_path: Path
+) -> None:
+    md = tmp_path / "md.yaml"
+    md.write_text("name: md\nvars: {X: shallow}\nsteps:\n" + STEP)
+    copy = tmp_path / "copy.yaml"
+    copy.write_text("name: md\nsteps:\n" + STEP)
+    _ran(m27_home, md, "md", {"X": "deep"})
+    with pytest.raises(SpecError, match="no variable 'X'"):
+        _prepare(copy)
 
 
 def test_the_same_file_with_its_name_edited_still_resumes(m27_home: Path, tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ import os
 import sys
 from typing import NamedTuple
 
+from m27._exceptions import SpecError
 from m27.cli.commands import _common, _notes
 from m27.cli.commands._plan import ResumePlan, resume_plan
+from m27.events.state import RunState
 from m27.paths import same_file
 from m27.spec import Pipeline, load_pipeline, parse_set_args
 
@@ -28,7 +30,7 @@ class Prepared(NamedTuple):
 def prepare(args: argparse.Namespace) -> Prepared:
     """What `m27 run` runs; SystemExit for bad input (2) or a resume with nothing left to
     run (0; with --dry-run that is shown as any plan)."""
-    overrides = parse_set_args(args.sets)
+    overrides = given = parse_set_args(args.sets)
     resume_of: str | None = None
     plan: ResumePlan | None = None
     file = args.file
@@ -71,24 +73,16 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if not file:
         print("m27 run: give a pipeline FILE (or --resume RUN_ID)", file=sys.stderr)
         raise SystemExit(2)
-    pipeline = load_pipeline(file, overrides)
-    if (
-        args.resume
-        and old.pipeline
-        and pipeline.name != old.pipeline
-        and not same_file(str(pipeline.path), old.spec_path)
-    ):
-        # `--resume last` after another pipeline ran: that run's succeeded steps would be
-        # skipped here wherever a step has the same name (prep, train), and their
-        # checkpoints restored into other programs
-        print(
-            f"m27 run: run {old.run_id} is of pipeline {old.pipeline!r} ({old.spec_path}), "
-            f"{file} is pipeline {pipeline.name!r}; resume a run of {pipeline.name!r} (m27 "
-            f"runs), or, if {file} is {old.pipeline!r} renamed, give it `name: "
-            f"{old.pipeline}`",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
+    try:
+        pipeline = load_pipeline(file, overrides)
+    except SpecError:
+        if args.resume:
+            # the run's `--set` values fit its own pipeline, not this file: that it is
+            # another pipeline is the problem to name, not "no variable 'X'"
+            _refuse_another_pipeline(old, file, load_pipeline(file, given, each_run=True))
+        raise
+    if args.resume:
+        _refuse_another_pipeline(old, file, pipeline)
     if resume_of is not None:
         try:
             pipeline.rerun_steps(args.rerun)
@@ -109,3 +103,24 @@ def prepare(args: argparse.Namespace) -> Prepared:
             )
             raise SystemExit(0)
     return Prepared(pipeline, overrides, resume_of, plan)
+
+
+def _refuse_another_pipeline(old: RunState, file: str, pipeline: Pipeline) -> None:
+    """SystemExit(2) when `file` is another pipeline than run `old` ran. `--resume last`
+    after another pipeline ran: that run's succeeded steps would be skipped here wherever
+    a step has the same name (prep, train), and their checkpoints restored into other
+    programs."""
+    if (
+        not old.pipeline
+        or pipeline.name == old.pipeline
+        or same_file(str(pipeline.path), old.spec_path)
+    ):
+        return
+    print(
+        f"m27 run: run {old.run_id} is of pipeline {old.pipeline!r} ({old.spec_path}), "
+        f"{file} is pipeline {pipeline.name!r}; resume a run of {pipeline.name!r} (m27 "
+        f"runs), or, if {file} is {old.pipeline!r} renamed, give it `name: "
+        f"{old.pipeline}`",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
