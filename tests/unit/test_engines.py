@@ -65,6 +65,19 @@ def test_validate_warns_when_checkpoint_can_mean_nothing(
     assert "files: out/*.chk" in out
 
 
+def test_files_without_an_interval_are_said_to_be_captured_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "pipeline:\n  - {name: a, type: cpu, checkpoint: {files: ['*.chk']}, command: prog}\n"
+    )
+    out = _validate(path, capsys)
+    # was "checkpoint every no interval (no recipe)"
+    assert "a: checkpoint when the program writes its files (no recipe)" in out
+    assert "files: *.chk (captured into the checkpoint store when they change" in out
+
+
 def test_validate_warns_when_a_timeout_comes_before_the_first_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -50,9 +50,11 @@ class Explained:
         p = self.plan
         if p is None:
             return []
-        every = format_duration(p.every) if p.every is not None else "no interval"
+        every = format_duration(p.every) if p.every is not None else ""
         how = f"{p.recipe} recipe" if p.recipe else "no recipe"
-        out = [f"{name}: checkpoint every {every} ({how})"]
+        # without `every:` the files are captured as the program writes them, on no clock
+        when = f"every {every}" if every else "when the program writes its files"
+        out = [f"{name}: checkpoint {when} ({how})"]
         if p.recipe:
             out.append(f"  command: {shlex.join(p.argv)}")
         out += [f"  {note}" for note in p.notes]
