@@ -170,8 +170,12 @@ def test_a_folder_that_cannot_be_removed_is_said_and_not_counted_as_freed(
         ["checkpoints", "gc", "--done", "--keep", "2"],
         ["checkpoints", "gc", "--dry-run", ENDED],
         ["checkpoints", "gc", "--done", ENDED, "md"],
+        # without `gc` (a listing with a stray option) it deleted every finished step's
+        ["checkpoints", "--done", ENDED],
+        ["checkpoints", "--done"],
+        ["checkpoints", ENDED, "--done"],
     ],
-    ids=["verify", "keep", "dry-run-alone", "a-step"],
+    ids=["verify", "keep", "dry-run-alone", "a-step", "no-gc", "no-gc-no-run", "no-gc-run-first"],
 )
 def test_done_goes_with_gc_alone(
     node: dict[str, int], m27_home: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
@@ -180,6 +184,18 @@ def test_done_goes_with_gc_alone(
     assert capsys.readouterr().err == (
         "m27 checkpoints: --done and --dry-run go with gc alone: m27 checkpoints gc --done "
         "[--dry-run] [RUN]\n"
+    )
+    assert _left(m27_home) == ALL
+
+
+@pytest.mark.parametrize("action", [[], ["verify"]], ids=["list", "verify"])
+def test_keep_goes_with_gc_alone(
+    node: dict[str, int], m27_home: Path, capsys: pytest.CaptureFixture[str], action: list[str]
+) -> None:
+    # a listing with --keep 2 said nothing of it, as if the checkpoints had been kept to 2
+    assert main(["checkpoints", *action, ENDED, "em", "--keep", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"m27 checkpoints: --keep goes with gc: m27 checkpoints gc {ENDED} em --keep 2\n"
     )
     assert _left(m27_home) == ALL
 

@@ -94,6 +94,13 @@ def run(args: argparse.Namespace) -> int:
     except RunError as exc:
         print(f"m27 checkpoints: {exc}", file=sys.stderr)
         return 2
+    if action != "gc" and args.keep is not None:
+        print(
+            f"m27 checkpoints: --keep goes with gc: m27 checkpoints gc {' '.join(words)} "
+            f"--keep {args.keep}",
+            file=sys.stderr,
+        )
+        return 2
     if action == "verify":
         return _verify(targets, args.json)
     if action == "gc":
@@ -107,11 +114,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _done(args: argparse.Namespace, words: list[str]) -> int:
     """`gc --done [RUN]` (`gc RUN --done` too); the other actions take neither option."""
-    other = words[:1] in (["list"], ["verify"])
-    if words[:1] == ["gc"]:
+    # `gc` must be said: `m27 checkpoints --done last` (a listing, as the user may have
+    # meant) deleted checkpoints
+    said_gc = words[:1] == ["gc"]
+    if said_gc:
         words.pop(0)
-    run = args.done or (words.pop(0) if words and not other else None)
-    if args.done is None or other or words or args.keep is not None:
+    run = args.done or (words.pop(0) if words and said_gc else None)
+    if args.done is None or not said_gc or words or args.keep is not None:
         print(
             "m27 checkpoints: --done and --dry-run go with gc alone: "
             "m27 checkpoints gc --done [--dry-run] [RUN]",
