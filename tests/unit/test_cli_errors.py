@@ -315,6 +315,18 @@ def test_output_to_a_full_disk_is_a_write_error_in_one_line(two_runs: Path) -> N
         (["simulate", "lab", "--jobs", "-5"], "argument --jobs: '-5': give a whole number of 1"),
         (["simulate", "lab", "--load", "nan"], "argument --load: 'nan': give a number from 0.01"),
         (["agent", "--port", "99999"], "argument --port: '99999': give a whole number from 1"),
+        # `worker --limit -1` was an internal error (a ValueError from anyio), `--limit 0`
+        # a worker that took nothing; `gpus --watch --count 0` never stopped; `agent --idle
+        # 0` stopped at once where `service_idle = 0` is refused; `bot --poll-timeout -5`
+        # polled; `simulate --window xx` named no option
+        (["worker", "--limit", "-1"], "argument --limit: '-1': give a whole number of 1 or"),
+        (["worker", "--limit", "0"], "argument --limit: '0': give a whole number of 1 or more"),
+        (["gpus", "--watch", "--count", "0"], "argument --count: '0': give a whole number of 1"),
+        (["agent", "--idle", "0"], "argument --idle: '0': give a duration above 0, e.g. 10m"),
+        (["agent", "--idle", "inf"], "argument --idle: not a duration: 'inf'"),
+        (["bot", "--poll-timeout", "-5"], "argument --poll-timeout: '-5': give a whole number"),
+        (["simulate", "lab", "--window", "xx"], "argument --window: not a duration: 'xx'"),
+        (["simulate", "lab", "--window", "0"], "argument --window: '0': give a duration above 0"),
     ],
 )
 def test_a_number_no_wait_or_model_can_use_is_refused_by_argparse(
@@ -330,11 +342,14 @@ def test_a_number_no_wait_or_model_can_use_is_refused_by_argparse(
     assert message in err and "Traceback" not in err
 
 
-def test_a_simulation_window_of_zero_is_refused_not_taken_as_the_default(
+def test_a_count_of_tables_without_watch_is_refused_not_ignored(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["simulate", "lab", "--window", "0"]) == 2
-    assert capsys.readouterr().err == "m27: --window '0': give a duration above 0, e.g. 72h\n"
+    assert main(["gpus", "--count", "2"]) == 2
+    assert capsys.readouterr() == (
+        "",
+        "m27 gpus: --count goes with --watch: m27 gpus --watch --count 2\n",
+    )
 
 
 def test_a_deleted_current_folder_is_named_not_an_errno(m27_home: Path, tmp_path: Path) -> None:

@@ -48,6 +48,25 @@ def seconds(*, least: float = 0.0, most: float = 86400.0) -> Callable[[str], flo
     return number(least=least, most=most, of="seconds")
 
 
+def duration(example: str) -> Callable[[str], float]:
+    """An argparse ``type`` for a duration above zero (`300s`, `5m`, `1h30m`; `example`
+    in the message): argparse then names the option in the error, and 0 (`--idle 0`
+    stopped the agent at once, while `service_idle = 0` was refused) is refused."""
+
+    def parse(text: str) -> float:
+        from m27.units import parse_duration  # light, but only for the commands that ask
+
+        try:
+            value = parse_duration(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not 0 < value < math.inf:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a duration above 0, e.g. {example}")
+        return value
+
+    return parse
+
+
 def whole(*, least: int, most: int | None = None) -> Callable[[str], int]:
     """An argparse ``type`` for a whole number from `least` (to `most`)."""
 

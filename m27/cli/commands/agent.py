@@ -17,9 +17,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from m27._exceptions import ConfigError
 from m27.cli.commands import SUMMARY, _common
-from m27.cli.commands._options import whole
+from m27.cli.commands._options import duration, whole
 from m27.cli.warm import runner_pid
 from m27.config import load_settings, m27_home
 from m27.events import Event, RunSubmitted
@@ -28,7 +27,7 @@ from m27.node.service import ServiceInfo, find_service, stop_service
 from m27.policy import Decision, Reserve, key_text
 from m27.signals import stop_event
 from m27.store.sqlite import open_store
-from m27.units import count, format_duration, listed, parse_duration
+from m27.units import count, format_duration, listed
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,6 +57,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--idle",
+        type=duration("10m"),
         metavar="DURATION",
         help="stop after this long with no runs and no steps (default: never in the "
         "foreground; `service_idle` for a service an m27 command started)",
@@ -95,13 +95,8 @@ def run(args: argparse.Namespace) -> int:
         return _status(home, args.json)
     if args.action == "stop":
         return _stop(home)
-    idle_s: float | None = None
-    if args.idle:
-        try:
-            idle_s = parse_duration(args.idle)
-        except ValueError as exc:
-            raise ConfigError(f"--idle {args.idle!r}: {exc}", value=args.idle) from None
-    elif args.on_demand:
+    idle_s: float | None = args.idle
+    if idle_s is None and args.on_demand:
         idle_s = load_settings().service_idle
     stop = stop_event((signal.SIGTERM, signal.SIGINT))
     try:

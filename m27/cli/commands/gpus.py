@@ -16,7 +16,7 @@ from typing import Any
 
 from m27 import tables
 from m27._exceptions import M27Error
-from m27.cli.commands._options import add_command, seconds
+from m27.cli.commands._options import add_command, seconds, whole
 from m27.gpu import GpuBackend, detect
 from m27.tables import Col
 from m27.units import cpu_list, format_size
@@ -34,7 +34,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="refresh every SECONDS (default 1) until Ctrl-C; with --json, one array a line",
     )
     p.add_argument(
-        "--count", type=int, default=0, metavar="N", help="with --watch: stop after N tables"
+        "--count",
+        type=whole(least=1),
+        default=0,
+        metavar="N",
+        help="with --watch: stop after N tables",
     )
 
 
@@ -90,6 +94,12 @@ def run(args: argparse.Namespace) -> int:
     simulated GPUs."""
     interval: float | None = getattr(args, "watch", None)
     count: int = getattr(args, "count", 0) or 0
+    if count and interval is None:  # one table was shown and the N said nothing
+        print(
+            f"m27 gpus: --count goes with --watch: m27 gpus --watch --count {count}",
+            file=sys.stderr,
+        )
+        return 2
     source = _Source()
     shown = 0
     try:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from m27._exceptions import ConfigError, NotifyError
 from m27.cli.commands import SUMMARY
+from m27.cli.commands._options import whole
 from m27.locks import BOT_LOCK, NOTIFY_LOCK, NodeLock
 from m27.notify.bot import serve_bot
 from m27.notify.config import NotifyConfig, load_config
@@ -57,7 +58,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=SUMMARY["bot"],
         description="Long-polls Telegram: /status /runs /queue /gpus /cancel /bump /resume.",
     )
-    b.add_argument("--poll-timeout", type=int, default=30, help="long-poll seconds (default 30)")
+    b.add_argument(
+        "--poll-timeout",
+        type=whole(least=0, most=3600),
+        default=30,
+        help="long-poll seconds (default 30; 0 polls without waiting)",
+    )
     b.set_defaults(func=run_bot)
 
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from m27._exceptions import SpecError
 from m27.cli.commands import SUMMARY
-from m27.cli.commands._options import number, whole
+from m27.cli.commands._options import duration, number, whole
 from m27.paths import not_a_file
-from m27.units import closest, count, parse_duration
+from m27.units import closest, count
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,7 +48,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--report", type=Path, default=None, help="write an HTML report here")
     p.add_argument("--json", action="store_true", help="one JSON object per policy")
-    p.add_argument("--window", default=None, help="window for busy %% and jobs done (72h)")
+    p.add_argument(
+        "--window",
+        type=duration("72h"),
+        metavar="DURATION",
+        help="window for busy %% and jobs done (72h)",
+    )
     p.add_argument("--jobs", type=whole(least=1), default=2000, help="Alibaba: GPU pods to take")
     p.add_argument(
         "--load",
@@ -70,9 +75,7 @@ def run(args: argparse.Namespace) -> int:
         unknown = [p for p in policies if p not in POLICIES]
         if unknown:
             raise SpecError(f"unknown policy {', '.join(unknown)}; use {', '.join(POLICIES)}")
-        window = parse_duration(args.window) if args.window else None
-        if window is not None and not 0 < window < float("inf"):
-            raise ValueError(f"--window {args.window!r}: give a duration above 0, e.g. 72h")
+        window = args.window
         for out in (args.report, args.save_trace):
             if out is not None:
                 _check_writable(out)

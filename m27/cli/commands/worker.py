@@ -12,6 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 from m27.cli.commands import SUMMARY
+from m27.cli.commands._options import whole
 from m27.cli.commands.pool import lab_server
 from m27.lab.capacity import TIERS
 from m27.lab.deploy import POOL_NAME
@@ -38,7 +39,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=TIERS,
         help="only these tier queues (repeatable; default all)",
     )
-    p.add_argument("--limit", type=int, help="at most this many flow runs at once")
+    p.add_argument(
+        "--limit",
+        type=whole(least=1),
+        help="at most this many flow runs at once (default: no limit)",
+    )
     p.add_argument("--run-once", action="store_true", help="poll once, wait for its runs, exit")
     p.set_defaults(func=run)
 
