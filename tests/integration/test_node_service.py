@@ -109,6 +109,11 @@ def test_one_service_from_first_run_to_stop(
     made = call_m27("deploy", str(quick), "--name", "quick-now")
     assert made.returncode == 0 and note in made.stderr, made.stdout + made.stderr
     assert f"PREFECT_API_URL={info.url} prefect deployment run" in made.stdout
+    assert made.stdout.rstrip().endswith("polls pool m27: `m27 worker`")
+    # to another pool, the worker it names polls that pool (a plain one would never run it)
+    other = call_m27("deploy", str(quick), "--name", "quick-b", "--pool", "lab-b")
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert other.stdout.rstrip().endswith("polls pool lab-b: `m27 worker --pool lab-b`")
     with urllib.request.urlopen(f"{info.url}/deployments/name/m27-pipeline/quick-now") as resp:
         deployment = json.load(resp)
     flow_run = _api(info.url, f"deployments/{deployment['id']}/create_flow_run", {})

@@ -87,7 +87,7 @@ def test_slurm_steps_are_held_to_slurms_options_not_to_this_nodes_gpus(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("M27_GPUS", "sim:2x80GiB")
-    monkeypatch.setenv("M27_SLURM_CONFIG", str(tmp_path / "no-site-file.yaml"))
+    monkeypatch.delenv("M27_SLURM_CONFIG", raising=False)  # no site file: $M27_HOME has none
     spec = tmp_path / "cluster.yaml"
     spec.write_text(SLURM_SPEC)
     assert main(["validate", str(spec)]) == 2

@@ -160,6 +160,17 @@ def test_bad_options_fail_with_the_key_named(options: dict[str, object], message
         parse_options(options, site={}, step="sim")
 
 
+def test_a_site_file_m27_slurm_config_names_must_exist(
+    tmp_path: Path, m27_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a typo there ran every Slurm step without the site's account, partition and tiers
+    monkeypatch.setenv("M27_SLURM_CONFIG", str(tmp_path / "slurm-typo.yaml"))
+    with pytest.raises(ConfigError, match=r"^M27_SLURM_CONFIG=.*slurm-typo.yaml: no such file$"):
+        load_site_options()
+    monkeypatch.delenv("M27_SLURM_CONFIG")
+    assert load_site_options() == {}  # $M27_HOME/slurm.yaml is optional
+
+
 def test_site_file_is_optional_and_must_be_a_mapping(tmp_path: Path) -> None:
     assert load_site_options(tmp_path / "missing.yaml") == {}
     good = tmp_path / "slurm.yaml"

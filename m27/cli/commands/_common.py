@@ -96,7 +96,7 @@ def slurm_problems(pipeline: Pipeline) -> list[Problem]:
     except ConfigError as exc:
         from m27.spec import Problem
 
-        return [Problem(str(pipeline.path), 0, 0, "", str(exc))]
+        return [Problem(shown_path(pipeline), 0, 0, "", str(exc))]
     problems = []
     for step in slurm_steps:
         options = dict(step.slurm)

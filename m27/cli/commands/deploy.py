@@ -89,5 +89,6 @@ def run(args: argparse.Namespace) -> int:
             given = f" --params {shlex.quote(json.dumps({'overrides': values}))}"
         print(f"run it now: {api}prefect deployment run '{result['name']}'{given}")
         if server.node_home is not None:
-            print(f"its runs start when a worker polls pool {result['pool']}: `m27 worker`")
+            pool = "" if result["pool"] == POOL_NAME else f" --pool {shlex.quote(result['pool'])}"
+            print(f"its runs start when a worker polls pool {result['pool']}: `m27 worker{pool}`")
     return 0

@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=SUMMARY["pool"],
         description="`m27 pool init` creates work pool m27 (type m27) with the queues "
         "immediate, ready and background (priorities 1, 2, 3) on the Prefect server at "
-        "PREFECT_API_URL, or without it on this node's own (the node service's). Running "
+        "PREFECT_API_URL, or without it on this node's own (the node service's); Prefect "
+        "adds its own queue `default` to every pool, which m27 deploys nothing to. Running "
         "it again changes nothing.",
     )
     actions = p.add_subparsers(dest="pool_action", metavar="ACTION", required=True)

@@ -90,11 +90,16 @@ def site_config_path(env: Mapping[str, str] | None = None) -> Path:
 
 
 def load_site_options(path: Path | None = None) -> Mapping[str, Any]:
-    """The site's defaults for every Slurm step (empty when the file does not exist)."""
+    """The site's defaults for every Slurm step (empty when `$M27_HOME/slurm.yaml` does
+    not exist; a missing file that `$M27_SLURM_CONFIG` names is an error, as a missing
+    `$M27_CONFIG` is: a typo there silently dropped the site's account and tiers)."""
+    named = path is None and bool(os.environ.get("M27_SLURM_CONFIG"))
     path = path or site_config_path()
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if named:
+            raise ConfigError(f"M27_SLURM_CONFIG={path}: no such file", file=str(path)) from None
         return {}
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc}", file=str(path)) from exc
