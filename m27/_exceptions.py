@@ -19,7 +19,8 @@ attributes instead of parsing a message::
     └── RunError             a run failed, was cancelled, or cannot be resumed
         └── RunIdError          no run, or several, match a run id (m27.runids; exit 2)
 
-An error that is the user's input carries ``exit_code = 2``: the CLI exits with it.
+Every error carries the CLI's exit status for it, ``exit_code``: 2 for the user's input
+(SpecError, ConfigError, RunIdError), else 1.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class M27Error(Exception):
     Context travels as keyword attributes (``file``, ``line``, ``run_id``, ``step`` ...)
     so tools can show or match them without parsing the message.
     """
+
+    #: the command-line exit status for this error: 1, or 2 for the user's bad input
+    exit_code: int = 1
 
     def __init__(self, message: str, **context: Any) -> None:
         super().__init__(message)
@@ -49,6 +53,7 @@ class SpecError(M27Error):
     """A pipeline file is invalid; ``problems`` lists every problem, not just the first."""
 
     problems: list[Any]
+    exit_code = 2
 
     def __init__(self, message: str, **context: Any) -> None:
         context.setdefault("problems", [])
@@ -57,6 +62,8 @@ class SpecError(M27Error):
 
 class ConfigError(M27Error):
     """A configuration file or environment variable has an unknown key or a bad value."""
+
+    exit_code = 2
 
 
 class StoreError(M27Error):

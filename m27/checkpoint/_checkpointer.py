@@ -88,9 +88,19 @@ class Checkpointer:
         if self.threads <= 0:
             self.threads = default_threads()
         if self.chunk_size < 64 or self.chunk_size % 16:
-            raise CheckpointError(f"chunk size {self.chunk_size} must be a multiple of 16, >= 64")
+            raise CheckpointError(
+                f"chunk size {self.chunk_size} must be a multiple of 16, >= 64",
+                chunk_size=self.chunk_size,
+            )
         if in_flight < 1:
-            raise CheckpointError(f"max_in_flight must be at least 1, not {in_flight}")
+            raise CheckpointError(
+                f"max_in_flight must be at least 1, not {in_flight}", max_in_flight=in_flight
+            )
+        if self.keep_last < 0:  # 0 keeps every checkpoint (retention off)
+            raise CheckpointError(
+                f"keep_last must be 0 (keep every checkpoint) or more, not {self.keep_last}",
+                keep_last=self.keep_last,
+            )
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -128,7 +138,10 @@ class Checkpointer:
         self._ready()
         started = self._clock.monotonic()
         if not isinstance(state, Mapping):
-            raise CheckpointError(f"a state must be a dict of names to values, not {type(state)}")
+            raise CheckpointError(
+                f"a state must be a dict of names to values, not {type(state)}",
+                directory=str(self.directory),
+            )
         staging = self._writer.take_staging()
         if self._writer.failed:  # a save failed while this one waited for a buffer
             self._writer.give_back(staging)
@@ -186,7 +199,7 @@ class Checkpointer:
         values: dict[str, Any] = {}
         for name, value in state.items():
             if not isinstance(name, str):
-                raise CheckpointError(f"state keys must be strings, not {name!r}")
+                raise CheckpointError(f"state keys must be strings, not {name!r}", key=repr(name))
             if isinstance(value, np.ndarray | np.generic):
                 pending.append(self._hash_host(name, value))
             elif gpu.is_cupy_array(value):
@@ -197,7 +210,8 @@ class Checkpointer:
             json.dumps(values, allow_nan=True)
         except (TypeError, ValueError) as exc:
             raise CheckpointError(
-                f"state values must be arrays or JSON-able: {exc} (keys {sorted(values)})"
+                f"state values must be arrays or JSON-able: {exc} (keys {sorted(values)})",
+                keys=sorted(values),
             ) from exc
         sizes = [
             _chunks.changed_bytes(p.plan.changed, p.plan.nbytes, self.chunk_size) for p in pending
@@ -394,7 +408,9 @@ class Checkpointer:
 
     def _ready(self) -> None:
         if self._closed:
-            raise CheckpointError(f"checkpointer for {self.directory} is closed")
+            raise CheckpointError(
+                f"checkpointer for {self.directory} is closed", directory=str(self.directory)
+            )
         self._raise_pending()
 
     def _raise_pending(self) -> None:

@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except M27Error as exc:
         print(f"m27: {exc}", file=sys.stderr)
         # Bad input (an unknown or ambiguous run id, ...) says so with exit_code = 2.
-        return int(getattr(exc, "exit_code", 1))
+        return exc.exit_code
     except KeyboardInterrupt:
         print("m27: interrupted", file=sys.stderr)
         return 130

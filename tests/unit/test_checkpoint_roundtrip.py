@@ -152,14 +152,42 @@ def test_json_values_and_key_order_round_trip(tmp_path: Path) -> None:
 
 def test_values_that_are_not_json_are_refused_before_anything_is_written(tmp_path: Path) -> None:
     with Checkpointer(tmp_path, chunk_size=CHUNK) as ck:
-        with pytest.raises(CheckpointError, match="JSON"):
+        with pytest.raises(CheckpointError, match="JSON") as err:
             ck.save({"x": np.ones(3), "bad": object()}, step=1)
-        with pytest.raises(CheckpointError, match="Python objects"):
+        assert err.value.context == {"keys": ["bad"]}  # what is wrong, as context too
+        with pytest.raises(CheckpointError, match="Python objects") as err:
             ck.save({"o": np.array([object()], dtype=object)}, step=1)
-        with pytest.raises(CheckpointError, match="strings"):
+        assert err.value.context == {"array": "o"}
+        with pytest.raises(CheckpointError, match="strings") as err:
             ck.save({1: np.ones(3)}, step=1)  # type: ignore[dict-item]
+        assert err.value.context == {"key": "1"}
+        with pytest.raises(CheckpointError, match="a state must be a dict") as err:
+            ck.save([np.ones(3)], step=1)  # type: ignore[arg-type]
+        assert err.value.context == {"directory": str(tmp_path)}
         ck.save({"ok": np.ones(3)}, step=2)
     assert [p.name for p in sorted(tmp_path.glob("*.json"))] == ["ckpt-0000000001.json"]
+    with pytest.raises(CheckpointError, match="is closed") as err:
+        ck.save({"ok": np.ones(3)}, step=3)
+    assert err.value.context == {"directory": str(tmp_path)}
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("keep_last", -1), ("max_in_flight", 0), ("chunk_size", 100)]
+)
+def test_a_bad_argument_is_refused_with_its_name_in_the_context(
+    tmp_path: Path, option: str, value: int
+) -> None:
+    # keep_last=-1 turned retention off without a word, as keep_last=0 does on purpose
+    with pytest.raises(CheckpointError, match=option.replace("_", " ") + "|" + option) as err:
+        Checkpointer(tmp_path, **{option: value})
+    assert err.value.context == {option: value}
+
+
+def test_keep_last_0_keeps_every_checkpoint(tmp_path: Path) -> None:
+    with Checkpointer(tmp_path, chunk_size=CHUNK, keep_last=0) as ck:
+        for step in range(5):
+            ck.save({"x": np.full(8, step, dtype=np.float32)}, step=step)
+    assert len(list(tmp_path.glob("ckpt-*.json"))) == 5
 
 
 def test_restore_from_an_empty_directory_returns_none(tmp_path: Path) -> None:

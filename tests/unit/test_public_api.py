@@ -28,3 +28,12 @@ def test_every_error_derives_from_the_one_root() -> None:
     err = m27.RunnerError("bad", file="p.yaml", line=3)
     assert (err.file, err.line, err.context) == ("p.yaml", 3, {"file": "p.yaml", "line": 3})
     assert m27.SpecError("bad").problems == []
+
+
+def test_every_error_says_its_exit_status_and_bad_input_is_2() -> None:
+    # the CLI exits with `exc.exit_code`; a library caller can tell bad input the same way
+    from m27.runids import RunIdError
+
+    user_input = {m27.SpecError, m27.ConfigError, RunIdError}
+    for error in (m27.M27Error, m27.CheckpointError, m27.RunError, m27.GpuError, *user_input):
+        assert error("x").exit_code == (2 if error in user_input else 1), error
