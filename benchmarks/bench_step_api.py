@@ -9,6 +9,7 @@ an empty context manager / an empty function call (the floor for any Python API)
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -54,31 +55,32 @@ def _noop_fn() -> bool:
     return True
 
 
-def _ns_per_call(stmt: str, env: dict[str, object]) -> float:
-    """Median over repeats; on a shared machine the minimum is printed too (see --min)."""
+def _ns_per_call(stmt: str, env: dict[str, object], least: bool = False) -> float:
+    """Median over repeats, or with `least` (--min) the minimum: on a shared machine the
+    least disturbed repeat."""
     times = timeit.repeat(stmt, globals=env, number=N, repeat=REPEATS)
-    pick = min if "--min" in sys.argv else statistics.median
+    pick = min if least else statistics.median
     return pick(times) / N * 1e9
 
 
-def main() -> dict[str, float]:
+def main(least: bool = False) -> dict[str, float]:
     env: dict[str, object] = {"io_wait": io_wait, "gate": gate, "noop": _noop_cm, "f": _noop_fn}
     results: dict[str, float] = {}
-    results["noop_with_ns"] = _ns_per_call("with noop(): pass", env)
-    results["noop_call_ns"] = _ns_per_call("f()", env)
+    results["noop_with_ns"] = _ns_per_call("with noop(): pass", env, least)
+    results["noop_call_ns"] = _ns_per_call("f()", env, least)
 
     os.environ.pop("M27_CHANNEL", None)
     _step_api._reset_step_channel()
-    results["io_wait_outside_agent_ns"] = _ns_per_call("with io_wait(): pass", env)
-    results["gate_outside_agent_ns"] = _ns_per_call("gate()", env)
+    results["io_wait_outside_agent_ns"] = _ns_per_call("with io_wait(): pass", env, least)
+    results["gate_outside_agent_ns"] = _ns_per_call("gate()", env, least)
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.chan"
         agent = Channel.create(path)
         os.environ["M27_CHANNEL"] = str(path)
         _step_api._reset_step_channel()
-        results["io_wait_with_channel_ns"] = _ns_per_call("with io_wait(): pass", env)
-        results["gate_open_with_channel_ns"] = _ns_per_call("gate()", env)
+        results["io_wait_with_channel_ns"] = _ns_per_call("with io_wait(): pass", env, least)
+        results["gate_open_with_channel_ns"] = _ns_per_call("gate()", env, least)
         _step_api._reset_step_channel()
         agent.close()
         os.environ.pop("M27_CHANNEL")
@@ -91,8 +93,12 @@ def main() -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    res = main()
-    if "--json" in sys.argv:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--min", action="store_true", help="the fastest repeat, not the median")
+    args = parser.parse_args()
+    res = main(args.min)
+    if args.json:
         print(json.dumps(res, indent=2))
     else:
         for key, value in res.items():

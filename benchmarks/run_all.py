@@ -8,6 +8,7 @@ Each benchmark prints its own table of ratios against a baseline measured in the
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
@@ -22,8 +23,17 @@ def main(argv: list[str]) -> int:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
     scripts = sorted(HERE.glob("bench_*.py"))
-    if argv:
-        scripts = [s for s in scripts if s.stem.removeprefix("bench_") in argv]
+    known = [s.stem.removeprefix("bench_") for s in scripts]
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=f"benchmarks: {', '.join(known)}"
+    )
+    parser.add_argument("names", nargs="*", metavar="NAME", help="run only these benchmarks")
+    names = parser.parse_args(argv).names
+    if unknown := [n for n in names if n not in known]:
+        # a name that matched nothing ran nothing and exited 0
+        parser.error(f"no benchmark {', '.join(unknown)} (there are: {', '.join(known)})")
+    if names:
+        scripts = [s for s in scripts if s.stem.removeprefix("bench_") in names]
     failed = []
     for script in scripts:
         print(f"\n=== {script.name} ===", flush=True)
