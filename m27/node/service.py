@@ -153,13 +153,46 @@ def write_info(home: Path, info: ServiceInfo) -> None:
 
 
 def read_info(home: Path) -> ServiceInfo | None:
-    """``service.json`` as written, live or not; None when absent or unreadable."""
+    """``service.json`` as written, live or not; None when absent, unreadable, or not what
+    a service writes. A pid without its start time is never trusted: a stale or forged
+    file named an unrelated process (a `sleep`), which `m27 agent stop` then killed."""
     try:
         data = json.loads((Path(home) / INFO_NAME).read_text())
+        if not isinstance(data, dict):
+            return None
         fields = ServiceInfo.__dataclass_fields__
-        return ServiceInfo(**{k: v for k, v in data.items() if k in fields})
+        info = ServiceInfo(**{k: v for k, v in data.items() if k in fields})
     except (OSError, ValueError, TypeError):
         return None
+    return info if _well_formed(info) else None
+
+
+def _well_formed(info: ServiceInfo) -> bool:
+    """Whether each field of `info` has the type a service writes (JSON can hold any)."""
+
+    def whole(value: object, optional: bool = False) -> bool:
+        if value is None:
+            return optional
+        return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31
+
+    def real(value: object) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    return (
+        whole(info.pid)
+        and real(info.pid_started)
+        and real(info.started_at)
+        and isinstance(info.url, str)
+        and isinstance(info.own_server, bool)
+        and whole(info.port, optional=True)
+        and whole(info.prefect_pid, optional=True)
+        and isinstance(info.state, str)
+        and isinstance(info.restarts, int)
+        and isinstance(info.host, str)
+        and isinstance(info.gpu_backend, str)
+        and isinstance(info.gpu_count, int)
+        and isinstance(info.gpu_memory, int)
+    )
 
 
 def remove_info(home: Path, pid: int) -> None:
