@@ -114,20 +114,28 @@ def _positive_duration(text: str) -> float:
     return value
 
 
-def _positive_size(text: str) -> int:
-    value = parse_size(text)
-    if value <= 0:
+#: The checkpoint chunk sizes a Checkpointer takes (it hashes 16-byte lanes; a chunk of a
+#: GiB or more would make every changed byte rewrite a GiB).
+CHUNK_SIZES = "from 64B to 1GiB, a multiple of 16 bytes"
+
+
+def _chunk_size(value: int) -> int:
+    if not 64 <= value <= 1024**3 or value % 16:
         raise ValueError("out of range")
     return value
 
 
 KEYS: dict[str, _Key] = {
-    "gpu_streams": _Key("performance", _int_between(1), "a whole number >= 1, e.g. 4"),
+    "gpu_streams": _Key(
+        "performance", _int_between(1, 256), "a whole number from 1 to 256, e.g. 4"
+    ),
     "memory_overprovision": _Key("performance", _positive_float, "a number > 0, e.g. 1.2"),
     "io_timeout": _Key(
         "performance", _positive_duration, "a duration > 0, e.g. 50ms or 0.05", "duration"
     ),
-    "cpu_slots": _Key("performance", _int_between(1), "a whole number >= 1, e.g. 8"),
+    "cpu_slots": _Key(
+        "performance", _int_between(1, 65536), "a whole number from 1 to 65536, e.g. 8"
+    ),
     "gpu_cpus": _Key(
         "performance",
         _one_of("auto", "share", "all"),
@@ -136,11 +144,21 @@ KEYS: dict[str, _Key] = {
     "compression_level": _Key(
         "checkpoint", _int_between(0, 22), "a whole number from 0 (store raw) to 22"
     ),
-    "diff_threshold": _Key("checkpoint", _positive_size, "a size > 0, e.g. 128KB or 1MiB", "size"),
-    "keep_last": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 3"),
-    "max_in_flight": _Key("checkpoint", _int_between(1), "a whole number >= 1, e.g. 2"),
+    "diff_threshold": _Key(
+        "checkpoint",
+        lambda text: _chunk_size(parse_size(text)),
+        f"a size {CHUNK_SIZES}, e.g. 128KB or 1MiB",
+        "size",
+    ),
+    "keep_last": _Key(
+        "checkpoint", _int_between(1, 1_000_000), "a whole number from 1 to 1000000, e.g. 3"
+    ),
+    # each save in flight holds a staging copy of the state: 2**31 of them hung the saver
+    "max_in_flight": _Key("checkpoint", _int_between(1, 64), "a whole number from 1 to 64, e.g. 2"),
     "checkpoint_threads": _Key(
-        "checkpoint", _int_between(0), "a whole number >= 0 (0: one per core, at most 4)"
+        "checkpoint",
+        _int_between(0, 256),
+        "a whole number from 0 to 256 (0: one per core, at most 4)",
     ),
     "capture_poll": _Key(
         "checkpoint", _positive_duration, "a duration > 0, e.g. 1s or 500ms", "duration"
@@ -205,10 +223,10 @@ def load_settings(env: Mapping[str, str] | None = None, path: Path | str | None 
             continue
         try:
             values[key] = spec.parse(raw)
-        except ValueError:
+        except (ValueError, OverflowError):
             problems.append(
                 _Problem(
-                    f"env {name}={raw!r}: {key} must be {spec.accepted}",
+                    f"env {name}={quoted(raw)}: {key} must be {spec.accepted}",
                     {"env": name, "key": key, "value": raw},
                 )
             )
@@ -309,8 +327,8 @@ def _load_file(
             else:
                 try:
                     values[key] = spec.parse(raw)
-                except ValueError:
-                    message = f"{key} = {raw!r} is not valid: use {spec.accepted}"
+                except (ValueError, OverflowError):  # 9999...9TB is an inf before int()
+                    message = f"{key} = {quoted(raw)} is not valid: use {spec.accepted}"
                     context["value"] = raw
                 else:
                     sources[key] = f"{shown}:{line}"
@@ -352,12 +370,13 @@ def _parse_chunk_size(raw: str) -> int:
     text = raw.strip()
     try:
         value = int(float(text) * 1024) if re.fullmatch(r"\d+(\.\d+)?", text) else parse_size(text)
-    except ValueError:
+        value = _chunk_size(value)
+    except (ValueError, OverflowError):
         value = 0
     if value <= 0:
         raise ConfigError(
-            f"env {CHUNK_SIZE_ENV}={raw!r}: use a number of KiB (e.g. 256) or a size "
-            "with a unit (e.g. 256KB, 1MiB)",
+            f"env {CHUNK_SIZE_ENV}={quoted(raw)}: use a number of KiB (e.g. 256) or a size "
+            f"with a unit (e.g. 256KB, 1MiB): {CHUNK_SIZES}",
             env=CHUNK_SIZE_ENV,
             key="diff_threshold",
             value=raw,

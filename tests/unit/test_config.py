@@ -243,8 +243,37 @@ def test_compression_level_0_is_accepted_as_docs_checkpoints_md_says(home: Path)
         load_settings({"HOME": str(home), "M27_COMPRESSION_LEVEL": "-1"})
 
 
+@pytest.mark.parametrize(
+    ("line", "accepted"),
+    [
+        # the Checkpointer's own checks, then an OverflowError traceback in the step
+        ("diff_threshold = 1B", "from 64B to 1GiB, a multiple of 16 bytes"),
+        ("diff_threshold = 100", "a multiple of 16 bytes"),
+        ("diff_threshold = " + "9" * 400 + "TB", "from 64B to 1GiB"),
+        # a saver that hung (2**31 staging buffers), threads that could not start
+        ("max_in_flight = 2147483648", "a whole number from 1 to 64"),
+        ("checkpoint_threads = 99999999999999999999", "a whole number from 0 to 256"),
+        ("keep_last = 10000000", "from 1 to 1000000"),
+    ],
+)
+def test_a_checkpoint_setting_the_checkpointer_cannot_use_is_refused_here(
+    home: Path, line: str, accepted: str
+) -> None:
+    write(home, f"[checkpoint]\n{line}\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings({"HOME": str(home)})
+    assert accepted in str(info.value) and str(info.value).startswith("~/.m2config:2: ")
+    assert len(str(info.value)) < 300  # a long value is quoted by its start
+
+
+def test_a_chunk_size_variable_the_checkpointer_cannot_use_is_refused(home: Path) -> None:
+    with pytest.raises(ConfigError, match="a multiple of 16 bytes"):
+        load_settings({"HOME": str(home), "M2_CHUNK_SIZE": "1B"})
+    assert load_settings({"HOME": str(home), "M2_CHUNK_SIZE": "256"}).diff_threshold == 262144
+
+
 def test_bad_env_value_names_the_variable(home: Path) -> None:
-    with pytest.raises(ConfigError, match=r"M27_GPU_STREAMS='0'.*whole number >= 1"):
+    with pytest.raises(ConfigError, match=r"M27_GPU_STREAMS='0'.*whole number from 1 to 256"):
         load_settings({"HOME": str(home), "M27_GPU_STREAMS": "0"})
     with pytest.raises(ConfigError, match="M2_CHUNK_SIZE"):
         load_settings({"HOME": str(home), "M2_CHUNK_SIZE": "big"})
