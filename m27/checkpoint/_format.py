@@ -134,6 +134,17 @@ class ManifestInfo:
 
 
 def info(path: Path, body: dict[str, Any]) -> ManifestInfo:
+    """What a listing shows of the manifest `body` at `path`; CorruptCheckpointError naming
+    the file when a field is not what a save writes (`"time": "x"`)."""
+    try:
+        return _info(path, body)
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise CorruptCheckpointError(
+            f"{path}: manifest is malformed: {type(exc).__name__}: {exc}", file=str(path)
+        ) from None
+
+
+def _info(path: Path, body: dict[str, Any]) -> ManifestInfo:
     stats = body.get("stats", {})
     return ManifestInfo(
         path=path,

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import zstandard
 
-from m27._exceptions import CheckpointError, CorruptCheckpointError
+from m27._exceptions import CorruptCheckpointError
 from m27.checkpoint._chunks import chunk_hash
 from m27.checkpoint._codec import Payload, Throughput, codec_itemsize, decompressor, unshuffle_into
 from m27.checkpoint._format import CODEC_RAW, CODEC_ZSTD, pack_path
@@ -208,7 +208,7 @@ class PackReader:
                     file=str(path),
                 )
         if codec == CODEC_RAW:
-            got = _pread_into(fd, dest, first)
+            got = _pread_into(fd, dest, first, path)
             if got != stored:
                 raise CorruptCheckpointError(
                     f"pack {path} is truncated at offset {first + got}", file=str(path)
@@ -216,7 +216,7 @@ class PackReader:
         elif codec == CODEC_ZSTD or codec_itemsize(codec):
             shuffled = codec_itemsize(codec) or 0
             scratch = _scratch(stored)
-            got = _pread_into(fd, scratch, first)
+            got = _pread_into(fd, scratch, first, path)
             if got != stored:
                 raise CorruptCheckpointError(
                     f"pack {path} is truncated at offset {first + got}", file=str(path)
@@ -300,13 +300,15 @@ def _decompress_into(data: memoryview, view: memoryview) -> int:
     return done
 
 
-def _pread_into(fd: int, view: memoryview, offset: int) -> int:
+def _pread_into(fd: int, view: memoryview, offset: int, path: Path) -> int:
     done = 0
     while done < len(view):
         try:
             got = os.preadv(fd, [view[done:]], offset + done)
-        except OSError as exc:
-            raise CheckpointError(f"cannot read a pack: {exc}") from exc
+        except OSError as exc:  # a pack replaced by a folder: EISDIR
+            raise CorruptCheckpointError(
+                f"cannot read pack {path}: {exc.strerror or exc}", file=str(path)
+            ) from exc
         if got == 0:
             break
         done += got

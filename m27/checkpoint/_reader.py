@@ -33,20 +33,11 @@ def load(path: Path, workers: Workers | None = None) -> tuple[dict[str, Any], di
 
     Raises CorruptCheckpointError naming the bad file if anything fails its check.
     """
-    body = read_manifest(path)
-    check_packs(path.parent, info(path, body))
+    body, layouts = _checked(path)
     arrays: dict[str, Any] = {}
     runs: list[_Run] = []
-    for name, entry in body["arrays"].items():
-        nbytes, size, chunks = _layout(path, name, entry)
-        dtype = dtype_from_json(entry["dtype"])
-        array: npt.NDArray[Any] = np.empty(tuple(entry["shape"]), dtype=dtype)
-        if array.nbytes != nbytes:
-            raise CorruptCheckpointError(
-                f"{path}: array {name!r} has {nbytes} bytes, "
-                f"its shape and dtype need {array.nbytes}",
-                file=str(path),
-            )
+    for name, (dtype, shape, nbytes, size, chunks) in layouts.items():
+        array: npt.NDArray[Any] = np.empty(shape, dtype=dtype)
         if nbytes:
             runs += _runs(chunks, array.reshape(-1).view(np.uint8), nbytes, size)
         arrays[name] = array
@@ -63,14 +54,61 @@ def load(path: Path, workers: Workers | None = None) -> tuple[dict[str, Any], di
 
 def verify(path: Path, workers: Workers | None = None) -> dict[str, Any]:
     """Check the manifest and every chunk it references without keeping the state."""
-    body = read_manifest(path)
-    check_packs(path.parent, info(path, body))
+    body, layouts = _checked(path)
     runs: list[_Run] = []
-    for name, entry in body["arrays"].items():
-        nbytes, size, chunks = _layout(path, name, entry)
+    for _dtype, _shape, nbytes, size, chunks in layouts.values():
         runs += _runs(chunks, None, nbytes, size)
     _read(path, runs, workers)
     return body
+
+
+_Layout = tuple[np.dtype[Any], tuple[int, ...], int, int, list[Any]]
+
+
+def _checked(path: Path) -> tuple[dict[str, Any], dict[str, _Layout]]:
+    """The manifest at `path` and each array's (dtype, shape, bytes, chunk size, chunks),
+    every field checked: a manifest whose hash holds can still say what no save writes (a
+    file edited and re-hashed, a bug), and `verify` called it ok or stopped on a
+    TypeError, and a restore died on an AttributeError instead of trying an older one."""
+    body = read_manifest(path)
+    check_packs(path.parent, info(path, body))
+    try:
+        entries = body["arrays"]
+        layouts = {name: _array_layout(path, name, entry) for name, entry in entries.items()}
+        values, order = body.get("values", {}), body.get("order", [*entries])
+        if not isinstance(values, dict) or not all(n in entries or n in values for n in order):
+            raise ValueError("its order names a value it does not have")
+    except CorruptCheckpointError:
+        raise
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise CorruptCheckpointError(
+            f"{path}: manifest is malformed: {type(exc).__name__}: {exc}", file=str(path)
+        ) from None
+    return body, layouts
+
+
+def _array_layout(path: Path, name: str, entry: dict[str, Any]) -> _Layout:
+    nbytes, size, chunks = _layout(path, name, entry)
+    dtype = dtype_from_json(entry["dtype"])
+    shape = tuple(entry["shape"])
+    if dtype.hasobject or not all(type(n) is int and n >= 0 for n in shape):
+        raise CorruptCheckpointError(
+            f"{path}: array {name!r} has dtype {dtype} and shape {shape}, which no save writes",
+            file=str(path),
+        )
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if need != nbytes:
+        raise CorruptCheckpointError(
+            f"{path}: array {name!r} has {nbytes} bytes, its shape and dtype need {need}",
+            file=str(path),
+        )
+    if not all(_a_ref(ref) for ref in chunks):
+        raise CorruptCheckpointError(
+            f"{path}: array {name!r} has a chunk reference that is not [pack, offset, "
+            "stored, length, hash, codec]",
+            file=str(path),
+        )
+    return dtype, shape, nbytes, size, chunks
 
 
 def _runs(
@@ -124,6 +162,14 @@ def _scratch(nbytes: int) -> npt.NDArray[np.uint8]:
     if buffer is None or buffer.shape[0] < nbytes:
         buffer = _local.scratch = np.empty(nbytes, dtype=np.uint8)
     return buffer[:nbytes]
+
+
+def _a_ref(ref: Any) -> bool:
+    """Whether `ref` is a chunk reference a save writes: [pack, offset, stored bytes,
+    bytes, hash, codec], the first four whole numbers >= 0."""
+    return (
+        isinstance(ref, list) and len(ref) == 6 and all(type(n) is int and n >= 0 for n in ref[:4])
+    )
 
 
 def _layout(path: Path, name: str, entry: dict[str, Any]) -> tuple[int, int, list[Any]]:

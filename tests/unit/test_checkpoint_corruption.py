@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from m27 import CorruptCheckpointError
 from m27.checkpoint import Checkpointer, latest_checkpoint, verify
+from m27.checkpoint._format import decode_manifest, encode_manifest
 
 CHUNK = 1024
 
@@ -168,3 +170,62 @@ def _copy(src: Path, dst: Path) -> None:
     dst.mkdir()
     for f in src.iterdir():
         (dst / f.name).write_bytes(f.read_bytes())
+
+
+def _rewrite(manifest: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """`manifest` with `change` made to its body and its hash made right again: what no
+    save writes, yet what the hash check alone lets through."""
+    body = decode_manifest(manifest.read_bytes(), manifest)
+    change(body)
+    manifest.write_bytes(encode_manifest(body))
+
+
+def _set(where: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """A change to `where` (`time`, `arrays`, `arrays.x.dtype`, ...) of a manifest body."""
+
+    def change(body: dict[str, Any]) -> None:
+        *path, last = where.split(".")
+        node = body
+        for key in path:
+            node = node[key]
+        node[last] = value
+
+    return change
+
+
+MALFORMED = {
+    "arrays-a-list": _set("arrays", [1, 2]),
+    "time-text": _set("time", "x"),
+    "pack-name": _set("packs", {"../x": 10}),
+    "object-dtype": _set("arrays.x.dtype", "|O"),
+    "negative-shape": _set("arrays.x.shape", [-5]),
+    "chunk-ref-text": _set("arrays.x.chunks", ["a"] * 12),
+    "order-names-nothing": _set("order", ["nothing"]),
+}
+
+
+@pytest.mark.parametrize("change", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_rehashed_manifest_of_a_malformed_body_is_corrupt_and_the_previous_restores(
+    tmp_path: Path, change: Callable[[dict[str, Any]], None]
+) -> None:
+    # `verify` stopped on a TypeError or called it ok, a restore died on an AttributeError
+    states = write_two(tmp_path)
+    newest = tmp_path / "ckpt-0000000002.json"
+    _rewrite(newest, change)
+    with pytest.raises(CorruptCheckpointError) as info:
+        verify(newest)
+    assert info.value.context["file"] == str(newest)
+    got = restored(tmp_path)
+    assert got is not None and got[1] == 1 and same(got[0], states[0])
+
+
+def test_a_pack_replaced_by_a_folder_is_named_and_the_previous_restores(tmp_path: Path) -> None:
+    states = write_two(tmp_path)
+    pack = tmp_path / "ckpt-0000000002.pack"
+    pack.unlink()
+    pack.mkdir()
+    with pytest.raises(CorruptCheckpointError) as info:
+        verify(tmp_path / "ckpt-0000000002.json")
+    assert str(pack) in str(info.value)
+    got = restored(tmp_path)
+    assert got is not None and got[1] == 1 and same(got[0], states[0])
