@@ -42,4 +42,5 @@ def disk_full(folder: os.PathLike[str] | str) -> bool:
         stat = os.statvfs(folder)
     except OSError:
         return False
-    return stat.f_bavail * stat.f_frsize < FULL_BELOW
+    # /proc and /sys report no blocks at all: not a disk, so not a full one
+    return stat.f_blocks > 0 and stat.f_bavail * stat.f_frsize < FULL_BELOW

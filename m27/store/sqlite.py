@@ -57,6 +57,8 @@ from m27.store._sql import data_version, disk_full, rollback, transaction
 #: table and positional payloads (a file of version 1 is migrated when opened). 3: the
 #: ``run`` column and its index (m27.store._runs; added to an older file when opened).
 SCHEMA_VERSION = 3
+#: The longest path SQLite's unix VFS opens (its MAX_PATHNAME).
+SQLITE_PATH_MAX = 512
 
 _MIN_POLL_S = 0.0005
 _MAX_POLL_S = 0.005
@@ -342,8 +344,30 @@ class SqliteEventStore:
     def _error(self, what: str, exc: sqlite3.Error) -> StoreError:
         # SQLite says "disk I/O error" when a full disk stops it making its WAL files
         full = "full" not in str(exc) and disk_full(self.path.parent)
-        why = f"{exc} (the disk holding it is full)" if full else str(exc)
+        why = f"{exc} (the disk holding it is full)" if full else f"{exc}{self._advice(exc)}"
         return StoreError(f"cannot {what}: {why}", file=str(self.path))
+
+    def _advice(self, exc: sqlite3.Error) -> str:
+        """What to do about SQLite's `exc`, whose own text ("file is not a database")
+        names neither the way out nor what it costs."""
+        text, path = str(exc), self.path
+        if "not a database" in text or "malformed" in text:
+            return (
+                f". The event log is damaged: stop the node service (`m27 agent stop`) and "
+                f"move {path} aside; m27 then starts a new, empty log (the runs it held are "
+                f"no longer listed; `sqlite3 {path} .recover` may get them back)"
+            )
+        if "readonly" in text:
+            return f". m27 records every run in {path}: make it writable again"
+        if "unable to open" in text:
+            if path.is_dir():
+                return f" ({path} is a folder; m27 keeps its event log in that file)"
+            if len(str(path)) > SQLITE_PATH_MAX:
+                return (
+                    f" (its path is {len(str(path))} characters long; SQLite opens at most "
+                    f"{SQLITE_PATH_MAX}: set M27_HOME to a shorter folder)"
+                )
+        return ""
 
     @contextlib.contextmanager
     def _failing(self, what: str) -> Iterator[None]:
