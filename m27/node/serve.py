@@ -46,7 +46,7 @@ from m27.node.outage import Repeats
 from m27.node.prefect_server import PrefectServer
 from m27.node.runner import WarmRunner
 from m27.node.settle import add_missing_tasks, ended_runs, settle, settle_tasks
-from m27.store.sqlite import open_store
+from m27.store.sqlite import LOG_NAME, open_store
 from m27.units import cpu_list
 
 if TYPE_CHECKING:
@@ -238,6 +238,7 @@ def serve(
     runner: WarmRunner | None = None
     try:
         agent = build_agent(home, on_decision=on_decision)
+        log_file = _identity(home / LOG_NAME)  # the log the agent opened, to see it replaced
         agent.start()
         agent_thread = threading.Thread(
             target=agent.run, args=(agent_stop,), name="m27-agent", daemon=True
@@ -285,7 +286,9 @@ def serve(
         if warm:
             runner = WarmRunner(home, info.url, log)
             runner.start()
-        return _supervise(home, stop, server, info, watcher, agent_thread, idle_s, log, runner)
+        return _supervise(
+            home, stop, server, info, watcher, agent_thread, idle_s, log, runner, log_file
+        )
     finally:
         stop.set()
         agent_stop.set()
@@ -316,8 +319,18 @@ def _supervise(
     idle_s: float | None,
     log: Callable[[str], None],
     runner: WarmRunner | None,
+    log_file: tuple[int, int] | None,
 ) -> int:
     while not stop.wait(0.25):
+        if (now := _identity(home / LOG_NAME)) != log_file:
+            # deleted or replaced under the service: it would go on recording into a file
+            # no command reads, and a new run would wait for a GPU forever
+            log(
+                f"m27 agent: the event log {home / LOG_NAME} was "
+                f"{'removed' if now is None else 'replaced'}; stopping the service (the next "
+                "m27 command starts one on the log that is there now)"
+            )
+            return 1
         if runner is not None:
             runner.check()
         if not agent_thread.is_alive():
@@ -335,6 +348,15 @@ def _supervise(
                 log(f"m27 agent: idle for {idle_s:.0f}s (no runs, no steps); stopping")
                 return 0
     return 0
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of `path`, None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _replace(info: service.ServiceInfo, **changes: object) -> service.ServiceInfo:

@@ -57,6 +57,8 @@ from m27.store._sql import data_version, disk_full, rollback, transaction
 #: table and positional payloads (a file of version 1 is migrated when opened). 3: the
 #: ``run`` column and its index (m27.store._runs; added to an older file when opened).
 SCHEMA_VERSION = 3
+#: The event log's file name in $M27_HOME.
+LOG_NAME = "events.db"
 #: The longest path SQLite's unix VFS opens (its MAX_PATHNAME).
 SQLITE_PATH_MAX = 512
 
@@ -508,4 +510,4 @@ def open_store(home: Path | None = None, *, max_poll: float = _MAX_POLL_S) -> Sq
         home.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StoreError(home_problem(home, exc), file=str(home)) from exc
-    return SqliteEventStore(home / "events.db", max_poll=max_poll)
+    return SqliteEventStore(home / LOG_NAME, max_poll=max_poll)

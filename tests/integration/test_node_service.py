@@ -254,6 +254,32 @@ def test_concurrent_first_starts_start_one_service(
     assert info is not None and str(info.pid) in pids and not info.own_server
 
 
+def test_a_service_whose_event_log_is_deleted_stops_and_the_next_command_starts_anew(
+    m27_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it went on recording into the deleted file: a new run waited for a CPU slot forever,
+    # `m27 queue` did not know its step, and `m27 agent status` said "ready"
+    _lab_env(monkeypatch)
+    first, _ = ensure_service(m27_home)
+    for name in ("events.db", "events.db-wal", "events.db-shm"):
+        (m27_home / name).unlink(missing_ok=True)
+    wait_until(
+        lambda: not liveness.alive(first.pid, first.pid_started),
+        timeout=60,
+        what="the service stopped",
+    )
+    said = (m27_home / "service.log").read_text()
+    assert f"the event log {m27_home / 'events.db'} was removed; stopping the service" in said
+    second, _ = ensure_service(m27_home)  # on the log that is there now
+    assert second.pid != first.pid
+    store = SqliteEventStore(m27_home / "events.db")
+    try:
+        started = [r.event for r in store.read() if isinstance(r.event, AgentStarted)]
+    finally:
+        store.close()
+    assert [e.pid for e in started] == [second.pid]
+
+
 def test_an_on_demand_service_stops_itself_when_idle(
     m27_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
