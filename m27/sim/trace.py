@@ -15,9 +15,15 @@ from typing import Any, Literal, NoReturn
 
 from m27._exceptions import SpecError
 from m27.policy import PRIORITY_LIMIT, StepKey, StepType
+from m27.units import quoted
 
 PhaseKind = Literal["compute", "io"]
 GIB = 2**30
+#: The longest time a trace may name (~31 years): a phase of 1e308 s made busy % a NaN
+#: and the makespan a 300-digit number.
+MAX_SECONDS = 1e9
+#: The largest node m27 simulates (`m27 simulate --gpus`).
+MAX_GPUS = 1024
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,38 @@ def load_trace(path: Path) -> Trace:
                 _bad(path, n, f"job id {job.id!r} is already used on line {lines[job.id]}")
             lines[job.id] = n
             jobs.append(job)
+    if (cycle := _cycle(jobs)) is not None:
+        # no policy could start any job of it: "0/2 done", and no word why
+        _bad(path, lines[cycle[0]], f"jobs depend on each other in a cycle: {' -> '.join(cycle)}")
     return Trace(jobs=tuple(jobs), **head)
+
+
+def _cycle(jobs: list[Job]) -> list[str] | None:
+    """One dependency cycle among `jobs` (a job on itself included), as ids from the
+    first back to it; None when there is none. Iterative: a chain of 100,000 jobs."""
+    deps = {j.id: list(j.depends_on) for j in jobs}
+    done: set[str] = set()
+    for root in deps:
+        if root in done:
+            continue
+        path, on_path = [root], {root}
+        stack = [iter(deps[root])]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                finished = path.pop()
+                on_path.discard(finished)
+                done.add(finished)
+                stack.pop()
+                continue
+            if nxt not in deps or nxt in done:
+                continue
+            if nxt in on_path:
+                return [*path[path.index(nxt) :], nxt]
+            path.append(nxt)
+            on_path.add(nxt)
+            stack.append(iter(deps[nxt]))
+    return None
 
 
 def job_problem(job: Job) -> str | None:
@@ -111,15 +148,15 @@ def job_problem(job: Job) -> str | None:
         return "id must be a non-empty string"
     if job.type not in ("cpu", "gpu", "gpu_light"):
         return f"unknown type {job.type!r} (cpu, gpu or gpu_light)"
-    if not _number(job.arrival) or job.arrival < 0:
-        return f"arrival must be a finite number of seconds >= 0, not {job.arrival!r}"
+    if not _number(job.arrival) or not 0 <= job.arrival <= MAX_SECONDS:
+        return f"arrival must be a number of seconds from 0 to {MAX_SECONDS:g}, not {job.arrival!r}"
     if not job.phases:
         return "phases is empty (give at least one [compute|io, seconds])"
     for kind, seconds in job.phases:
         if kind not in ("compute", "io"):
             return f"unknown phase kind {kind!r} (compute or io)"
-        if not _number(seconds) or seconds < 0:
-            return f"a phase lasts a finite number of seconds >= 0, not {seconds!r}"
+        if not _number(seconds) or not 0 <= seconds <= MAX_SECONDS:
+            return f"a phase lasts from 0 to {MAX_SECONDS:g} seconds, not {seconds!r}"
     if not all(isinstance(d, str) for d in job.depends_on):
         return "depends_on is a list of job ids"
     if isinstance(job.priority, bool) or not isinstance(job.priority, int):
@@ -128,6 +165,8 @@ def job_problem(job: Job) -> str | None:
         return f"priority must be within ±{PRIORITY_LIMIT:,}, not {job.priority}"
     if isinstance(job.gpus, bool) or not isinstance(job.gpus, int) or job.gpus < 0:
         return f"gpus must be a whole number >= 0, not {job.gpus!r}"
+    if job.gpus > MAX_GPUS:
+        return f"gpus must be at most {MAX_GPUS} (the largest node m27 simulates), not {job.gpus}"
     if job.type != "cpu" and job.gpus < 1:
         return f"a {job.type} job needs at least 1 GPU"
     if isinstance(job.gpu_memory, bool) or not isinstance(job.gpu_memory, int):
@@ -182,6 +221,13 @@ def _head(path: Path, n: int, head: dict[str, Any]) -> dict[str, Any]:
 
 
 def _job(path: Path, n: int, data: dict[str, Any]) -> Job:
+    phases = data.get("phases")
+    well_formed = isinstance(phases, list) and all(
+        isinstance(p, list) and len(p) == 2 for p in phases
+    )
+    if "phases" in data and not well_formed:
+        # `"phases": "abc"` said "not enough values to unpack (expected 2, got 1)"
+        _bad(path, n, f'phases is a list of ["compute"|"io", seconds], not {quoted(phases)}')
     try:
         data["phases"] = tuple((str(k), float(s)) for k, s in data["phases"])
         if isinstance(deps := data.get("depends_on", ()), str):

@@ -64,10 +64,16 @@ def test_an_alibaba_load_out_of_range_is_refused(capsys: pytest.CaptureFixture[s
         ('{"bad json', "bad trace line: not JSON: Invalid control character"),
         ('{"id": "a"}', "bad trace line: missing field 'phases'"),
         ("[1]", "bad trace line: a job is a JSON object, not list"),
-        ('{"id": "a", "arrival": 0, "phases": [["compute", -5]]}', "a phase lasts a finite"),
+        ('{"id": "a", "arrival": 0, "phases": [["compute", -5]]}', "a phase lasts from 0 to 1e+09"),
+        # a busy % of nan and a 300-digit makespan; "not enough values to unpack"
+        ('{"id": "a", "arrival": 0, "phases": [["compute", 1e308]]}', "a phase lasts from 0"),
+        ('{"id": "a", "arrival": 0, "phases": "abc"}', 'phases is a list of ["compute"|'),
+        ('{"id": "a", "arrival": 1e308, "phases": [["io", 1]]}', "arrival must be a number"),
+        # `--gpus 2000`, the hint, was itself refused
+        ('{"id": "a", "arrival": 0, "phases": [["io", 1]], "gpus": 2000}', "at most 1024"),
         ('{"id": "a", "arrival": 0, "phases": [["idle", 5]]}', "unknown phase kind 'idle'"),
         ('{"id": "a", "arrival": 0, "phases": []}', "job 'a': phases is empty"),
-        ('{"id": "a", "arrival": -1, "phases": [["io", 1]]}', "arrival must be a finite"),
+        ('{"id": "a", "arrival": -1, "phases": [["io", 1]]}', "arrival must be a number of"),
         ('{"id": "a", "arrival": 0, "phases": [["io", 1]], "type": "tpu"}', "unknown type"),
         ('{"id": "a", "arrival": 0, "phases": [["io", 1]], "gpus": 0}', "needs at least 1 GPU"),
         ('{"id": "a", "arrival": 0, "phases": [["io", 1]], "depends_on": "b"}', "a list of"),
@@ -84,6 +90,28 @@ def test_a_bad_trace_line_names_its_file_and_line(
     assert main(["simulate", str(trace)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"m27: {trace}:3: bad trace line: ") and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("deps", "cycle"),
+    [({"a": ["a"]}, "a -> a"), ({"a": ["b"], "b": ["a"]}, "a -> b -> a")],
+    ids=["on-itself", "two-jobs"],
+)
+def test_jobs_that_depend_on_each_other_in_a_cycle_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], deps: dict[str, list[str]], cycle: str
+) -> None:
+    # no policy could start them: "0/2 done" and no word why
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"id": j, "arrival": 0, "phases": [["io", 1]], "depends_on": d}) + "\n"
+            for j, d in deps.items()
+        )
+    )
+    assert main(["simulate", str(trace)]) == 2
+    assert capsys.readouterr().err == (
+        f"m27: {trace}:1: bad trace line: jobs depend on each other in a cycle: {cycle}\n"
+    )
 
 
 def test_a_job_id_used_twice_names_both_lines(
