@@ -200,6 +200,17 @@ def test_keep_goes_with_gc_alone(
     assert _left(m27_home) == ALL
 
 
+def test_a_file_where_the_checkpoints_folder_should_be_is_named(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (m27_home / "checkpoints").write_text("not a folder")
+    assert main(["checkpoints", "last"]) == 2
+    assert capsys.readouterr().err == (
+        f"m27 checkpoints: {m27_home}/checkpoints is not a folder: m27 keeps every run's "
+        "checkpoints in it; move it aside\n"
+    )
+
+
 def test_options_may_come_before_the_run(
     node: dict[str, int], m27_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -140,6 +140,11 @@ def _directories(run: str, step: str | None) -> list[tuple[str, Path]]:
     if direct.is_dir() and step is None and any(direct.glob("ckpt-*.json")):
         return [(direct.name, direct)]
     root = checkpoints_home()
+    if root.exists() and not root.is_dir():  # it said "no run matches", which was untrue
+        raise RunError(
+            f"{root} is not a folder: m27 keeps every run's checkpoints in it; move it aside",
+            file=str(root),
+        )
     known = (
         sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
         if root.is_dir()
