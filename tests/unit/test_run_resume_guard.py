@@ -46,17 +46,24 @@ def _prepare(file: Path) -> Prepared:
     )
 
 
-def test_a_run_of_another_pipeline_is_refused_with_both_names(
-    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _refused(home: Path, tmp_path: Path, md_vars: str, values: dict[str, str]) -> tuple[Path, Path]:
+    """`m27 run other.yaml --resume r1`, r1 a run of md.yaml (`md_vars` its `vars:` line,
+    `values` the run's), refused with exit 2: (md.yaml, other.yaml)."""
     md = tmp_path / "md.yaml"
-    md.write_text("name: md\nsteps:\n" + STEP)
+    md.write_text(f"name: md\n{md_vars}steps:\n" + STEP)
     other = tmp_path / "other.yaml"
     other.write_text("name: other\nsteps:\n" + STEP)
-    _ran(m27_home, md, "md")
+    _ran(home, md, "md", values)
     with pytest.raises(SystemExit) as exited:
         _prepare(other)
     assert exited.value.code == 2
+    return md, other
+
+
+def test_a_run_of_another_pipeline_is_refused_with_both_names(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    md, other = _refused(m27_home, tmp_path, "", {})
     err = capsys.readouterr().err
     assert f"run r1 is of pipeline 'md' ({md}), {other} is pipeline 'other'" in err
     assert "give it `name: md`" in err
@@ -67,14 +74,7 @@ def test_a_run_of_another_pipeline_with_variables_is_refused_for_that_not_for_th
 ) -> None:
     # the run's X=deep would go to other.yaml, which has no X: the reason to give is
     # that it is another pipeline, not "no variable 'X'" about a --set never typed
-    md = tmp_path / "md.yaml"
-    md.write_text("name: md\nvars: {X: shallow}\nsteps:\n" + STEP)
-    other = tmp_path / "other.yaml"
-    other.write_text("name: other\nsteps:\n" + STEP)
-    _ran(m27_home, md, "md", {"X": "deep"})
-    with pytest.raises(SystemExit) as exited:
-        _prepare(other)
-    assert exited.value.code == 2
+    md, other = _refused(m27_home, tmp_path, "vars: {X: shallow}\n", {"X": "deep"})
     err = capsys.readouterr().err
     assert f"run r1 is of pipeline 'md' ({md}), {other} is pipeline 'other'" in err
     assert "variable" not in err
