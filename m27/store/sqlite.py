@@ -51,7 +51,7 @@ from m27.store._runs import (
     selection,
     unfilled,
 )
-from m27.store._sql import data_version, disk_full, rollback, transaction
+from m27.store._sql import data_version, rollback, transaction, why_failed
 
 #: The layout of the file; bump it (and migrate) when tables change. 2: the ``layouts``
 #: table and positional payloads (a file of version 1 is migrated when opened). 3: the
@@ -59,8 +59,6 @@ from m27.store._sql import data_version, disk_full, rollback, transaction
 SCHEMA_VERSION = 3
 #: The event log's file name in $M27_HOME.
 LOG_NAME = "events.db"
-#: The longest path SQLite's unix VFS opens (its MAX_PATHNAME).
-SQLITE_PATH_MAX = 512
 
 _MIN_POLL_S = 0.0005
 _MAX_POLL_S = 0.005
@@ -344,32 +342,7 @@ class SqliteEventStore:
     # --- helpers ----------------------------------------------------------------------
 
     def _error(self, what: str, exc: sqlite3.Error) -> StoreError:
-        # SQLite says "disk I/O error" when a full disk stops it making its WAL files
-        full = "full" not in str(exc) and disk_full(self.path.parent)
-        why = f"{exc} (the disk holding it is full)" if full else f"{exc}{self._advice(exc)}"
-        return StoreError(f"cannot {what}: {why}", file=str(self.path))
-
-    def _advice(self, exc: sqlite3.Error) -> str:
-        """What to do about SQLite's `exc`, whose own text ("file is not a database")
-        names neither the way out nor what it costs."""
-        text, path = str(exc), self.path
-        if "not a database" in text or "malformed" in text:
-            return (
-                f". The event log is damaged: stop the node service (`m27 agent stop`) and "
-                f"move {path} aside; m27 then starts a new, empty log (the runs it held are "
-                f"no longer listed; `sqlite3 {path} .recover` may get them back)"
-            )
-        if "readonly" in text:
-            return f". m27 records every run in {path}: make it writable again"
-        if "unable to open" in text:
-            if path.is_dir():
-                return f" ({path} is a folder; m27 keeps its event log in that file)"
-            if len(str(path)) > SQLITE_PATH_MAX:
-                return (
-                    f" (its path is {len(str(path))} characters long; SQLite opens at most "
-                    f"{SQLITE_PATH_MAX}: set M27_HOME to a shorter folder)"
-                )
-        return ""
+        return StoreError(f"cannot {what}: {why_failed(self.path, exc)}", file=str(self.path))
 
     @contextlib.contextmanager
     def _failing(self, what: str) -> Iterator[None]:

@@ -10,8 +10,8 @@ import pytest
 
 from m27 import StoreError
 from m27.cli.main import main
-from m27.store._sql import disk_full
-from m27.store.sqlite import SQLITE_PATH_MAX, SqliteEventStore
+from m27.store._sql import SQLITE_PATH_MAX, disk_full
+from m27.store.sqlite import SqliteEventStore
 
 
 def test_a_damaged_log_says_how_to_start_a_new_one_and_what_that_costs(
