@@ -129,16 +129,19 @@ class _Watcher:
             self.settle_at = now + SETTLE_EVERY_S
             ended = ended_runs(self.state, self.settled, self.host)
             if ended:
-                changed = with_prefect(lambda client: settle(client, ended))
-                self.settled.update(ended)  # after Prefect answered: else the next pass
-                for flow_run_id in changed:
-                    run = ended[flow_run_id]
-                    self.resettle[flow_run_id] = (now + RECHECK_FOR_S, run)
-                    self.missing[flow_run_id] = (now + MISSING_AFTER_S, run)
-                    self.log(
-                        f"m27 agent: flow run of {run.run_id} was open or Crashed in Prefect; "
-                        f"set to how the run ended ({run.status})"
-                    )
+                changed: list[str] = []
+                try:
+                    with_prefect(lambda client: settle(client, ended, changed))
+                    self.settled.update(ended)  # after Prefect answered: else the next pass
+                finally:  # those a failed pass may have closed get their checks too
+                    for flow_run_id in changed:
+                        run = ended[flow_run_id]
+                        self.resettle[flow_run_id] = (now + RECHECK_FOR_S, run)
+                        self.missing[flow_run_id] = (now + MISSING_AFTER_S, run)
+                        self.log(
+                            f"m27 agent: flow run of {run.run_id} was open or Crashed in "
+                            f"Prefect; set to how the run ended ({run.status})"
+                        )
 
     def close_dead(self) -> None:
         """Close this host's dead runs in the log first, without Prefect: the log is the

@@ -157,9 +157,14 @@ async def add_missing_tasks(client: PrefectClient, flow_run_id: str, run: RunSta
     return made
 
 
-async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[str]:
+async def settle(
+    client: PrefectClient, runs: Mapping[str, RunState], changed: list[str] | None = None
+) -> list[str]:
     """Give each flow run in `runs` that Prefect still shows open the end the log
-    recorded, and its open task runs their steps' ends; the flow run ids it changed."""
+    recorded, and its open task runs their steps' ends; the flow run ids it changed,
+    appended to `changed` as it goes: a pass that fails part way (a timeout from a server
+    that has just restarted) still names those it may have changed, whose missing task
+    runs are made later; the next pass sees them closed and would not name them."""
     from uuid import UUID
 
     from prefect.client.schemas.filters import (
@@ -176,7 +181,7 @@ async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[st
             ids.append(UUID(flow_run_id))
         except ValueError:
             continue  # not a Prefect id (an old or hand-written log)
-    changed: list[str] = []
+    changed = [] if changed is None else changed
     for first in range(0, len(ids), _BATCH):
         batch = ids[first : first + _BATCH]
         still_open = await client.read_flow_runs(
@@ -190,7 +195,7 @@ async def settle(client: PrefectClient, runs: Mapping[str, RunState]) -> list[st
             run = runs[str(flow_run.id)]
             if run.crashed and flow_run.state is not None and flow_run.state.is_crashed():
                 continue  # both say it crashed
+            changed.append(str(flow_run.id))  # before: the set may land and its answer not
             await settle_tasks(client, str(flow_run.id), run)
             await client.set_flow_run_state(flow_run.id, _flow_state(run), force=True)
-            changed.append(str(flow_run.id))
     return changed
