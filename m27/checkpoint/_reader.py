@@ -78,8 +78,6 @@ def _checked(path: Path) -> tuple[dict[str, Any], dict[str, _Layout]]:
         values, order = body.get("values", {}), body.get("order", [*entries])
         if not isinstance(values, dict) or not all(n in entries or n in values for n in order):
             raise ValueError("its order names a value it does not have")
-    except CorruptCheckpointError:
-        raise
     except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
         raise CorruptCheckpointError(
             f"{path}: manifest is malformed: {type(exc).__name__}: {exc}", file=str(path)

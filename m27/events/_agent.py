@@ -41,6 +41,9 @@ class LeaseGranted(StepEvent):
 @dataclass(frozen=True)
 class LeaseReleased(StepEvent):
     gpus: tuple[int, ...] = ()
+    #: why the node agent took the lease back (`moved to GPU 1, which is free`); empty
+    #: when the step's own runner released it
+    reason: str = ""
 
 
 @event

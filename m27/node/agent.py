@@ -72,6 +72,7 @@ from m27.policy import (
     Decision,
     Demote,
     Grant,
+    Move,
     PauseGuest,
     PolicyConfig,
     Promote,
@@ -162,6 +163,7 @@ class Agent(ViewControl, GuestControl, FollowControl):
         self._due: dict[int, tuple[tuple[StepKey, float], float]] = {}
         self._armed: dict[int, float] = {}
         self._let_compute: dict[StepKey, float] = {}
+        self._moving: dict[int, tuple[StepKey, float, float]] = {}
         self._detach = getattr(backend, "detach", None)
         self._outage = Outage(self.clock)
         self._repeats = Repeats(log.warning, clock=self.clock)
@@ -255,6 +257,7 @@ class Agent(ViewControl, GuestControl, FollowControl):
             usage=self.book.usage.at(now),  # folded from the log: survives a restart
             io_waiting=self._io_waiting,
             util_low_since=self._guest_low.get,
+            passed_gate=self._passed_gate,
         )
         decision = decide(inp)
         acted: set[StepKey] = set()
@@ -379,6 +382,10 @@ class Agent(ViewControl, GuestControl, FollowControl):
         ch = self._channels.get(key)
         return ch is not None and ch.io_waiting()
 
+    def _passed_gate(self, key: StepKey) -> bool:
+        ch = self._channels.get(key)
+        return ch is not None and ch.passed_gate()
+
     def _hints(self, key: StepKey) -> bool:
         """Whether the step says when it waits on I/O (it has used ``io_wait()``)."""
         ch = self._channels.get(key)
@@ -436,6 +443,8 @@ class Agent(ViewControl, GuestControl, FollowControl):
                 out.append(cls(at=now, run_id=a.key[0], step=a.key[1], gpu=a.gpu))
                 if isinstance(a, Promote):
                     primary_of[a.gpu] = a.key
+            elif isinstance(a, Move) and (moved := self._move(a, now)) is not None:
+                out.append(moved)
             else:
                 continue  # Reserve: nothing to do but hold, which the next decision repeats
             acted.add(a.key)

@@ -81,6 +81,9 @@ class Held:
     ended: bool = False
     #: the attempt its last StepStarted announced (a StepFailed for it names the same one)
     attempt: int = 0
+    #: let compute since its grant (resumed as a guest, or a primary demoted to one): a
+    #: guest that has is never moved to a free GPU (m27.policy.Move)
+    computed: bool = False
 
     @property
     def type(self) -> StepType:
@@ -189,13 +192,15 @@ class Book:
                 h.attempt = e.attempt
         elif isinstance(e, ev.GuestStarted):
             if h := self.held.get((e.run_id, e.step)):
+                # a demoted primary has run (a guest from its grant has not started yet)
+                h.computed = h.computed or h.started_at is not None
                 h.guest, h.paused, h.how = True, False, ""
         elif isinstance(e, ev.GuestPaused):
             if h := self.held.get((e.run_id, e.step)):
                 h.paused, h.how, h.paused_at = True, e.how, e.at
         elif isinstance(e, ev.GuestResumed):
             if h := self.held.get((e.run_id, e.step)):
-                h.paused, h.how = False, ""
+                h.paused, h.how, h.computed = False, "", True
         elif isinstance(e, ev.Promoted):
             if h := self.held.get((e.run_id, e.step)):
                 h.guest, h.paused, h.how = False, False, ""
@@ -244,10 +249,12 @@ def policy_input(
     usage: Mapping[str, float] | None = None,
     io_waiting: Callable[[StepKey], bool] = lambda key: False,
     util_low_since: Callable[[StepKey], float | None] = lambda key: None,
+    passed_gate: Callable[[StepKey], bool] = lambda key: False,
 ) -> PolicyInput:
     """The policy's input for this book; requests of an unknown step type are left out.
     `io_waiting` is a step's hint; `util_low_since` a guest's own low utilization (the
-    agent's samples), for guests that give no hint."""
+    agent's samples), for guests that give no hint; `passed_gate` whether a step went
+    through its gate (a guest its primary's I/O let compute with no event in the log)."""
     pending = tuple(
         Pending(
             key=key,
@@ -285,6 +292,7 @@ def policy_input(
                 time_limit=req.time_limit if req else None,
                 io_waiting=role != "cpu" and io_waiting(key),
                 util_low_since=util_low_since(key) if role == "guest" else None,
+                computed=role == "guest" and (h.computed or passed_gate(key)),
             )
         )
     return PolicyInput(

@@ -18,14 +18,19 @@ sample shows it computing again (``_escalate``), as the simulator models it.
 from __future__ import annotations
 
 from m27 import liveness
-from m27.events import Event, GuestPaused
+from m27.events import Event, GuestPaused, LeaseReleased
 from m27.gpu import GpuSample
 from m27.node import procs as proc
 from m27.node.book import Book, Held
-from m27.policy import PolicyConfig, StepKey
+from m27.policy import Move, PolicyConfig, StepKey
 from m27.step import Channel
 
-__all__ = ["GuestControl"]
+__all__ = ["MOVE_HOLD_S", "GuestControl"]
+
+#: How long a GPU a guest was moved to is kept from further moves while that step has not
+#: asked again (it stops first: mdrun writes its checkpoint). Pending steps may still
+#: take the GPU meanwhile; a step that never asks again (cancelled) holds it no longer.
+MOVE_HOLD_S = 60.0
 
 
 class GuestControl:
@@ -45,6 +50,27 @@ class GuestControl:
     #: (m27.node.follow): it may compute from then on, so its ``gate_grace`` to reach its
     #: gate counts from that, not from when it was paused
     _let_compute: dict[StepKey, float]
+    #: GPU -> (the guest moved there, when, until when no other guest is moved there)
+    _moving: dict[int, tuple[StepKey, float, float]]
+
+    def _move(self, a: Move, now: float) -> Event | None:
+        """The lease of the guest `a` moves, taken back (the step stops, asks again and is
+        granted the free GPU); None while an earlier move to that GPU has not landed: until
+        its step asks again the GPU still looks idle, and each decision would move one
+        more guest there, to be granted back as a guest elsewhere."""
+        earlier = self._moving.get(a.to)
+        if earlier is not None:
+            key, at, until = earlier
+            h = self.book.held.get(key)
+            landed = key in self.book.requests or (h is not None and h.granted_at > at)
+            if now < until and not landed:
+                return None
+        held = self.book.held.get(a.key)
+        if held is None:
+            return None
+        self._moving[a.to] = (a.key, now, now + MOVE_HOLD_S)
+        why = f"moved to GPU {a.to}, which is free"
+        return LeaseReleased(now, a.key[0], a.key[1], held.gpus, reason=why)
 
     def _util(self, s: GpuSample, h: Held) -> float | None:
         raise NotImplementedError

@@ -256,7 +256,7 @@ class AgentLease:
             mine = self._held.get(key) or self._granted.get(key)
             if mine is not None:
                 # released by someone else (the agent): the step must stop
-                mine.why = mine.why or "the node agent took its lease back"
+                mine.why = mine.why or e.reason or "the node agent took its lease back"
                 mine.lost.set()
 
     def _keep_agent(self) -> None:

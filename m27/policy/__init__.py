@@ -41,6 +41,7 @@ from m27.policy._model import (
     Demote,
     GpuView,
     Grant,
+    Move,
     PauseGuest,
     Pending,
     PolicyConfig,
@@ -57,6 +58,7 @@ from m27.policy._model import (
     bounded,
     key_text,
 )
+from m27.policy._move import move_to_idle
 from m27.policy._order import order_pending
 from m27.policy._place import place, reservation
 from m27.policy._state import (
@@ -76,6 +78,7 @@ __all__ = [
     "Demote",
     "GpuView",
     "Grant",
+    "Move",
     "PauseGuest",
     "Pending",
     "PolicyConfig",
@@ -174,8 +177,8 @@ def decide(inp: PolicyInput) -> Decision:
     return _decide(inp)
 
 
-def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
-    if not inp.pending:
+def _decide(inp: PolicyInput, shortcut: bool = True, moving: bool = False) -> Decision:
+    if not inp.pending and not moving:
         return _gate_only(inp)
     cfg, now = inp.config, inp.now
     gpus = {v.index: GpuState(v) for v in sorted(inp.gpus, key=lambda v: v.index)}
@@ -233,6 +236,7 @@ def _decide(inp: PolicyInput, shortcut: bool = True) -> Decision:
         needs = waiting_needs(inp.pending) if shortcut else None
         pa = Pass(gpus, usable, cfg, now, actions, notes, granted, shortcut, needs)
         place(ranked, pa, cpu_busy)
+    move_to_idle(gpus, usable, cfg, actions)
     standby: dict[int, StepKey] = {}
     followers: dict[int, tuple[StepKey, ...]] = {}
     yield_to: dict[int, tuple[StepKey, ...]] = {}
@@ -289,6 +293,17 @@ def _views(gpus: tuple[GpuView, ...]) -> dict[int, GpuView]:
     return views
 
 
+def _idle_beside_guests(
+    hosted: list[tuple[int, list[Running]]], primary: dict[int, Running], views: dict[int, GpuView]
+) -> bool:
+    """Whether a GPU holds nothing while a guest that has not computed waits behind a
+    primary elsewhere (:func:`m27.policy._move.move_to_idle` may move it)."""
+    busy = {i for i, _ in hosted} | primary.keys()
+    if all(i in busy or v.lost or v.foreign_memory >= OUTSIDE_MEMORY_MIN for i, v in views.items()):
+        return False
+    return any(i in primary and not g.computed for i, leases in hosted for g in leases)
+
+
 def _gate_only(inp: PolicyInput) -> Decision:
     """Nothing pending: only promotions and guest gating can change, and only on GPUs
     that host guests (most simulator decisions are this one, so it builds no Slot: it
@@ -298,6 +313,8 @@ def _gate_only(inp: PolicyInput) -> Decision:
         return _decision((), None, {}, {}, inp, {})
     cfg, now = inp.config, inp.now
     views = _views(inp.gpus)
+    if len(views) > len(primary) and _idle_beside_guests(hosted, primary, views):
+        return _decide(inp, shortcut=False, moving=True)  # a guest may move there
     gated: list[tuple[int, GpuView, bool, Running | None, list[Running]]] = []
     actions: list[Action] = []
     for i, leases in hosted:

@@ -123,6 +123,10 @@ class Running:
     time_limit: float | None = None
     io_waiting: bool = False
     util_low_since: float | None = None
+    #: a guest that has computed since its grant (its gate was opened, or its primary's
+    #: I/O let it through): it has work a restart would lose back to its last checkpoint,
+    #: so it is never moved to a free GPU (see :class:`Move`)
+    computed: bool = False
 
 
 @dataclass(frozen=True)
@@ -224,4 +228,17 @@ class Reserve:
     gpus: tuple[int, ...]
 
 
-Action = Grant | StartCpu | PauseGuest | ResumeGuest | Promote | Demote | Reserve
+@dataclass(frozen=True)
+class Move:
+    """A guest that has not computed yet waits on a GPU whose primary computes, while GPU
+    `to` holds nothing and nothing pending takes it: its lease is taken back, the step
+    stops, asks again and starts on the free GPU (a guest is never moved across GPUs in
+    place: its CUDA context and memory live on `gpu`). Without it the guest waited for its
+    primary to end, hours for an MD run, beside an idle GPU."""
+
+    key: StepKey
+    gpu: int
+    to: int
+
+
+Action = Grant | StartCpu | PauseGuest | ResumeGuest | Promote | Demote | Reserve | Move

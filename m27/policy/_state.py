@@ -57,6 +57,8 @@ class Slot:
     gpus: int = 1
     #: a guest's own utilization low since then (inferred I/O; see `Running`)
     util_low_since: float | None = None
+    #: a guest that has computed since its grant (see `Running.computed`)
+    computed: bool = False
 
     @classmethod
     def of_pending(
@@ -139,6 +141,7 @@ def place_leases(
             r.time_limit,
             n if n > 1 else 1,
             r.util_low_since,
+            r.computed,
         )
         if role == "primary":
             held[r.owner] = held.get(r.owner, 0) + n

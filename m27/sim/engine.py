@@ -21,6 +21,7 @@ from m27.policy import (
     Action,
     Demote,
     Grant,
+    Move,
     PauseGuest,
     Pending,
     Promote,
@@ -372,7 +373,25 @@ class _Engine:
                 st.guests[a.gpu].append(lv.job.id)
                 lv.role, lv.paused = "guest", True
                 changed = True
+            elif isinstance(a, Move):
+                self.requeue(self.touch(self.live(a.key)), a.gpu, now)
+                changed = True
         return changed
+
+    def requeue(self, lv: Live, gpu: int, now: float) -> None:
+        """A guest's lease taken back (Move): it waits again, in its old place in the
+        queue. It has not computed (the policy moves no other), so nothing is lost."""
+        st = self.st
+        if lv.role != "guest" or lv.job.id not in st.guests[gpu]:
+            raise SimulationError(f"{lv.job.key} is not a guest on GPU {gpu}", step=lv.job.key)
+        self.stop(lv, now)
+        st.guests[gpu].remove(lv.job.id)
+        del st.running[lv.job.id]
+        lv.role, lv.paused, lv.gpus, lv.started_at = None, False, (), None
+        st.pending[lv.job.id] = lv
+        st.pending_inputs[lv.job.id] = lv.pending
+        st.pending_version += 1
+        st.gpu_waiting += 1
 
 
 def _any_paused(st: SimState) -> bool:

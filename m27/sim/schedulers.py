@@ -248,8 +248,15 @@ def _running(lv: Live) -> Running:
             "time_limit": job.time_limit,
             "io_waiting": job.io_hint and lv.role != "cpu" and lv.in_io,
             "util_low_since": _low_since(lv),
+            "computed": lv.role == "guest" and _progressed(lv),
         },
     )
+
+
+def _progressed(lv: Live) -> bool:
+    """Whether the job has run at all (a guest that has is never moved to a free GPU)."""
+    phases = lv.job.phases
+    return lv.since is not None or lv.phase > 0 or (bool(phases) and lv.remaining < phases[0][1])
 
 
 def _low_since(lv: Live) -> float | None:

@@ -291,6 +291,11 @@ class Channel:
         """True once the step has called ``gate()``: it can be paused cooperatively."""
         return self._q[_Q_GATE_CALLS] > 0 or self.at_gate()
 
+    def passed_gate(self) -> bool:
+        """True once the step has gone through its gate (it has computed past it)."""
+        calls = self._q[_Q_GATE_CALLS]
+        return calls > 1 or (calls == 1 and not self.at_gate())
+
     def gate_seconds(self) -> float:
         return float(self._d[_D_GATE_SECONDS])
 

@@ -24,6 +24,7 @@ from m27.policy import (
     Demote,
     GpuView,
     Grant,
+    Move,
     PauseGuest,
     Pending,
     PolicyConfig,
@@ -64,6 +65,12 @@ class Step:
     io_since: float | None = None
     #: the step marks its own I/O waits (``m27.io_wait``)
     io_hint: bool = False
+    #: a guest that has computed since its grant (one in its own I/O phase has too)
+    computed: bool = False
+
+    @property
+    def has_computed(self) -> bool:
+        return self.role == "guest" and (self.computed or self.io_since is not None)
 
     @property
     def key(self) -> StepKey:
@@ -131,6 +138,7 @@ class Case:
                 started_at=s.started_at,
                 io_waiting=s.io_hint and s.role == "primary" and s.io_since is not None,
                 util_low_since=s.io_since if s.role == "guest" and not s.io_hint else None,
+                computed=s.has_computed,
             )
             for s in self.running
             if s.role is not None
@@ -342,5 +350,52 @@ CASES: tuple[Case, ...] = (
             Step("new/md", 35_990.0, priority=10, gpu_memory=12 * GIB),
         ),
         expected=(Grant(_k("old/md"), (0,), "immediate"),),
+    ),
+    # GPU 1 freed and nothing waits: of the two guests behind GPU 0's computing primary,
+    # the better-ranked one that has not computed moves there (it starts again, alone);
+    # the one that has computed stays (a restart would lose its work since its last
+    # checkpoint), and so does the lower-ranked one (one GPU, one move).
+    Case(
+        "a guest that has not computed moves to a GPU that freed",
+        gpus=2,
+        now=100.0,
+        steps=(
+            Step("a/md", 0.0, gpu_memory=2 * GIB, role="primary", on=(0,)),
+            Step(
+                "g/md",
+                5.0,
+                priority=9,
+                gpu_memory=2 * GIB,
+                role="guest",
+                tier="ready",
+                on=(0,),
+                paused=True,
+                computed=True,
+            ),
+            Step("h/md", 6.0, gpu_memory=2 * GIB, role="guest", tier="ready", on=(0,), paused=True),
+            Step(
+                "i/md",
+                7.0,
+                priority=5,
+                gpu_memory=2 * GIB,
+                role="guest",
+                tier="ready",
+                on=(0,),
+                paused=True,
+            ),
+        ),
+        expected=(Move(_k("i/md"), 0, 1),),
+    ),
+    # A waiting step takes the free GPU first: the guest stays.
+    Case(
+        "a waiting step takes a freed GPU before a guest moves there",
+        gpus=2,
+        now=100.0,
+        steps=(
+            Step("a/md", 0.0, gpu_memory=2 * GIB, role="primary", on=(0,)),
+            Step("g/md", 5.0, gpu_memory=2 * GIB, role="guest", tier="ready", on=(0,), paused=True),
+            Step("x/md", 50.0, gpu_memory=2 * GIB),
+        ),
+        expected=(Grant(_k("x/md"), (1,), "immediate"),),
     ),
 )

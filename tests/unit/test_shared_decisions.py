@@ -79,6 +79,8 @@ def sim_state(case: Case) -> tuple[SimState, dict[str, Live]]:
             continue
         lv.role, lv.tier, lv.gpus, lv.paused = s.role, s.tier, s.on, s.paused
         lv.started_at = s.started_at
+        if s.computed:  # a second of its first phase done
+            lv.remaining -= 1.0
         if s.io_since is not None:  # in its I/O phase since then
             lv.phase, lv.phase_started = 1, s.io_since
         state.running[job.id] = lv
@@ -142,6 +144,8 @@ def agent_log(case: Case, home: Path) -> tuple[list[ev.Event], dict[str, Channel
         out.append(ev.LeaseGranted(at, run, step, s.on, tier, chan))
         if s.role == "guest":
             out.append(ev.GuestStarted(at=at, run_id=run, step=step, gpu=s.on[0]))
+            if s.has_computed:
+                out.append(ev.GuestResumed(at=at, run_id=run, step=step, gpu=s.on[0]))
             if s.paused:
                 out.append(ev.GuestPaused(at=at, run_id=run, step=step, gpu=s.on[0]))
         out.append(
@@ -184,6 +188,7 @@ def agent_input(case: Case, home: Path) -> PolicyInput:
             usage={},
             io_waiting=agent._io_waiting,
             util_low_since=agent._guest_low.get,
+            passed_gate=agent._passed_gate,
         )
     finally:
         agent.close()
@@ -227,5 +232,5 @@ def test_agent_builds_the_same_input_from_its_log_and_samples(
 def test_every_action_kind_is_covered_by_a_shared_case() -> None:
     kinds = {type(a).__name__ for c in CASES for a in c.expected}
     assert kinds == {
-        "Grant", "StartCpu", "PauseGuest", "ResumeGuest", "Promote", "Demote", "Reserve"
+        "Grant", "StartCpu", "PauseGuest", "ResumeGuest", "Promote", "Demote", "Reserve", "Move"
     }  # fmt: skip
