@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from m27.events import CheckpointRestored, CheckpointWritten, StepStarted
+from m27.events import CheckpointRestored, CheckpointWritten, StepRequeued, StepStarted
 from tests.e2e._helpers import M27, ROOT, events, file_captures, m27_env, node_state
 from tests.services import need_program
 from tests.waiting import wait_until
@@ -123,19 +123,26 @@ def test_a_power_cut_resumes_each_replica_from_its_own_capture(
 def _from_its_own_newest(
     home: Path, restored: CheckpointRestored, newest: CheckpointWritten
 ) -> None:
-    """The resume restored the replica's own newest state: its last capture, or, where
-    mdrun wrote its .cpt again between that capture and the power cut (the capture waits
-    for the file to hold still for two looks), that newer .cpt, captured by the resume
-    before anything else and restored from there."""
+    """The resume restored the replica's own newest state: its last capture, or a newer
+    capture of its own files that the resumed run made first. That happens where mdrun
+    wrote its .cpt again between the last capture and the power cut (the capture waits
+    for the file to hold still for two looks; the resume captures it before restoring),
+    or where the replica, granted as a guest beside the killed run's leases before the
+    node knew them dead, was moved to the GPU they freed (stopped, captured, requeued)."""
     assert f"/{restored.step}/" in restored.path  # its own, not the other replica's
     if restored.path == newest.path:
         assert restored.engine_step == newest.engine_step
         return
-    log = (home / "runs" / restored.run_id / f"{restored.step}.log").read_text()
-    assert "complete and newer than the last capture" in log, log[-2000:]
     (capture,) = [
         e for e in file_captures(home) if e.run_id == restored.run_id and e.path == restored.path
     ]
     assert capture.step == restored.step
     assert restored.engine_step is not None and newest.engine_step is not None
     assert restored.engine_step >= newest.engine_step
+    log = (home / "runs" / restored.run_id / f"{restored.step}.log").read_text()
+    moved = [
+        e
+        for e in events(home)
+        if isinstance(e, StepRequeued) and (e.run_id, e.step) == (restored.run_id, restored.step)
+    ]
+    assert moved or "complete and newer than the last capture" in log, log[-2000:]

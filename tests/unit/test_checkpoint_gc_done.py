@@ -211,6 +211,23 @@ def test_a_file_where_the_checkpoints_folder_should_be_is_named(
     )
 
 
+def test_a_file_where_a_steps_checkpoint_folder_should_be_is_named(
+    node: dict[str, int], m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both said `no checkpoints` (for the step: `run R has no checkpoints for step 'em'`),
+    as if the step had never saved one."""
+    step_dir = m27_home / "checkpoints" / ENDED / "em"
+    shutil.rmtree(step_dir)
+    step_dir.write_text("not a folder")
+    assert main(["checkpoints", ENDED, "em"]) == 2
+    why = f"{step_dir} is not a folder: m27 keeps step em's checkpoints in it; move it aside"
+    assert capsys.readouterr().err == f"m27 checkpoints: {why}\n"
+    assert main(["checkpoints", "--json", ENDED]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"m27 checkpoints: {why}\n"
+    assert {r["step"] for r in json.loads(out)} == {"md"}  # the other step still listed
+
+
 def test_options_may_come_before_the_run(
     node: dict[str, int], m27_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

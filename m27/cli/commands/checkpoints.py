@@ -161,10 +161,24 @@ def _directories(run: str, step: str | None) -> list[tuple[str, Path]]:
             made = made_by(name, sorted(p.name for p in run_dir.iterdir() if p.is_dir()))
             if made:
                 return [t for m in made for t in _with_captures(m, join_under(run_dir, m))]
+        if step_dir is not None and step_dir.exists() and not step_dir.is_dir():
+            raise _not_a_folder(step_dir, name, run_id)  # it said "no checkpoints for step"
         if step_dir is None or not step_dir.is_dir():
             raise RunError(f"run {run_id} has no checkpoints for step {step!r}", run_id=run_id)
         return [t for t in _with_captures(name, step_dir) if not slash or t[0] == step]
-    return [t for p in sorted(run_dir.iterdir()) if p.is_dir() for t in _with_captures(p.name, p)]
+    entries = sorted(run_dir.iterdir()) if run_dir.is_dir() else []
+    for p in entries:
+        if not p.is_dir():  # its listing said "no checkpoints", as if there had been none
+            print(f"m27 checkpoints: {_not_a_folder(p, p.name, run_id)}", file=sys.stderr)
+    return [t for p in entries if p.is_dir() for t in _with_captures(p.name, p)]
+
+
+def _not_a_folder(path: Path, step: str, run_id: str) -> RunError:
+    return RunError(
+        f"{path} is not a folder: m27 keeps step {step}'s checkpoints in it; move it aside",
+        file=str(path),
+        run_id=run_id,
+    )
 
 
 def _with_captures(step: str, step_dir: Path) -> list[tuple[str, Path]]:
