@@ -19,7 +19,7 @@ from m27.node.agent import Agent
 from m27.node.guests import MOVE_HOLD_S
 from m27.policy import Move
 from m27.store.memory import MemoryEventStore
-from tests.unit.agent_helpers import make_node, run_step_leased
+from tests.unit.agent_helpers import STEP_RUNS, make_node, run_step_leased
 from tests.waiting import wait_until
 
 #: Far above any pid_max: a requester that never exists (nothing is signalled).
@@ -42,35 +42,35 @@ def test_a_guest_that_never_computed_moves_to_the_gpu_that_freed(
     m27_home: Path, tmp_path: Path
 ) -> None:
     node = make_node(m27_home, gpus=2).start()
-    lease = node.lease()
-    first = run_step_leased(lease, "r", "a", BUSY)
-    second = run_step_leased(lease, "r", "b", BUSY)
-    wait_until(lambda: len(node.of(ev.StepStarted)) == 2, what="both primaries running")
-    out = tmp_path / "gpu.txt"
-    guest = run_step_leased(lease, "r", "g", _waits_at_its_gate(out))
-    wait_until(lambda: len(node.of(ev.StepStarted)) == 3, what="the guest started")
-    (granted,) = [g for g in node.of(ev.LeaseGranted) if g.step == "g"]  # type: ignore[attr-defined]
-    assert granted.tier == "ready"  # type: ignore[attr-defined]
-    on = granted.gpus[0]  # type: ignore[attr-defined]
-    behind, other = (first, second) if on == _gpu_of(node, "a") else (second, first)
-    other.cancel.set()  # the other GPU frees; nothing waits for it
-    result = guest.wait(60)
-    assert result is not None and result.ok, result
-    free = 1 - on
-    assert out.read_text() == f"{free}\n"  # it ran once, on the GPU that freed
-    released = [e for e in node.of(ev.LeaseReleased) if e.step == "g"]  # type: ignore[attr-defined]
-    assert released[0].reason == f"moved to GPU {free}, which is free"  # type: ignore[attr-defined]
-    (requeued,) = node.of(ev.StepRequeued)
-    assert requeued.reason == f"moved to GPU {free}, which is free"  # type: ignore[attr-defined]
-    grants = [(g.gpus, g.tier) for g in node.of(ev.LeaseGranted) if g.step == "g"]  # type: ignore[attr-defined]
-    assert grants == [((on,), "ready"), ((free,), "immediate")]
-    log = (m27_home / "runs" / "r" / "g.log").read_text()
-    assert f"stopped: moved to GPU {free}, which is free; requeued" in log, log
-    behind.cancel.set()
-    behind.wait()
-    other.wait()
-    lease.close()
-    node.close()
+    try:
+        lease = node.lease()
+        first = run_step_leased(lease, "r", "a", BUSY)
+        second = run_step_leased(lease, "r", "b", BUSY)
+        wait_until(lambda: len(node.of(ev.StepStarted)) == 2, what="both primaries running")
+        out = tmp_path / "gpu.txt"
+        guest = run_step_leased(lease, "r", "g", _waits_at_its_gate(out))
+        wait_until(lambda: len(node.of(ev.StepStarted)) == 3, what="the guest started")
+        (granted,) = [g for g in node.of(ev.LeaseGranted) if g.step == "g"]  # type: ignore[attr-defined]
+        assert granted.tier == "ready"  # type: ignore[attr-defined]
+        on = granted.gpus[0]  # type: ignore[attr-defined]
+        other = second if on == _gpu_of(node, "a") else first  # the primary on the other GPU
+        other.cancel.set()  # the other GPU frees; nothing waits for it
+        result = guest.wait(60)
+        assert result is not None and result.ok, result
+        free = 1 - on
+        assert out.read_text() == f"{free}\n"  # it ran once, on the GPU that freed
+        released = [e for e in node.of(ev.LeaseReleased) if e.step == "g"]  # type: ignore[attr-defined]
+        assert released[0].reason == f"moved to GPU {free}, which is free"  # type: ignore[attr-defined]
+        (requeued,) = node.of(ev.StepRequeued)
+        assert requeued.reason == f"moved to GPU {free}, which is free"  # type: ignore[attr-defined]
+        grants = [(g.gpus, g.tier) for g in node.of(ev.LeaseGranted) if g.step == "g"]  # type: ignore[attr-defined]
+        assert grants == [((on,), "ready"), ((free,), "immediate")]
+        log = (m27_home / "runs" / "r" / "g.log").read_text()
+        assert f"stopped: moved to GPU {free}, which is free; requeued" in log, log
+    finally:
+        for run in STEP_RUNS:  # a failed test leaves the guest at its gate
+            run.cancel.set()
+        node.close()  # ends the steps and the lease
 
 
 def _gpu_of(node: object, step: str) -> int:
