@@ -164,6 +164,7 @@ class Agent(ViewControl, GuestControl, FollowControl):
         self._armed: dict[int, float] = {}
         self._let_compute: dict[StepKey, float] = {}
         self._moving: dict[int, tuple[StepKey, float, float]] = {}
+        self._shut: dict[StepKey, tuple[Path, ...]] = {}
         self._detach = getattr(backend, "detach", None)
         self._outage = Outage(self.clock)
         self._repeats = Repeats(log.warning, clock=self.clock)
@@ -333,11 +334,7 @@ class Agent(ViewControl, GuestControl, FollowControl):
             key = (e.run_id, e.step)
             self._later += self._peaks.released(key, e.at)
             self._detach_step(key)
-            ch = self._channels.pop(key, None)
-            if ch is not None:
-                ch.close()
-                for path in (ch.path, ch.follow_path, ch.yield_path):
-                    path.unlink(missing_ok=True)
+            self._drop_channel(key, taken_back=bool(e.reason))
             self._stopped.discard(key)
         self.book.apply(rec)
         if isinstance(e, StepStarted):

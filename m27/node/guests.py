@@ -17,6 +17,8 @@ sample shows it computing again (``_escalate``), as the simulator models it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from m27 import liveness
 from m27.events import Event, GuestPaused, LeaseReleased
 from m27.gpu import GpuSample
@@ -52,6 +54,27 @@ class GuestControl:
     _let_compute: dict[StepKey, float]
     #: GPU -> (the guest moved there, when, until when no other guest is moved there)
     _moving: dict[int, tuple[StepKey, float, float]]
+    #: the channel files of leases the agent took back, kept shut until the step's release
+    _shut: dict[StepKey, tuple[Path, ...]]
+
+    def _drop_channel(self, key: StepKey, taken_back: bool) -> None:
+        """Close the channel of a lease that ended, and remove its files; but while the
+        agent took the lease back (a move) and the step may still run, its gate is shut
+        and the files stay until the step's own release. Without the file, a step not at
+        its first gate yet found no channel, took itself for one run outside the agent
+        and computed, ungated, on the GPU it was moved from."""
+        ch = self._channels.pop(key, None)
+        paths = self._shut.pop(key, ())
+        if ch is not None:
+            paths = (ch.path, ch.follow_path, ch.yield_path)
+            if taken_back:
+                ch.set_gate(False)  # also ends a follow of its primary's I/O
+                self._shut[key] = paths
+            ch.close()
+            if taken_back:
+                return
+        for path in paths:
+            path.unlink(missing_ok=True)
 
     def _move(self, a: Move, now: float) -> Event | None:
         """The lease of the guest `a` moves, taken back (the step stops, asks again and is

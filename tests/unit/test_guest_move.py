@@ -15,9 +15,10 @@ from pathlib import Path
 from m27 import events as ev
 from m27.clock import FakeClock
 from m27.gpu.sim import SimBackend
-from m27.node.agent import Agent
+from m27.node.agent import Agent, channel_path
 from m27.node.guests import MOVE_HOLD_S
 from m27.policy import Move
+from m27.step import Channel
 from m27.store.memory import MemoryEventStore
 from tests.unit.agent_helpers import STEP_RUNS, make_node, run_step_leased
 from tests.waiting import wait_until
@@ -54,6 +55,13 @@ def test_a_guest_that_never_computed_moves_to_the_gpu_that_freed(
         assert granted.tier == "ready"  # type: ignore[attr-defined]
         on = granted.gpus[0]  # type: ignore[attr-defined]
         other = second if on == _gpu_of(node, "a") else first  # the primary on the other GPU
+        # at its gate: a guest moved before it got there took the lease's removed channel
+        # for none and computed on GPU `on` (test_a_moved_guests_gate_stays_shut...)
+        gate = Channel.open(granted.channel, writable=False)  # type: ignore[attr-defined]
+        try:
+            wait_until(gate.at_gate, what="the guest waiting at its gate")
+        finally:
+            gate.close()
         other.cancel.set()  # the other GPU frees; nothing waits for it
         result = guest.wait(60)
         assert result is not None and result.ok, result
@@ -119,5 +127,41 @@ def test_a_gpu_a_guest_was_moved_to_takes_no_second_guest_until_the_first_asks_a
         assert agent._move(Move(("r", "g2"), 0, 1), 14.0) is None
         assert agent._move(Move(("r", "g2"), 0, 1), 13.0 + MOVE_HOLD_S - 0.1) is None
         assert agent._move(Move(("r", "g2"), 0, 1), 13.0 + MOVE_HOLD_S) is not None
+    finally:
+        agent.close()
+
+
+def test_a_moved_guests_gate_stays_shut_until_its_step_releases_the_lease(
+    m27_home: Path,
+) -> None:
+    """The agent removed a lease's channel file when it took the lease back: a guest whose
+    step had not reached its first gate yet then found no channel, took itself for a step
+    run outside the agent (its gate passes at once) and computed on the GPU it was moved
+    from (a CI run beside two CPU hogs: the guest wrote GPU 0, not 1)."""
+    store = MemoryEventStore()
+    agent = Agent(store, SimBackend(2), m27_home, clock=FakeClock(0.0), snapshot_every=None)
+    try:
+        path = channel_path(m27_home, ("r", "g"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        agent._channels[("r", "g")] = Channel.create(path, gate_open=False)
+        store.append(
+            [
+                ev.StepRequested(at=1.0, run_id="r", step="g", type="gpu", pid=PID),
+                ev.LeaseGranted(1.0, "r", "g", (0,), "ready", str(path)),
+                ev.LeaseReleased(2.0, "r", "g", (0,), reason="moved to GPU 1, which is free"),
+            ]
+        )
+        for rec in store.read():
+            agent._apply(rec)
+        step_side = Channel.open(path)  # what the step maps when it reaches gate()
+        try:
+            assert not step_side.gate_open()
+            assert not step_side.wait_gate(timeout=0.05)  # shut: it does not pass
+        finally:
+            step_side.close()
+        store.append([ev.LeaseReleased(3.0, "r", "g", (0,))])  # its runner's, once stopped
+        for rec in store.read(agent.book.last_seq):
+            agent._apply(rec)
+        assert not path.exists()
     finally:
         agent.close()
