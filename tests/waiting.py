@@ -23,12 +23,15 @@ def wait_until(
     timeout: float = 30.0,
     interval: float = 0.01,
     what: str = "",
+    explain: Callable[[], str] | None = None,
 ) -> T:
     """Poll `predicate` until it returns something truthy and return that value.
 
     Fails the test after `timeout` seconds (the last value is shown). `interval` is the
     pause between polls; the timeout is a bound for a broken run, not a speed claim, so
-    make it large (tens of seconds) on anything that starts a process.
+    make it large (tens of seconds) on anything that starts a process. `explain`, when
+    given, is called on a timeout and its text added to the failure: what a failure on a
+    CI machine needs to be understood from its output alone (a log's tail, a state).
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -37,5 +40,6 @@ def wait_until(
             return value
         if time.monotonic() >= deadline:
             name = what or getattr(predicate, "__name__", "the condition")
-            pytest.fail(f"timed out after {timeout:g} s waiting for {name} (last: {value!r})")
+            why = f"\n{explain()}" if explain is not None else ""
+            pytest.fail(f"timed out after {timeout:g} s waiting for {name} (last: {value!r}){why}")
         time.sleep(interval)

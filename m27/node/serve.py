@@ -26,9 +26,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from m27 import liveness
 from m27.events.state import NodeState, RunState, fold
@@ -159,31 +159,82 @@ class _Watcher:
     async def _tell_prefect(self, client: PrefectClient) -> None:
         """Mark the runs closed in the log Crashed in Prefect (kept until that worked), then
         close task runs of crashed flow runs that Prefect recorded only after it was closed
-        (their states arrive as events, seconds late)."""
+        (their states arrive as events, seconds late). Each flow run's part is tried on its
+        own (:meth:`_one`): one that Prefect refuses does not hold up the others."""
         for flow_run_id, reason in list(self.unmarked.items()):
-            await mark_prefect_crashed(client, flow_run_id, reason)
-            del self.unmarked[flow_run_id]
-            self.recheck[flow_run_id] = (time.time() + RECHECK_FOR_S, reason)
+            told = await self._one(
+                client, flow_run_id, mark_prefect_crashed(client, flow_run_id, reason)
+            )
+            if told != "retry":
+                del self.unmarked[flow_run_id]
+            if told == "done":
+                self.recheck[flow_run_id] = (time.time() + RECHECK_FOR_S, reason)
         now = time.time()
         for flow_run_id, (until, reason) in list(self.recheck.items()):
-            if now > until:
+            if now > until or (
+                await self._one(
+                    client,
+                    flow_run_id,
+                    close_task_runs(client, flow_run_id, "crashed", reason),
+                )
+                == "gone"
+            ):
                 del self.recheck[flow_run_id]
-                continue
-            await close_task_runs(client, flow_run_id, "crashed", reason)
         for flow_run_id, (until, run) in list(self.resettle.items()):
-            if now > until:
+            if now > until or (
+                await self._one(client, flow_run_id, settle_tasks(client, flow_run_id, run))
+                == "gone"
+            ):
                 del self.resettle[flow_run_id]
-                continue
-            await settle_tasks(client, flow_run_id, run)
         for flow_run_id, (due, run) in list(self.missing.items()):
-            if now >= due:
-                made = await add_missing_tasks(client, flow_run_id, run)
+            if now >= due and (
+                await self._one(client, flow_run_id, self._add_missing(client, run)) != "retry"
+            ):
                 del self.missing[flow_run_id]
-                if made:
-                    self.log(
-                        f"m27 agent: {run.run_id}: Prefect had no task run of "
-                        f"{', '.join(made)} (started while it was down); made with their ends"
-                    )
+
+    async def _add_missing(self, client: PrefectClient, run: RunState) -> None:
+        assert run.flow_run_id is not None  # settled runs have one (ended_runs)
+        made = await add_missing_tasks(client, run.flow_run_id, run)
+        if made:
+            self.log(
+                f"m27 agent: {run.run_id}: Prefect had no task run of "
+                f"{', '.join(made)} (started while it was down); made with their ends"
+            )
+
+    async def _one(
+        self, client: PrefectClient, flow_run_id: str, work: Awaitable[object]
+    ) -> Literal["done", "retry", "gone"]:
+        """Await one flow run's part of a pass: "done", "retry" (Prefect refused it: said on
+        the service log, tried again next pass) or "gone" (its flow run was deleted in
+        Prefect, by a user in its UI: never retried). Before, a refusal ended the whole
+        pass, every pass: the runs after a deleted one never got their task runs. A server
+        that does not answer still ends the pass (every other call would wait it out)."""
+        from uuid import UUID
+
+        import httpx
+        from prefect.exceptions import ObjectNotFound
+
+        try:
+            await work
+            return "done"
+        except httpx.TransportError:
+            raise
+        except Exception as exc:
+            try:
+                await client.read_flow_run(UUID(flow_run_id))
+            except ObjectNotFound:
+                run = next((r.run_id for r in self.state.runs.values()
+                            if r.flow_run_id == flow_run_id), "")  # fmt: skip
+                self.log(
+                    f"m27 agent: flow run {flow_run_id} of {run} is gone from Prefect "
+                    "(deleted there); it is not told how the run ended"
+                )
+                return "gone"
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            self.failing(
+                f"m27 agent: Prefect refused flow run {flow_run_id}: {type(exc).__name__}: {first}"
+            )
+            return "retry"
 
 
 def _used_at(home: Path) -> float:

@@ -146,3 +146,46 @@ def test_a_task_run_that_reaches_prefect_after_the_settle_gets_its_step_s_end(
     assert any("Prefect had no task run of gone" in line for line in lines), lines
     assert not watcher.missing
     watcher.store.close()
+
+
+def _delete_flow_run(flow_run_id: str) -> Any:
+    async def delete(client: Any) -> None:
+        from uuid import UUID
+
+        await client.delete_flow_run(UUID(flow_run_id))
+
+    return delete
+
+
+def test_a_flow_run_deleted_from_prefect_does_not_hold_up_the_others(
+    prefect_env: str, m27_home: Path
+) -> None:
+    """A user deleted a settled run's flow run in Prefect's UI: its missing task runs can
+    never be made. Before, the failure ended every pass before the runs after it, and
+    their steps never got task runs (nor a crashed run its task runs' ends)."""
+    url = prefect_env
+    gone, kept = _prefect(url, _open_flow_run), _prefect(url, _open_flow_run)
+    store = open_store(m27_home)
+    for run_id, flow_run_id in (("r-gone", gone), ("r-kept", kept)):
+        store.append(
+            [  # both ended while Prefect could not be told; `late` started then
+                ev.RunSubmitted(1.0, run_id, "p", "p.yaml", ("late",),
+                                flow_run_id=flow_run_id, host=socket.gethostname()),
+                ev.StepSucceeded(1.1, run_id, "late", 1, 0.1),
+                ev.RunSucceeded(1.2, run_id, 0.2),
+            ]
+        )  # fmt: skip
+    store.close()
+    lines: list[str] = []
+    watcher = _Watcher(m27_home, lines.append, threading.Event())
+    _in_prefect(url, watcher.step)  # settles both
+    assert set(watcher.missing) == {gone, kept}
+    _prefect(url, _delete_flow_run(gone))
+    for flow_run_id in (gone, kept):  # in the order they were settled; both due now
+        watcher.missing[flow_run_id] = (0.0, watcher.missing[flow_run_id][1])
+    watcher.recheck_at = 0.0
+    _in_prefect(url, watcher.step)
+    assert _prefect(url, _task_states(kept)) == {"late": ("COMPLETED", "")}
+    assert any(f"flow run {gone} of r-gone is gone from Prefect" in line for line in lines), lines
+    assert not watcher.missing  # the deleted one is not retried for ever
+    watcher.store.close()
