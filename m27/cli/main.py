@@ -13,10 +13,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from m27 import __version__
 from m27._exceptions import ConfigError, M27Error, SpecError
 from m27.cli.commands import COMMANDS, MODULE
+
+if TYPE_CHECKING:
+    from m27.events.check import Misfit
 
 
 def _only(argv: Sequence[str]) -> tuple[str, ...] | None:
@@ -165,12 +169,48 @@ def _internal_error(exc: Exception, argv: Sequence[str]) -> int:
         saved = path
         break
     where = f"its traceback is in {saved}" if saved else "its traceback could not be saved"
+    found = _log_misfit()
+    if found is not None:  # not a bug: a row of the log was changed by hand
+        path, misfit = found
+        print(
+            f"m27: the event log {path} holds an event m27 did not write: {misfit}. It was "
+            f"changed by hand or by another program: see it with `sqlite3 {path} "
+            f'"select * from events where seq = {misfit.seq}"` and put back what m27 wrote, '
+            "or stop the node service (`m27 agent stop`) and move the log aside to start a "
+            f"new one, without its history ({type(exc).__name__}: {exc}; {where})",
+            file=sys.stderr,
+        )
+        return 1
     print(
         f"m27: internal error: {type(exc).__name__}: {exc}; this is a bug in m27 ({where}; "
         "please report it)",
         file=sys.stderr,
     )
     return 1
+
+
+def _log_misfit() -> tuple[Path, Misfit] | None:
+    """After a failure no command expects: the node's event log and its first event whose
+    values do not hold its fields' types (m27.events.check), if there is one. Decoding does
+    not check types, so a row edited by hand fails a command far from the cause."""
+    from m27.config import m27_home
+    from m27.events.check import first_misfit
+    from m27.store.sqlite import LOG_NAME, open_store
+
+    try:
+        path = m27_home() / LOG_NAME
+        if not path.is_file():
+            return None
+        store = open_store(path.parent)
+        try:
+            after, found = 0, None
+            while found is None and (chunk := store.read(after, limit=20_000)):
+                found, after = first_misfit(chunk), chunk[-1].seq
+        finally:
+            store.close()
+    except Exception:  # the log cannot be read either: the failure itself is said
+        return None
+    return None if found is None else (path, found)
 
 
 def _errors_folder() -> Path | None:
