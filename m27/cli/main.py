@@ -194,7 +194,7 @@ def _log_misfit() -> tuple[Path, Misfit] | None:
     values do not hold its fields' types (m27.events.check), if there is one. Decoding does
     not check types, so a row edited by hand fails a command far from the cause."""
     from m27.config import m27_home
-    from m27.events.check import first_misfit
+    from m27.events.check import first_misfit_in
     from m27.store.sqlite import LOG_NAME, open_store
 
     try:
@@ -203,9 +203,7 @@ def _log_misfit() -> tuple[Path, Misfit] | None:
             return None
         store = open_store(path.parent)
         try:
-            after, found = 0, None
-            while found is None and (chunk := store.read(after, limit=20_000)):
-                found, after = first_misfit(chunk), chunk[-1].seq
+            found = first_misfit_in(store.read)
         finally:
             store.close()
     except Exception:  # the log cannot be read either: the failure itself is said

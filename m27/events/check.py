@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from m27.events._base import Event, Recorded
 
-__all__ = ["Misfit", "first_misfit", "misfit"]
+__all__ = ["Misfit", "first_misfit", "first_misfit_in", "misfit"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,20 @@ def first_misfit(records: Iterable[Recorded]) -> Misfit | None:
             field, value, expected = found
             kind = type(record.event).__name__
             return Misfit(record.seq, kind, field, value, expected)
+    return None
+
+
+def first_misfit_in(
+    read: Callable[[int, int], list[Recorded]], chunk: int = 20_000
+) -> Misfit | None:
+    """:func:`first_misfit` of a whole log, read `chunk` events at a time with `read(after,
+    limit)` (a store's ``read``): a log of millions is not held at once."""
+    after = 0
+    while chunk_read := read(after, chunk):
+        found = first_misfit(chunk_read)
+        if found is not None:
+            return found
+        after = chunk_read[-1].seq
     return None
 
 

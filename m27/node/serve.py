@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from m27 import liveness
+from m27.events.check import first_misfit_in
 from m27.events.state import NodeState, RunState, fold
 from m27.locks import NodeLock
 from m27.node import service
@@ -103,6 +104,8 @@ class _Watcher:
         #: flow run id -> (when, run): settled flow runs whose missing task runs are made
         self.missing: dict[str, tuple[float, RunState]] = {}
         self.settle_at = 0.0
+        #: the last failing pass's line and what the log's check found for it
+        self.misfit = ("", "")
         self.thread = threading.Thread(target=self._main, name="m27-crash-watch", daemon=True)
 
     def _main(self) -> None:
@@ -110,8 +113,22 @@ class _Watcher:
             try:
                 self.step()
             except Exception as exc:  # keep watching: the next pass retries
-                self.failing(f"m27 agent: crash watch: {type(exc).__name__}: {exc}")
+                line = f"m27 agent: crash watch: {type(exc).__name__}: {exc}"
+                self.failing(line + self._misfit_for(line))
             self.stop.wait(0.5)
+
+    def _misfit_for(self, line: str) -> str:
+        """What a failing pass says of the log: a row changed by hand fails every pass
+        (the fold cannot pass it), and the service log should name it, as commands do
+        (m27.events.check). Looked for once per new failure: the log is read whole."""
+        if line != self.misfit[0]:
+            try:
+                found = first_misfit_in(self.store.read)
+            except Exception:  # the log cannot be read either: the failure is said as is
+                found = None
+            text = "" if found is None else f" (the log holds an event m27 did not write: {found})"
+            self.misfit = (line, text)
+        return self.misfit[1]
 
     def step(self) -> None:
         self.state = fold(self.store.read(self.state.last_seq), self.state)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+import threading
 import typing
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from m27.events import EVENT_TYPES, Event, Recorded
 from m27.events.check import first_misfit, misfit
 from m27.store.sqlite import SqliteEventStore
 from tests.unit.event_samples import sample_event
+from tests.waiting import wait_until
 
 KINDS = sorted(EVENT_TYPES.values(), key=lambda c: c.__name__)
 RUN = "20261207-100000-aaaa"
@@ -114,3 +116,27 @@ def test_a_command_that_fails_on_an_edited_row_names_the_row_not_a_bug(
     assert len(err.splitlines()) == 1
     (saved,) = (m27_home / "errors").iterdir()  # the failure's traceback, for the curious
     assert str(saved) in err and "TypeError" in saved.read_text()
+
+
+def test_the_node_service_names_the_row_its_crash_watch_cannot_pass(
+    edited_log: Path, m27_home: Path
+) -> None:
+    """The watcher's fold fails on the row at every pass (dead runs are then never
+    closed): its line on the service log says which row, once, not only the TypeError."""
+    from m27.node.serve import _Watcher
+
+    lines: list[str] = []
+    stop = threading.Event()
+    watcher = _Watcher(m27_home, lines.append, stop)
+    watcher.thread.start()
+    try:
+        wait_until(lambda: lines, timeout=60, what="the crash watch's failure on the service log")
+    finally:
+        stop.set()
+        watcher.thread.join(timeout=60)
+        watcher.store.close()
+    assert lines[0].startswith("m27 agent: crash watch: TypeError: "), lines
+    assert lines[0].endswith(
+        " (the log holds an event m27 did not write: event #3 (StepSucceeded): attempt is "
+        "'x', not an integer)"
+    ), lines
