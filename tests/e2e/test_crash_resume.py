@@ -102,6 +102,6 @@ def test_power_cut_mid_step_then_resume_continues_from_the_checkpoint(
         texts = prefect_log_messages(prefect_env, new.flow_run_id)
         return texts if any(t.startswith("started (") for t in texts) else None
 
-    texts = wait_until(told, timeout=30, what="the step's start in Prefect's log")
+    texts = wait_until(told, timeout=120, what="the step's start in Prefect's log")
     (started,) = [t for t in texts if t.startswith("started (")]
     assert started.endswith(f", resuming from {resumed_from})"), started

@@ -117,7 +117,7 @@ def test_diamond_with_a_failing_branch_finishes_the_others_and_fails_the_run(
     seen: list[tuple[str, str, Tasks]] = []
     wait_until(
         lambda: seen.append(_flow_run(prefect_env, run.flow_run_id)) or seen[-1][1] != "RUNNING",
-        timeout=30,
+        timeout=120,
     )
     name, state_type, found = seen[-1]
     tasks = {task: state for task, (state, _) in found.items()}
@@ -169,7 +169,7 @@ def test_a_steps_stderr_shows_once_in_the_terminal_and_in_prefects_logs(
             seen.append(prefect_log_messages(prefect_env, run.flow_run_id))
             or any("progress 1 of 2" in m for m in seen[-1])
         ),
-        timeout=30,
+        timeout=120,
     )
 
 
@@ -196,7 +196,7 @@ def test_a_retried_steps_failed_attempt_is_in_its_prefect_log_before_the_retry(
     ended: list[tuple[str, str, Tasks]] = []
     wait_until(
         lambda: ended.append(_flow_run(prefect_env, run.flow_run_id)) or ended[-1][1] != "RUNNING",
-        timeout=30,
+        timeout=120,
     )
     state, message = ended[-1][2]["a"]
     assert state == "Completed" and message.startswith("succeeded in ")
@@ -206,7 +206,7 @@ def test_a_retried_steps_failed_attempt_is_in_its_prefect_log_before_the_retry(
         texts = prefect_log_messages(prefect_env, run.flow_run_id)
         return texts if "ok" in texts else None
 
-    texts = wait_until(said, timeout=30, what="the step's output in Prefect")
+    texts = wait_until(said, timeout=120, what="the step's output in Prefect")
     lines = [t for t in texts if t in ("boom", "ok") or t.startswith(("started", "failed"))]
     assert [line.split(" (")[0] for line in lines] == ["started", "boom", "failed", "started", "ok"]
     assert lines[2] == "failed (attempt 1): exited with code 3 - retrying"

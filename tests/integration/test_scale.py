@@ -286,7 +286,7 @@ def test_worker_publishes_its_node_capacity(lab: dict[str, Any]) -> None:
     from prefect.variables import Variable
 
     value = wait_until(
-        lambda: Variable.get("m27-capacity-a"), timeout=30, interval=0.3, what="capacity of node a"
+        lambda: Variable.get("m27-capacity-a"), timeout=120, interval=0.3, what="capacity of node a"
     )
     assert value["node"] == "a" and value["gpus"] == 1 and value["cpu_slots"] == 1
     assert set(value["free"]) == {"immediate", "ready", "background"}
@@ -322,7 +322,7 @@ def test_kill_9_of_a_flow_run_process_ends_crashed_in_prefect_and_the_log(
         os.kill(flow_pid, signal.SIGKILL)
         wait_until(
             lambda: _state(client, fr) == "CRASHED",
-            timeout=30,
+            timeout=120,
             interval=0.3,
             what="Crashed in Prefect",
         )
@@ -361,7 +361,7 @@ def test_a_failed_deployed_run_logs_no_engine_traceback(lab: dict[str, Any]) -> 
             texts = [log.message for log in found]
             return texts if any("Finished in state Failed" in t for t in texts) else None
 
-        texts = wait_until(logs, timeout=30, interval=0.5, what="the run's end in its logs")
+        texts = wait_until(logs, timeout=120, interval=0.5, what="the run's end in its logs")
     assert not any("Engine execution exited" in t or "Traceback" in t for t in texts), texts
     # where the step ran is in its task run's log, not only in m27's own log
     assert any(t.startswith("started (attempt 1, pid ") and ", CPU)" in t for t in texts), texts
