@@ -239,7 +239,7 @@ class _Watcher:
         except Exception as exc:
             try:
                 await client.read_flow_run(UUID(flow_run_id))
-            except ObjectNotFound:
+            except (ObjectNotFound, ValueError):  # or not a Prefect id (a hand-written log)
                 run = next((r.run_id for r in self.state.runs.values()
                             if r.flow_run_id == flow_run_id), "")  # fmt: skip
                 self.log(

@@ -189,3 +189,32 @@ def test_a_flow_run_deleted_from_prefect_does_not_hold_up_the_others(
     assert any(f"flow run {gone} of r-gone is gone from Prefect" in line for line in lines), lines
     assert not watcher.missing  # the deleted one is not retried for ever
     watcher.store.close()
+
+
+def _flow_state(flow_run_id: str) -> Any:
+    async def read(client: Any) -> str:
+        from uuid import UUID
+
+        flow_run = await client.read_flow_run(UUID(flow_run_id))
+        return str(flow_run.state.type.value)
+
+    return read
+
+
+def test_a_crashed_run_is_marked_beside_one_whose_id_prefect_cannot_take(
+    prefect_env: str, m27_home: Path
+) -> None:
+    """A run of a hand-written (or very old) log whose flow run id is not a Prefect id
+    failed every pass for a minute: other crashed runs were not marked meanwhile."""
+    url = prefect_env
+    real = _prefect(url, _open_flow_run)
+    _prefect(url, _running_task(real, "md"))
+    lines: list[str] = []
+    watcher = _Watcher(m27_home, lines.append, threading.Event())
+    watcher.unmarked = {"flow-7": "crashed: its process is gone", real: "crashed: gone too"}
+    _in_prefect(url, watcher.step)
+    assert _prefect(url, _flow_state(real)) == "CRASHED"
+    assert _prefect(url, _task_states(real)) == {"md": ("CRASHED", "crashed: gone too")}
+    assert list(watcher.recheck) == [real]  # the other is not asked about again
+    assert not watcher.unmarked
+    watcher.store.close()
