@@ -169,7 +169,7 @@ def _internal_error(exc: Exception, argv: Sequence[str]) -> int:
         saved = path
         break
     where = f"its traceback is in {saved}" if saved else "its traceback could not be saved"
-    found = _log_misfit()
+    found = _log_misfit() if isinstance(exc, _VALUE_ERRORS) else None
     if found is not None:  # not a bug: a row of the log was changed by hand
         path, misfit = found
         print(
@@ -187,6 +187,11 @@ def _internal_error(exc: Exception, argv: Sequence[str]) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+#: What a value of the wrong type fails with where it is used: only these make the log's
+#: check worth its read (seconds for a log of millions) before the line is said
+_VALUE_ERRORS = (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError)
 
 
 def _log_misfit() -> tuple[Path, Misfit] | None:
