@@ -100,3 +100,14 @@ class NotifyError(M27Error):
 
 class RunError(M27Error):
     """A run failed, was cancelled, or cannot be resumed."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception in one line: its message, and the first line of its cause's."""
+
+    def first(e: BaseException) -> str:
+        lines = str(e).strip().splitlines()
+        return lines[0][:300] if lines else type(e).__name__
+
+    cause = exc.__cause__
+    return first(exc) + (f" ({first(cause)})" if cause is not None else "")

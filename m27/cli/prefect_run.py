@@ -21,7 +21,6 @@ __all__ = [
     "bound_prefect_end",
     "check_server_version",
     "complete_models",
-    "one_line",
     "prefect_defaults",
     "prefect_env",
     "prefect_late",
@@ -257,14 +256,3 @@ def prefect_late(what: str) -> None:
             f"m27: Prefect's server at {url} {what}; the node service tells it how the run "
             "ended once it answers\n"
         )
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception in one line: its message, and the first line of its cause's."""
-
-    def first(e: BaseException) -> str:
-        lines = str(e).strip().splitlines()
-        return lines[0][:300] if lines else type(e).__name__
-
-    cause = exc.__cause__
-    return first(exc) + (f" ({first(cause)})" if cause is not None else "")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from m27 import liveness
+from m27._exceptions import one_line
 from m27.events.check import first_misfit_in
 from m27.events.state import NodeState, RunState, fold
 from m27.locks import NodeLock
@@ -247,9 +248,9 @@ class _Watcher:
                     "(deleted there); it is not told how the run ended"
                 )
                 return "gone"
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
             self.failing(
-                f"m27 agent: Prefect refused flow run {flow_run_id}: {type(exc).__name__}: {first}"
+                f"m27 agent: Prefect refused flow run {flow_run_id}: {type(exc).__name__}: "
+                f"{one_line(exc)}"
             )
             return "retry"
 

@@ -14,7 +14,7 @@ from types import FrameType
 from typing import Any
 
 from m27 import runids
-from m27._exceptions import M27Error, RunnerError, StoreError
+from m27._exceptions import M27Error, RunnerError, StoreError, one_line
 from m27.cli import warm
 from m27.cli.commands import SUMMARY, _common, _notes
 from m27.cli.commands._options import add_set_option
@@ -24,7 +24,6 @@ from m27.cli.commands._progress import Progress, write_out
 from m27.cli.detach import given_run_id
 from m27.cli.prefect_run import (
     bound_prefect_end,
-    one_line,
     prefect_defaults,
     prefect_late,
     quiet_run_loggers,
