@@ -4,7 +4,8 @@
 a job script or a Compose file. Taken as written, the step got the text `$HOME/bin:$PATH`
 as its PATH (every program it started by name was not found), and a folder named
 `$SCRATCH` was made inside the pipeline's folder. So, as sh reads them: `$NAME`, `${NAME}`,
-`${NAME:-default}` (the default as written), and `$$` for one `$` (as Compose writes it); a
+`${NAME:-default}` (when NAME is unset or empty; `${NAME-default}`: when unset), a default
+that names others (`${DATA:-$SCRATCH/data}`), and `$$` for one `$` (as Compose writes it); a
 name that is not set is empty, and :attr:`m27.spec.Pipeline.unset_env` says where, for a
 note. Only the file's own text is expanded: a `{{VAR}}`'s value is data, a `$` in it too.
 Commands are not expanded here: without a shell a `$` is refused, with one the shell reads
@@ -23,18 +24,28 @@ from m27.spec._template import Placeholder
 if TYPE_CHECKING:
     from m27.spec._check import Checker
 
-#: `$$`, `${NAME}`, `${NAME:-default}`, `$NAME`; any other `$` stays as written. A default
-#: holds no `$`: with `[^}]*` each unclosed `${a:-` of a hostile file read to its end
-#: (quadratic: 50 s for 200 KB), and sh's nested defaults are not read here anyway.
+#: A name, possessive: `$AB` is never re-split as `$A` + `B` when a match fails later.
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*+"
+#: What a default may hold: text, `$$`, `$NAME`, `${NAME}`, `${NAME:-text}` (`${NAME-text}`),
+#: two levels as sh nests them in practice (`${A:-${B:-/tmp}}`); no `$` in the inner text.
+#: Every loop is possessive and its branches start differently, so a failed match is given
+#: up at once: a hostile file of unclosed `${a:-` stays linear (with `[^}]*`, each read to
+#: the end: 50 s for 200 KB).
+_DEFAULT = rf"(?:[^}}$]++|\$\$|\$\{{{_NAME}(?::?-[^}}$]*+)?\}}|\${_NAME})*+"
+#: `$$`, `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `$NAME`; any other `$` stays as
+#: written.
 _REF = re.compile(
-    r"\$(?:(?P<dollar>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}$]*))?\}"
-    r"|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))"
+    rf"\$(?:(?P<dollar>\$)|\{{(?P<braced>{_NAME})(?:(?P<op>:?-)(?P<default>{_DEFAULT}))?\}}"
+    rf"|(?P<bare>{_NAME}))"
 )
 
 
 def references(text: str) -> list[str]:
     """The names `text` refers to as `$NAME`, `${NAME}` or `${NAME:-...}`, each once."""
-    found = (m["braced"] or m["bare"] for m in _REF.finditer(text) if not m["dollar"])
+    found: list[str] = []
+    for m in _REF.finditer(text):
+        if not m["dollar"]:
+            found += [m["braced"] or m["bare"], *references(m["default"] or "")]
     return list(dict.fromkeys(found))
 
 
@@ -61,10 +72,12 @@ def expand(text: str, placeholders: Sequence[Placeholder], environ: Mapping[str,
         if m["dollar"]:
             return "$"
         name = m["braced"] or m["bare"]
-        if name in environ:
-            return environ[name]
-        if m["default"] is not None:
-            return m["default"]
+        got = environ.get(name)
+        if m["op"] is not None:  # `:-`: when unset or empty; `-`: when unset (as sh)
+            use_default = not got if m["op"] == ":-" else got is None
+            return _REF.sub(value, m["default"]) if use_default else got or ""
+        if got is not None:
+            return got
         if name not in unset:
             unset.append(name)
         return ""
@@ -109,8 +122,9 @@ def expanded(checker: Checker, tpl: Template) -> Template:
         checker.add(
             tpl.node,
             tpl.field,
-            "`${` starts no environment variable m27 reads: write ${NAME} or "
-            "${NAME:-default} (a default holds no `$`), or $${ for the text `${`",
+            "`${` starts no environment variable m27 reads: write ${NAME}, ${NAME:-default} "
+            "or ${NAME-default} (a default may hold $NAME, ${NAME} or ${NAME:-text}), "
+            "or $${ for the text `${`",
             found.malformed,
         )
         ok = False

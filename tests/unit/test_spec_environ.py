@@ -26,7 +26,8 @@ ENVIRON = {"HOME": "/home/ana", "SCRATCH": "/scratch/ana", "PATH": "/usr/bin:/bi
     [
         ("$HOME/bin:$PATH", "/home/ana/bin:/usr/bin:/bin", []),
         ("${SCRATCH}_x/$SCRATCH", "/scratch/ana_x//scratch/ana", []),
-        ("${NOPE:-/tmp/d}:${HOME:-x}:${E:-y}", "/tmp/d:/home/ana:", []),
+        ("${NOPE:-/tmp/d}:${HOME:-x}:${E:-y}", "/tmp/d:/home/ana:y", []),
+        ("${NOPE-/tmp/d}:${HOME-x}:${E-y}", "/tmp/d:/home/ana:", []),
         ("5$$ and $$HOME", "5$ and $HOME", []),
         ("$NOPE/x:$NOPE:${OTHER}", "/x::", ["NOPE", "OTHER"]),
         ("$1 $. $ a$", "$1 $. $ a$", []),  # not a name: as written
@@ -38,25 +39,55 @@ def test_references_expand_as_sh_reads_them(text: str, expanded: str, unset: lis
 
 @pytest.mark.parametrize(
     ("text", "offset"),
-    [("a/${unclosed", 2), ("${A:-$HOME}", 0), ("$HOME/${1}", 6), ("${a:-" * 40000, 0)],
-    ids=["unclosed", "nested-default", "not-a-name", "hostile"],
+    [
+        ("a/${unclosed", 2),
+        ("x ${A:-${B:-$HOME}}", 2),
+        ("$HOME/${1}", 6),
+        ("${a:-" * 40000, 0),
+        ("${a:-${a:-$a" * 20000, 0),
+        ("${a:-$" + "A" * 100 + "/" * 2 + "x" * 200000, 0),
+    ],
+    ids=["unclosed", "three-levels", "not-a-name", "hostile", "hostile-nested", "hostile-long"],
 )
 def test_a_dollar_brace_that_starts_no_reference_is_found_where_it_is(
     text: str, offset: int
 ) -> None:
-    """Left as written, `${A:-$HOME}` became `${A:-/home/ana}`. (The hostile text, 200 KB of
-    unclosed `${a:-`, took 50 s when a default could hold a `$`: each read to the end.)"""
+    """Left as written, `${A:-${B:-$HOME}}` became `${A:-${B:-/home/ana}}`. (The hostile
+    texts, 200 KB of unclosed `${a:-`, took 50 s when a default was read with `[^}]*`: each
+    read to the end; they are given up at once now, each loop of the pattern possessive.)"""
     assert expand(text, [], ENVIRON).malformed == offset
+
+
+@pytest.mark.parametrize(
+    ("text", "expanded", "unset"),
+    [
+        ("${DATA:-$SCRATCH/data}", "/scratch/ana/data", []),
+        ("${DATA:-${SCRATCH}/data}:${HOME:-$NOPE}", "/scratch/ana/data:/home/ana", []),
+        ("${A:-${B:-/tmp}}/x ${A:-${HOME:-/tmp}}", "/tmp/x /home/ana", []),
+        ("${E:-$NOPE}|${E-$NOPE}", "|", ["NOPE"]),
+        ("${A:-$$}${A:-a$$b}", "$a$b", []),
+    ],
+)
+def test_a_default_may_name_other_variables_as_in_sh(
+    text: str, expanded: str, unset: list[str]
+) -> None:
+    """`${DATA:-$SCRATCH/data}` is how job scripts write a default that depends on the
+    machine; it was refused. A name in a default that is used and not set is noted, one in
+    a default that is not used is not (sh does not read it either)."""
+    assert expand(text, [], ENVIRON) == (expanded, [], unset, None)
 
 
 def test_a_malformed_reference_is_a_problem_at_its_column(tmp_path: Path) -> None:
     spec = tmp_path / "p.yaml"
-    spec.write_text("env:\n  A: x${HOME:-$USER}\npipeline:\n  - {name: a, type: cpu, command: x}\n")
+    spec.write_text(
+        "env:\n  A: x${HOME:-${A:-$USER}}\npipeline:\n  - {name: a, type: cpu, command: x}\n"
+    )
     with pytest.raises(SpecError) as refused:
         load_pipeline(spec, environ=ENVIRON)
     assert str(refused.value.problems[0]) == (
-        f"{spec}:2:7: env.A: `${{` starts no environment variable m27 reads: write ${{NAME}} "
-        "or ${NAME:-default} (a default holds no `$`), or $${ for the text `${`"
+        f"{spec}:2:7: env.A: `${{` starts no environment variable m27 reads: write ${{NAME}}, "
+        "${NAME:-default} or ${NAME-default} (a default may hold $NAME, ${NAME} or "
+        "${NAME:-text}), or $${ for the text `${`"
     )
     spec.write_text(
         "env:\n  A: x$${HOME:-$$USER}\npipeline:\n  - {name: a, type: cpu, command: x}\n"
