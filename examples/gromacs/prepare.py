@@ -1,6 +1,6 @@
 """Build the example's system: an SPC/E water box from the shipped spc216.gro, then grompp.
 
-    python prepare.py --nsteps 20000 --out out [--box 2.5] [--seed 27]
+    python prepare.py --nsteps 20000 --out out [--box 2.5] [--seed 27] [--temperature 300]
 
 Writes out/md.mdp (nsteps and the seed of the starting velocities filled in),
 out/topol.top, out/water.gro, a short energy minimization (out/em.*) and
@@ -44,13 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seed", type=int, default=27, help="seed of the starting velocities (gen-seed)"
     )
+    parser.add_argument(
+        "--temperature", default="300", help="kelvin (ref-t, gen-temp); replica exchange "
+        "across temperatures prepares one folder per temperature"
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if shutil.which("gmx") is None:
         raise SystemExit("gmx not found: install GROMACS first (apt-get install gromacs)")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     mdp = (HERE / "files" / "md.mdp").read_text().replace("{{NSTEPS}}", str(args.nsteps))
-    mdp = mdp.replace("{{SEED}}", str(args.seed))
+    mdp = mdp.replace("{{SEED}}", str(args.seed)).replace("{{TEMP}}", args.temperature)
     (out / "md.mdp").write_text(mdp)
     (out / "topol.top").write_text(TOPOLOGY)
     shutil.copy(HERE / "files" / "spc216.gro", out / "spc216.gro")

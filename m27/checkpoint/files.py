@@ -22,6 +22,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from m27.checkpoint._checkpointer import Checkpointer
 from m27.checkpoint._format import manifests
 from m27.checkpoint._reader import load
 from m27.checkpoint._report import Reporter
+from m27.checkpoint.saves import STARTUP_SLACK_S
 from m27.clock import Clock, SystemClock
 from m27.events import CheckpointRestored
 from m27.store import EventStore
@@ -74,10 +76,16 @@ class Restored:
 def _engine_step(
     files: Mapping[str, bytes | memoryview], read_step: StepReader | None
 ) -> int | None:
-    """The first step a file of the set records (a GROMACS run has one .cpt)."""
+    """The least step a file of the set records: how far every one of them got (a GROMACS
+    run has one .cpt, `mdrun -multidir` one per simulation)."""
+    return min(_steps(files, read_step).values(), default=None)
+
+
+def _steps(files: Mapping[str, bytes | memoryview], read_step: StepReader | None) -> dict[str, int]:
+    """The step each file of the set records, for those that record one."""
     if read_step is None:
-        return None
-    return next((s for n in sorted(files) if (s := read_step(n, files[n])) is not None), None)
+        return {}
+    return {n: s for n in sorted(files) if (s := read_step(n, files[n])) is not None}
 
 
 def _signature(path: Path) -> Signature | None:
@@ -113,6 +121,7 @@ class FileGuard:
         pipeline: str = "",
         validate: Validator | None = None,
         read_step: StepReader | None = None,
+        together: bool = False,
         clock: Clock | None = None,
         keep_last: int | None = None,
         every: float | None = None,
@@ -122,6 +131,7 @@ class FileGuard:
         self.patterns = tuple(patterns)
         self._validate = validate
         self._read_step = read_step
+        self._together = together
         self._every = every or 0.0
         self._poll_every = 0.0
         self._last_capture: float | None = None
@@ -186,7 +196,16 @@ class FileGuard:
                 return False
             if not final and self._too_soon():
                 return False
+            if self._together and self._part_written(sigs):
+                return False
             return self._capture(sigs)
+
+    def _part_written(self, sigs: Mapping[str, Signature]) -> list[str]:
+        """The files still as the last capture (or the start) had them, or not there,
+        while others are new: a set written together is not one yet."""
+        present = [p for p in self.patterns if any(fnmatch(n, p) for n in sigs)]
+        missing = [p for p in self.patterns if p not in present]
+        return missing + [n for n, s in sigs.items() if self._captured.get(n) == s]
 
     def _too_soon(self) -> bool:
         if self._last_capture is None:
@@ -210,9 +229,10 @@ class FileGuard:
                 return False  # it changed while we read it: next poll
             state[FILE_KEY + name] = np.frombuffer(data, dtype=np.uint8)
             read[name] = data
+        steps = _steps(read, self._read_step)
         state["m27_files"] = sorted(sigs)
         self._reporter.files = tuple(sorted(sigs))
-        self._reporter.engine_step = _engine_step(read, self._read_step)
+        self._reporter.engine_step = min(steps.values(), default=None)
         try:
             self._ckpt.save(state, self.captures + 1)
             self._ckpt.flush()  # small files; the event names exactly these
@@ -269,9 +289,12 @@ class FileGuard:
         """Once, why nothing was captured, when the program has had time for two
         checkpoints (or one and three polls): its files are not there (a typo in
         `files:`, another folder), not complete, unchanged, or never still. Said while it
-        runs, so that a crash days later is not how the typo is found."""
+        runs, so that a crash days later is not how the typo is found. Not before
+        :data:`STARTUP_SLACK_S` past one interval: an engine's interval counts from its
+        own start (`mpirun` starting an MPI mdrun took 3 s, twice a 2 s `-cpt`)."""
         waited = self._waited()
-        if waited is None or waited < max(2 * self._every, self._every + 3 * self._poll_every):
+        slack = max(3 * self._poll_every, STARTUP_SLACK_S)
+        if waited is None or waited < max(2 * self._every, self._every + slack):
             return None
         self._said = True
         return (
@@ -300,11 +323,18 @@ class FileGuard:
         with self._lock:
             sigs = {n: s for n in names if (s := _signature(self.workdir / n)) is not None}
             if sigs == self._captured:
-                return f"{shown} has not changed since the step started"
+                has = "has" if len(names) == 1 else "have"
+                return f"{shown} {has} not changed since the step started"
+            stale = self._part_written(sigs) if self._together else []
         if self._validate is not None:
             for name in names:
                 if (why := self._validate(self.workdir / name)) is not None:
                     return f"{name} is not complete: {why}"
+        if stale:
+            return (
+                f"{', '.join(stale)} not written since the step started, while the others "
+                "were; files written together are captured only once each is new"
+            )
         return (
             f"{shown} changed at every look (every {format_duration(self._poll_every)}); a "
             "file is captured once it holds still between two looks"

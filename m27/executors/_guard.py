@@ -140,6 +140,7 @@ def open_guard(
     recipe = recipe_named(spec.recipe)
     validate = recipe.valid_file if recipe is not None else None
     read_step = recipe.recorded_step if recipe is not None else None
+    together = getattr(recipe, "together", None)  # a registered recipe may lack it
     own = capture_dir(checkpoint_dir)
     guard = FileGuard(
         own,
@@ -151,6 +152,7 @@ def open_guard(
         pipeline=spec.pipeline,
         validate=validate,
         read_step=read_step,
+        together=together is not None and together(argv),
         clock=clock,
         every=spec.every,
         warn=note,
@@ -159,8 +161,8 @@ def open_guard(
         [own, *spec.restore_from], where, spec.files, validate
     ):
         names = ", ".join(matched(where, spec.files))  # `water-1.restart`, not `*-1.restart`
-        note(f"{names} in the workdir: complete and newer than the last capture")
-        guard.poll(final=True)
+        if guard.poll(final=True):
+            note(f"{names} in the workdir: complete and newer than the last capture")
     restored = restore_files(
         [own, *spec.restore_from],
         where,

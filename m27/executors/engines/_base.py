@@ -69,6 +69,13 @@ class Recipe(Protocol):
         """The resume arguments to use now that the capture is back in `workdir`."""
         return resume
 
+    def together(self, argv: Argv) -> bool:
+        """Whether the files of one checkpoint are written together and only make one
+        together (replicas that exchange: `mdrun -multidir ... -replex`): a set in which
+        some are new and others still the last capture's is then not captured.
+        Independent files: False."""
+        return False
+
     def threads(self, argv: Argv, index: int, n: int) -> tuple[Argv, str]:
         """The command for a step given `n` cores (m27.gpu.cpus), and what was done, for
         the step's log: an engine that counts the node's cores, not its affinity mask,

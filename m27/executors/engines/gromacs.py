@@ -9,6 +9,10 @@ only grew since (they are append-only) pass; outputs that are missing, shorter o
 different do not, and appending would fail. :meth:`Gromacs.resume_args` checks exactly
 that before the resume and falls back to `-noappend` (new `.part000N.` files, nothing
 lost, nothing duplicated) when the outputs do not match.
+
+`-multidir A B ...` (an MPI mdrun under `mpirun -np N`) runs one simulation in each folder:
+each writes its own checkpoint there, all are captured together (with `-replex`, only once
+every one has written its new file), and `-cpi x.cpt` resumes each from its own.
 """
 
 from __future__ import annotations
@@ -71,6 +75,10 @@ class Gromacs(Recipe):
         cpo = option(argv, "-cpo", at)
         deffnm = option(argv, "-deffnm", at)
         cpt = cpo or (f"{deffnm}.cpt" if deffnm else "state.cpt")
+        dirs = multidir(argv, at)
+        files = tuple(f"{d.rstrip('/')}/{cpt}" for d in dirs) or (cpt,)
+        if dirs:
+            notes.append(_multidir_note(argv[index], dirs, cpt, "-replex" in argv))
         given = option(argv, "-cpt", at)
         out = argv
         if given is not None:
@@ -88,7 +96,15 @@ class Gromacs(Recipe):
             resume = ("-cpi", cpt)
             how = "as new part files" if "-noappend" in argv else "appending to its outputs"
             notes.append(f"on resume: -cpi {cpt} ({how})")
-        return RecipePlan(out, (cpt,), resume, "TERM", tuple(notes))
+        return RecipePlan(out, files, resume, "TERM", tuple(notes))
+
+    def together(self, argv: Argv) -> bool:
+        """Replicas that exchange (`-multidir ... -replex`) checkpoint at one moment, each
+        its own file (measured, GROMACS 2022: at steps 5 apart, 2425 and 2420, and mdrun
+        resumes them so): a set caught between their renames, one new and one from the
+        checkpoint before, is not one. Independent simulations (`-multidir` alone) write
+        each on its own clock, and any set of their files resumes."""
+        return "-replex" in argv and bool(multidir(argv))
 
     def threads(self, argv: Argv, index: int, n: int) -> tuple[Argv, str]:
         """``-nt n`` after `mdrun`: it starts one thread per hardware thread of the node
@@ -129,19 +145,51 @@ class Gromacs(Recipe):
         if cpt is None or "-noappend" in argv or "-noappend" in resume:
             return resume
         program = next((a for a in argv if os.path.basename(a).startswith("gmx")), "gmx")
-        records = read_outputs(program, workdir / cpt)
-        if records is None:
-            note(f"could not read the output list of {cpt}; letting mdrun check it")
-            return resume
-        bad = [f"{r.name}: {why}" for r in records if (why := mismatch(workdir, r)) is not None]
+        bad: list[str] = []
+        names: list[str] = []
+        for folder in [workdir / d for d in multidir(argv)] or [workdir]:
+            where = "" if folder == workdir else f"{folder.relative_to(workdir).as_posix()}/"
+            records = read_outputs(program, folder / cpt)
+            if records is None:
+                note(f"could not read the output list of {where}{cpt}; letting mdrun check it")
+                return resume
+            bad += [f"{where}{r.name}: {why}" for r in records if (why := mismatch(folder, r))]
+            names += [f"{where}{r.name}" for r in records]
         if bad:
             note(
                 f"outputs do not match {cpt} ({'; '.join(bad)}): resuming with -noappend "
                 "(mdrun writes new .partNNNN files)"
             )
             return (*resume, "-noappend")
-        note(f"outputs match {cpt}: mdrun appends to {', '.join(r.name for r in records)}")
+        note(f"outputs match {cpt}: mdrun appends to {', '.join(names)}")
         return resume
+
+
+def multidir(argv: Argv, start: int = 0) -> tuple[str, ...]:
+    """The folders of `mdrun -multidir A B ...` (every word after it up to the next
+    option), each simulation's own; () without it."""
+    for i in range(start, len(argv)):
+        if argv[i] == "-multidir":
+            rest = argv[i + 1 :]
+            end = next((k for k, a in enumerate(rest) if a.startswith("-")), len(rest))
+            return tuple(rest[:end])
+    return ()
+
+
+def _multidir_note(program: str, dirs: Sequence[str], cpt: str, replex: bool) -> str:
+    """What m27 does with `-multidir`: each simulation writes `cpt` in its own folder (mdrun
+    runs each in its folder, so `-cpi` names the file as it is in each)."""
+    shown = ", ".join(f"{d.rstrip('/')}/{cpt}" for d in dirs[:3])
+    if len(dirs) > 3:
+        shown += f" and {len(dirs) - 3} more"
+    said = f"-multidir: {len(dirs)} simulations, each writes its own {cpt} ({shown})"
+    if replex:
+        said += "; with -replex they are captured only once all have written theirs"
+    else:
+        said += "; captured together, each at its own step"
+    if "_mpi" not in os.path.basename(program):
+        said += f"; {os.path.basename(program)} without MPI stops: -multidir needs gmx_mpi"
+    return said
 
 
 def _given_interval(given: str, every: float | None, cpt: str) -> str:

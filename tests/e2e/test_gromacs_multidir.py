@@ -1,0 +1,134 @@
+"""Replica exchange with real GROMACS: `mpirun -np 2 gmx_mpi mdrun -multidir 300 310
+-replex 100`, two temperatures, each simulation in its own folder writing its own .cpt.
+
+m27 captured nothing of such a run (it looked for `simulation.cpt` beside the folders), so
+a power cut lost both replicas. Now both files are captured together, restored into their
+folders, and mdrun resumes each from its own (`-cpi simulation.cpt`, read in each folder),
+appending to its outputs: each energy file ends whole, every frame once. With CI=true a
+missing `gmx_mpi` or `mpirun` fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from m27.events import CheckpointRestored
+from tests.e2e._helpers import M27, ROOT, events, file_captures, node_state, power_cut
+from tests.services import need_program
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+need_program("gmx_mpi", "GROMACS built with MPI", "apt-get install gromacs")
+need_program("mpirun", "Open MPI", "apt-get install openmpi-bin")
+
+PREPARE = ROOT / "examples" / "gromacs" / "prepare.py"
+TEMPS = ("300", "310")
+NSTEPS, NSTENERGY = 4000, 100
+#: a power cut that must land mid-mdrun tries again with GROWTH times the steps
+GROWTH, TRIES = 4, 3
+FILES = ("300/simulation.cpt", "310/simulation.cpt")
+
+
+@pytest.fixture(autouse=True)
+def _fast_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("M27_CAPTURE_POLL", "0.3")
+    monkeypatch.setenv("M27_CHECKPOINT_GRACE", "60")
+
+
+def _pipeline(folder: Path, nsteps: int) -> tuple[Path, Path]:
+    out = folder / "out"
+    folder.mkdir(parents=True)
+    spec = folder / "remd.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        name: gmx-remd
+        env:  # mpirun refuses to run as root (CI is) unless told it may
+          OMPI_ALLOW_RUN_AS_ROOT: "1"
+          OMPI_ALLOW_RUN_AS_ROOT_CONFIRM: "1"
+        pipeline:
+          - name: prepare
+            type: cpu
+            matrix: {{T: [{", ".join(TEMPS)}]}}
+            command: python {PREPARE} --nsteps {nsteps} --box 2.1 --temperature {{{{T}}}} --out {out}/{{{{T}}}}
+          - name: remd
+            type: gpu
+            depends_on: [prepare]
+            workdir: {out}
+            checkpoint: 1s
+            command: >-
+              mpirun --oversubscribe -np 2 gmx_mpi mdrun -multidir {" ".join(TEMPS)}
+              -deffnm simulation -ntomp 1 -replex 100
+        """)
+    )
+    return spec, out
+
+
+def _mdruns_in(out: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["name", "cwd"]):
+        cwd = proc.info["cwd"] or ""
+        if "gmx" in (proc.info["name"] or "") and cwd.startswith(str(out)):
+            found.append(proc)
+    return found
+
+
+def _cut_mid_mdrun(tmp_path: Path, home: Path) -> tuple[Path, int]:
+    """kill -9 of `m27 run` and of mpirun's group after two captures, while mdrun runs;
+    a machine that finished first tries again with more steps."""
+    nsteps = NSTEPS
+    for attempt in range(TRIES):
+        spec, out = _pipeline(tmp_path / f"try{attempt}", nsteps)
+        before = len(file_captures(home))
+
+        def captured(before: int = before) -> bool:
+            return len(file_captures(home)) >= before + 2
+
+        power_cut(spec, home, "remd", captured, "captures")
+        wait_until(lambda o=out: not _mdruns_in(o), timeout=60, what="the mdrun ranks gone")
+        if not any((out / t / "simulation.gro").exists() for t in TEMPS):
+            return out, nsteps
+        nsteps *= GROWTH
+    pytest.fail(f"mdrun ended before 2 captures {TRIES} times, up to {nsteps} steps")
+
+
+def _energy_times(folder: Path) -> list[float]:
+    subprocess.run(
+        ["gmx", "-quiet", "energy", "-f", "simulation.edr", "-o", "check.xvg"],
+        input="Temperature\n\n", cwd=folder, capture_output=True, text=True, check=True,
+        timeout=120,
+    )  # fmt: skip
+    lines = (folder / "check.xvg").read_text().splitlines()
+    return [round(float(line.split()[0]), 6) for line in lines if line and line[0] not in "#@"]
+
+
+def test_a_power_cut_mid_replica_exchange_resumes_every_replica_from_its_capture(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    out, nsteps = _cut_mid_mdrun(tmp_path, m27_home)
+    captures = file_captures(m27_home)
+    assert captures and all(c.files == FILES for c in captures)
+
+    done = m27("run", "--resume", "last", "--plain", timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "m27: outputs match simulation.cpt: mdrun appends to 300/simulation.log" in done.stdout
+    assert f"restored {', '.join(FILES)} from " in done.stdout
+    assert "resuming with: -cpi simulation.cpt" in done.stdout
+    starts = [int(s) for s in re.findall(r"continuing from step (\d+)", done.stdout)]
+    assert len(starts) == 2 and all(0 < s < nsteps for s in starts), done.stdout[-3000:]
+    (restored,) = [e for e in events(m27_home) if isinstance(e, CheckpointRestored)]
+    assert restored.files == FILES and restored.engine_step == min(starts)
+    resumed = [r for r in node_state(m27_home).runs.values() if r.resume_of]
+    assert [r.status for r in resumed] == ["succeeded"]
+    expected = [round(i * 0.002 * NSTENERGY, 6) for i in range(nsteps // NSTENERGY + 1)]
+    for t in TEMPS:
+        log = (out / t / "simulation.log").read_text()
+        assert "Restarting from checkpoint, appending to previous log file." in log
+        assert "Replica exchange" in log
+        assert _energy_times(out / t) == expected  # no gap, no duplicate, to the end
