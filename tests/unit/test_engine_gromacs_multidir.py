@@ -6,6 +6,7 @@ taken between their renames, one new and one from the checkpoint before, is not 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,45 @@ def test_a_program_killed_between_the_renames_leaves_the_last_whole_set(
         [guard._ckpt.directory], tmp_path / "resumed", read_step=Gromacs().recorded_step
     )
     assert restored is not None and restored.engine_step == 5
+
+
+def test_a_dry_run_names_the_step_every_replica_s_file_in_the_workdir_reached(
+    tmp_path: Path, m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The dry run named the first file's step (t300's, 5025) as where the resume goes on
+    from; t310 goes on from 5020."""
+    from m27 import events as ev
+    from m27.checkpoint.files import capture_dir
+    from m27.cli.main import main
+    from m27.store.sqlite import open_store
+
+    run = "20261207-080000-aaaa"
+    spec = tmp_path / "remd.yaml"
+    spec.write_text(
+        "name: remd\npipeline:\n  - name: remd\n    type: gpu\n    checkpoint: 60s\n"
+        f"    command: {' '.join(REMD)} -replex 500\n"
+    )
+    guard = FileGuard(
+        capture_dir(m27_home / "checkpoints" / run / "remd"), tmp_path,
+        ["t300/sim.cpt", "t310/sim.cpt"], store=None, run_id=run, step="remd",
+        validate=Gromacs().valid_file, read_step=Gromacs().recorded_step, together=True,
+    )  # fmt: skip
+    for folder in ("t300", "t310"):
+        (tmp_path / folder).mkdir()
+    _write(guard, "t300", 2425)
+    _write(guard, "t310", 2420)
+    guard.stop()  # captured at 2420
+    store = open_store(m27_home)
+    store.append([ev.RunSubmitted(1.0, run, "remd", str(spec), ("remd",)),
+                  ev.RunCrashed(1.2, run, "process 4242 died")])  # fmt: skip
+    store.close()
+    _write(guard, "t300", 5025)  # written after the last capture, then m27 was killed
+    _write(guard, "t310", 5020)
+    captured = max(p.stat().st_mtime_ns for p in (m27_home / "checkpoints").rglob("*"))
+    for folder in ("t300", "t310"):  # later than the capture, however coarse the clock
+        os.utime(tmp_path / folder / "sim.cpt", ns=(captured + 10**9, captured + 10**9))
+    assert main(["run", "--resume", run, "--dry-run"]) == 0
+    assert (
+        "remd  gpu   run, from t300/sim.cpt, t310/sim.cpt in the workdir at step 5020 "
+        f"(complete, newer than run {run}'s checkpoint at step 2420)"
+    ) in capsys.readouterr().out

@@ -110,8 +110,9 @@ def _resumes_from(pipeline: Pipeline, step: Step, runs: list[str]) -> str | None
     if not newer_than_captures(captures, workdir, plan.files, recipe.valid_file):
         return found
     names = matched(workdir, plan.files)
-    try:
-        at = recipe.recorded_step(names[0], (workdir / names[0]).read_bytes())
+    try:  # the least, as a capture says it: how far every file (each replica's) got
+        steps = [recipe.recorded_step(n, (workdir / n).read_bytes()) for n in names]
+        at = min((s for s in steps if s is not None), default=None)
     except OSError:
         at = None
     here = f" at step {at}" if at is not None else ""
