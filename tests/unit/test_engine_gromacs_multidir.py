@@ -138,6 +138,7 @@ def test_the_runner_s_guard_captures_replicas_together_for_replex(tmp_path: Path
     for argv, together in [((*REMD, "-replex", "9"), True), (REMD, False)]:
         g = open_guard(launch, argv, MemoryEventStore(), FakeClock(), lambda _: None)
         assert g.guard is not None and g.guard._together is together
+        g.guard.stop()  # closes its store
 
 
 @pytest.mark.parametrize("written", ["t300", "t310"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -276,11 +277,13 @@ def test_launch_without_a_command_is_rejected() -> None:
 
 def test_no_file_descriptors_leak(store: MemoryEventStore, tmp_path: Path) -> None:
     run_step(launch("print(1)"), store)  # warm up lazily opened files (selectors, logging)
+    gc.collect()  # earlier tests' garbage (a store not closed) is not closed in between
     before = sorted(os.listdir("/proc/self/fd"))
     run_step(launch("print(1)"), store)
     run_step(launch("raise SystemExit(4)", retries=1), store)
     run_step(launch("import time; time.sleep(5)", timeout=0.2, grace=0.1), store)
     run_step(StepLaunch("r1", "s1", ("m27-no-such-command",)), store)
+    gc.collect()
     assert sorted(os.listdir("/proc/self/fd")) == before
 
 
