@@ -47,7 +47,7 @@ from m27.executors._launch import (
     requeue_reason,
     resolve_argv,
 )
-from m27.executors.engines import error_said, with_threads
+from m27.executors.engines import error_said, stopped_early, with_threads
 from m27.paths import is_pattern, not_runnable
 from m27.store import EventStore
 from m27.units import cpu_list, format_duration
@@ -337,6 +337,8 @@ def _judge(launch: StepLaunch, outcome: _proc.Outcome, tail: Sequence[str]) -> A
         said = error_said(tail)  # GROMACS's or LAMMPS's own words for why
         why = f"exited with code {code}" + (f": {said}" if said else "")
         return AttemptEnd(False, why, code, sig)
+    if (early := stopped_early(tail)) is not None:  # its checkpoint is the way on
+        return AttemptEnd(False, f"{early}; `m27 run --resume {launch.run_id}` continues it", 0)
     if missing := launch.missing_outputs():
         return AttemptEnd(False, f"declared output missing: {', '.join(missing)}", code, sig)
     return AttemptEnd(True, "succeeded", code, sig)

@@ -294,3 +294,25 @@ def _read(path: Path | None) -> str:
         return path.read_text()
     except FileNotFoundError:
         return ""
+
+
+def test_a_job_whose_mdrun_stopped_at_maxh_failed_though_it_completed(tmp_path: Path) -> None:
+    """`gmx mdrun -maxh 23.5`, a job script's habit, ends the job COMPLETED with exit 0
+    before the simulation's last step: it counted as a success. A stop on a signal does
+    not count here: the batch script sends the checkpoint signal itself, and requeues."""
+    maxh = "Step 15325: Run time exceeded 0.002 hours, will terminate the run within 25 steps"
+    stopped = run_slurm_step(
+        StepLaunch("r1", "md", ("sh", "-c", f"echo '{maxh}'; echo 'Performance: 1'")),
+        MemoryEventStore(), options=FAST, site={},
+    )  # fmt: skip
+    assert not stopped.ok and stopped.exit_code == 0
+    assert stopped.reason == (
+        "mdrun stopped at -maxh, its run time limit, at step 15325, before its last step; "
+        "`m27 run --resume r1` continues it"
+    )
+    signalled = "Received the TERM signal, stopping within 100 steps"
+    requeued = run_slurm_step(
+        StepLaunch("r2", "md", ("sh", "-c", f"echo '{signalled}'")),
+        MemoryEventStore(), options=FAST, site={},
+    )  # fmt: skip
+    assert requeued.ok

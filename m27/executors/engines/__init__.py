@@ -194,6 +194,13 @@ def error_said(lines: Sequence[str]) -> str | None:
     return None
 
 
+def stopped_early(lines: Sequence[str], *, signalled: bool = True) -> str | None:
+    """Why an engine that exited 0 stopped before its end (`mdrun -maxh`), from the end of
+    its output; None when it did not say so. `signalled=False`: a stop on a signal is not
+    counted (a Slurm batch script sends one itself, then requeues)."""
+    return gromacs.stopped_early(list(lines), signalled=signalled)
+
+
 #: The most of an engine's error a step's failure reason quotes (the log has all of it).
 ERROR_SAID_MAX = 300
 
@@ -212,6 +219,7 @@ __all__ = [
     "recipe_named",
     "register",
     "saves_at_stop",
+    "stopped_early",
     "uses_checkpointer",
     "with_threads",
 ]

@@ -88,6 +88,13 @@ class Gromacs(Recipe):
             notes.append(f"-cpt {minutes(every)}: mdrun writes {cpt} every {minutes(every)} min")
         else:
             notes.append(f"no interval: mdrun writes {cpt} at its default -cpt 15 (minutes)")
+        if (maxh := option(argv, "-maxh", at)) is not None:
+            notes.append(
+                f"-maxh {maxh}: mdrun stops after {maxh} h, before its last step, and exits 0; "
+                "m27 counts that attempt failed, and a resume or `retries:` goes on from its "
+                "checkpoint (m27's own checkpoints and Slurm's time-limit signal make -maxh "
+                "unneeded)"
+            )
         cpi = option(argv, "-cpi", at)
         if cpi is not None:
             resume: tuple[str, ...] = ()
@@ -330,6 +337,28 @@ def mismatch(workdir: Path, record: OutputRecord) -> str | None:
         f.seek(start)
         digest = hashlib.md5(f.read(record.checksum_size), usedforsecurity=False).hexdigest()
     return None if digest == record.checksum else "checksum differs"
+
+
+#: What mdrun prints when it ends before its last step and still exits 0: at `-maxh`
+#: (measured, GROMACS 2022: `Step 15325: Run time exceeded 0.002 hours, will terminate the
+#: run within 25 steps`, the hours as `%.3f`: `0.000` for -maxh 0.0005; no confout .gro
+#: written), or on a signal m27 did not send.
+_MAXH = re.compile(r"Step (\d+): Run time exceeded \S+ hours, will terminate the run")
+_SIGNALLED = re.compile(r"Received the (\w+) signal, stopping within")
+
+
+def stopped_early(lines: Sequence[str], *, signalled: bool = True) -> str | None:
+    """Why an mdrun that exited 0 did not run to its last step, from its output (None: it
+    did, as far as its output says). A step that stopped at `-maxh` was counted a success:
+    the analysis after it ran on a part of the trajectory."""
+    for line in reversed(lines):
+        if m := _MAXH.search(line):
+            return (
+                f"mdrun stopped at -maxh, its run time limit, at step {m[1]}, before its last step"
+            )
+        if signalled and (m := _SIGNALLED.search(line)):
+            return f"mdrun stopped on SIG{m[1]}, which m27 did not send, before its last step"
+    return None
 
 
 #: The headings of GROMACS's error block (gmx_fatal, GMX_THROW of an InvalidInputError).

@@ -38,6 +38,7 @@ from typing import Any
 
 from m27.clock import Clock
 from m27.events import SlurmJobSubmitted
+from m27.executors.engines import stopped_early
 from m27.executors.local import (
     AttemptEnd,
     Sink,
@@ -238,6 +239,11 @@ class _Job(StepJobs):
         code, sig = _code_signal(info)
         state = info.state
         if state == "COMPLETED" and code == 0:
+            # the batch script passes Slurm's time-limit signal on and requeues: a program
+            # stopped by a signal here is the script's doing, -maxh is the program's own
+            if (early := stopped_early(self.sink.tail, signalled=False)) is not None:
+                resume = f"`m27 run --resume {self.launch.run_id}` continues it"
+                return AttemptEnd(False, f"{early}; {resume}", code, sig)
             if missing := self.launch.missing_outputs():
                 return AttemptEnd(
                     False, f"declared output missing: {', '.join(missing)}", code, sig
