@@ -337,7 +337,10 @@ def _judge(launch: StepLaunch, outcome: _proc.Outcome, tail: Sequence[str]) -> A
         said = error_said(tail)  # GROMACS's or LAMMPS's own words for why
         why = f"exited with code {code}" + (f": {said}" if said else "")
         return AttemptEnd(False, why, code, sig)
-    if (early := stopped_early(tail)) is not None:  # its checkpoint is the way on
+    ckpt = launch.self_checkpoint
+    recipe = ckpt.recipe if ckpt is not None else None
+    early = stopped_early(tail, recipe=recipe, argv=launch.argv, workdir=launch.workdir)
+    if early is not None:  # its checkpoint is the way on
         return AttemptEnd(False, f"{early}; `m27 run --resume {launch.run_id}` continues it", 0)
     if missing := launch.missing_outputs():
         return AttemptEnd(False, f"declared output missing: {', '.join(missing)}", code, sig)

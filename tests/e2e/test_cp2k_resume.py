@@ -12,12 +12,13 @@ fails instead of skipping.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from m27.events import CheckpointRestored
+from m27.events import CheckpointRestored, StepFailed
 from tests.e2e._helpers import M27, ROOT, events, file_captures, power_cut
 from tests.services import need_program
 
@@ -80,3 +81,40 @@ def test_power_cut_mid_cp2k_resumes_for_the_steps_left_with_no_frame_twice(
     assert [
         int(line.split()[2].rstrip(",")) for line in positions.splitlines() if " i = " in line
     ] == list(range(STEPS + 1))
+
+
+def test_attempts_cp2k_ended_at_its_walltime_fail_and_retries_go_on_to_the_end(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    """CP2K at its `&GLOBAL WALLTIME` ends the MD run early, writes its restart file and
+    exits 0: the step counted as succeeded with part of its steps. Now the restart file
+    short of STEPS fails the attempt, and `retries:` resumes it, to the last step."""
+    steps = 20
+    out = tmp_path / "out"
+    text = (EXAMPLE / "water.inp").read_text()
+    (tmp_path / "water.inp").write_text(
+        text.replace("  PRINT_LEVEL LOW", "  PRINT_LEVEL LOW\n  WALLTIME 5")
+    )
+    spec = tmp_path / "cp2k.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        name: cp2k-walltime
+        pipeline:
+          - name: aimd
+            type: cpu
+            workdir: {out}
+            env: {{OMP_NUM_THREADS: "1"}}
+            checkpoint: 1m
+            retries: 100
+            command: cp2k -i ../water.inp -o water.out -E STEPS={steps}
+        """)
+    )
+    done = m27("run", str(spec), "--plain", timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    failed = [e for e in events(m27_home) if isinstance(e, StepFailed)]
+    assert failed, done.stdout[-3000:]  # a machine that ran 20 steps in 5 s: none
+    for e in failed:
+        assert e.exit_code == 0
+        assert re.match(rf"CP2K stopped at MD step \d+ of {steps}, before its last", e.reason)
+    assert done.stdout.count("m27-resume.inp runs") == len(failed)
+    assert _ener_steps(out / "water-1.ener") == list(range(steps + 1))

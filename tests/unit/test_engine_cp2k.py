@@ -112,6 +112,28 @@ def test_a_resume_runs_the_restored_file_for_the_steps_left(tmp_path: Path) -> N
     assert Cp2k().resume_args(argv, tmp_path, ("-x",), said.append) == ("-x",)
 
 
+def test_an_md_run_that_exited_0_short_of_its_steps_is_unfinished(tmp_path: Path) -> None:
+    """CP2K at its WALLTIME writes its restart file and exits 0 (measured: step 30 of
+    200); at its end the restart file's STEP_START_VAL is STEPS."""
+    md = "&GLOBAL\n RUN_TYPE MD\n&END GLOBAL\n&MOTION\n &MD\n  STEPS {n}\n &END MD\n&END MOTION\n"
+    (tmp_path / "in.inp").write_text(md.format(n=30))
+    (tmp_path / "water-1.restart").write_text(RESTART)  # at step 10
+    argv = ("cp2k", "-i", "in.inp")
+    assert Cp2k().unfinished(argv, tmp_path) == (
+        "CP2K stopped at MD step 10 of 30, before its last (its &GLOBAL WALLTIME, or a file "
+        "named EXIT in its folder)"
+    )
+    (tmp_path / "in.inp").write_text(md.format(n=10))
+    assert Cp2k().unfinished(argv, tmp_path) is None  # it got there
+    (tmp_path / "in.inp").write_text(
+        md.format(n=30).replace("MD\n&END GLOBAL", "GEO_OPT\n&END GLOBAL")
+    )
+    assert Cp2k().unfinished(argv, tmp_path) is None  # not MD: its steps mean something else
+    (tmp_path / "in.inp").write_text(md.format(n=30))
+    (tmp_path / "water-1.restart").unlink()
+    assert Cp2k().unfinished(argv, tmp_path) is None  # nothing to say it by
+
+
 def test_a_resume_cuts_what_the_killed_attempt_wrote_after_the_capture(tmp_path: Path) -> None:
     ener = "#     Step Nr.   Time[fs]  Kin.[a.u.]\n" + "".join(
         f"{s:>10}  {s * 0.5:10.3f}  0.00{s}\n" for s in range(13)

@@ -194,11 +194,28 @@ def error_said(lines: Sequence[str]) -> str | None:
     return None
 
 
-def stopped_early(lines: Sequence[str], *, signalled: bool = True) -> str | None:
-    """Why an engine that exited 0 stopped before its end (`mdrun -maxh`), from the end of
-    its output; None when it did not say so. `signalled=False`: a stop on a signal is not
-    counted (a Slurm batch script sends one itself, then requeues)."""
-    return gromacs.stopped_early(list(lines), signalled=signalled)
+def stopped_early(
+    lines: Sequence[str],
+    *,
+    signalled: bool = True,
+    recipe: str | None = None,
+    argv: Sequence[str] = (),
+    workdir: Path | None = None,
+) -> str | None:
+    """Why an engine that exited 0 stopped before its end, from the end of its output
+    (`mdrun -maxh`), else from the checkpoint files its `recipe` left in `workdir` (CP2K's
+    WALLTIME; `argv` is the step's own command); None when neither says so.
+    `signalled=False`: a stop on a signal is not counted (a Slurm batch script sends one
+    itself, then requeues)."""
+    said = gromacs.stopped_early(list(lines), signalled=signalled)
+    found = recipe_named(recipe)
+    check = getattr(found, "unfinished", None)  # a registered recipe may lack it
+    if said is None and check is not None:
+        try:
+            said = check(tuple(argv), workdir or Path.cwd())
+        except OSError:  # a file gone meanwhile: the step's own end stands
+            said = None
+    return said
 
 
 #: The most of an engine's error a step's failure reason quotes (the log has all of it).

@@ -69,6 +69,12 @@ class Recipe(Protocol):
         """The resume arguments to use now that the capture is back in `workdir`."""
         return resume
 
+    def unfinished(self, argv: Argv, workdir: Path) -> str | None:
+        """Why the program, which exited 0, did not reach its last step, as the checkpoint
+        files it left in `workdir` say (CP2K at its WALLTIME: the restart file at step 30
+        of 200); None when it did, or when they cannot say."""
+        return None
+
     def together(self, argv: Argv) -> bool:
         """Whether the files of one checkpoint are written together and only make one
         together (replicas that exchange: `mdrun -multidir ... -replex`): a set in which

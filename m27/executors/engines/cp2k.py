@@ -97,6 +97,27 @@ class Cp2k(Recipe):
         found = _STEP_START.search(bytes(data).decode("utf-8", errors="replace"))
         return int(found.group(1)) if found else None
 
+    def unfinished(self, argv: Argv, workdir: Path) -> str | None:
+        """An MD run that ended at its `WALLTIME` (or on a file named EXIT) exits 0 with
+        its restart file short of STEPS (measured, CP2K 2023.1: `*** MD run terminated -
+        exceeded requested execution time`, restart at step 30 of 200; at its end the
+        restart file's STEP_START_VAL is STEPS). `argv` is the step's own command: a
+        resume's STEPS are those left, its restart file counts from the start."""
+        found = _input_words(argv, workdir)
+        if found is None or found[1].get(("GLOBAL", "RUN_TYPE")) != "MD":
+            return None
+        restarts = sorted(workdir.glob(RESTART_GLOB), key=lambda p: p.stat().st_mtime)
+        total = input_steps(argv, workdir)
+        if not restarts or total is None:
+            return None
+        done = self.recorded_step(restarts[-1].name, restarts[-1].read_bytes())
+        if done is None or done >= total:
+            return None
+        return (
+            f"CP2K stopped at MD step {done} of {total}, before its last (its &GLOBAL "
+            "WALLTIME, or a file named EXIT in its folder)"
+        )
+
     def resume_args(self, argv: Argv, workdir: Path, resume: Argv, note: Note) -> Argv:
         if option(resume, "-i") != RESUME_INPUT:
             return resume  # the step's own `resume:` wins

@@ -241,7 +241,12 @@ class _Job(StepJobs):
         if state == "COMPLETED" and code == 0:
             # the batch script passes Slurm's time-limit signal on and requeues: a program
             # stopped by a signal here is the script's doing, -maxh is the program's own
-            if (early := stopped_early(self.sink.tail, signalled=False)) is not None:
+            launch, ckpt = self.launch, self.launch.self_checkpoint
+            early = stopped_early(
+                self.sink.tail, signalled=False, recipe=ckpt.recipe if ckpt else None,
+                argv=launch.argv, workdir=launch.workdir,
+            )  # fmt: skip
+            if early is not None:
                 resume = f"`m27 run --resume {self.launch.run_id}` continues it"
                 return AttemptEnd(False, f"{early}; {resume}", code, sig)
             if missing := self.launch.missing_outputs():
