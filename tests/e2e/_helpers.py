@@ -216,3 +216,22 @@ def prefect_flow_run_state(prefect_api: str, flow_run_id: str) -> str:
 
     with urllib.request.urlopen(f"{prefect_api}/flow_runs/{flow_run_id}", timeout=10) as resp:
         return str(json.load(resp)["state"]["type"])
+
+
+#: The GROMACS example's md.mdp: an energy frame every `nstenergy` 100 steps of 2 fs.
+GMX_NSTENERGY, GMX_DT_PS = 100, 0.002
+
+
+def assert_whole_energy_file(folder: Path, nsteps: int) -> None:
+    """`simulation.edr` in `folder` (the example's, read with `gmx energy`) has a frame
+    every GMX_NSTENERGY steps from 0 to `nsteps`: no gap, no duplicate, to the end, as a
+    resumed mdrun that appended must leave it."""
+    subprocess.run(
+        ["gmx", "-quiet", "energy", "-f", "simulation.edr", "-o", "check.xvg"],
+        input="Temperature\n\n", cwd=folder, capture_output=True, text=True, check=True,
+        timeout=120,
+    )  # fmt: skip
+    lines = (folder / "check.xvg").read_text().splitlines()
+    times = [round(float(line.split()[0]), 6) for line in lines if line and line[0] not in "#@"]
+    step_ps = GMX_DT_PS * GMX_NSTENERGY
+    assert times == [round(i * step_ps, 6) for i in range(nsteps // GMX_NSTENERGY + 1)]

@@ -22,14 +22,23 @@ import pytest
 
 from m27.events import CheckpointRestored, LeaseGranted, StepStarted
 from m27.gpu.cpus import core_of, node_cpus, split_cores, step_cpus
-from tests.e2e._helpers import M27, ROOT, events, file_captures, node_state, power_cut, start_run
+from tests.e2e._helpers import (
+    M27,
+    ROOT,
+    assert_whole_energy_file,
+    events,
+    file_captures,
+    node_state,
+    power_cut,
+    start_run,
+)
 from tests.services import need_program
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 EXAMPLE = ROOT / "examples" / "gromacs"
-NSTEPS, NSTENERGY = 4000, 100  # ~6 s of CPU; tens of seconds on a loaded 2-core box
+NSTEPS = 4000  # ~6 s of CPU; tens of seconds on a loaded 2-core box
 #: a power cut that must land mid-mdrun tries again with this many times the steps when
 #: mdrun was done first (a fast machine), at most TRIES times
 GROWTH, TRIES = 4, 3
@@ -67,28 +76,6 @@ def _pipeline(tmp_path: Path, *, cpt: str = "1s", nsteps: int = NSTEPS) -> tuple
 
 def _md_started(home: Path) -> list[StepStarted]:
     return [e for e in events(home) if isinstance(e, StepStarted) and e.step == "md_simulation"]
-
-
-def _energy_times(out: Path) -> list[float]:
-    """Times of every frame in simulation.edr, via `gmx energy` (terms on stdin)."""
-    subprocess.run(
-        ["gmx", "-quiet", "energy", "-f", "simulation.edr", "-o", "check.xvg"],
-        input="Temperature\n\n",
-        cwd=out,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    lines = (out / "check.xvg").read_text().splitlines()
-    return [float(line.split()[0]) for line in lines if line and line[0] not in "#@"]
-
-
-def _assert_whole_energy_file(out: Path, nsteps: int = NSTEPS) -> None:
-    times = _energy_times(out)
-    step_ps = 0.002 * NSTENERGY
-    expected = [round(i * step_ps, 6) for i in range(nsteps // NSTENERGY + 1)]
-    assert [round(t, 6) for t in times] == expected  # no gap, no duplicate, to the end
 
 
 def _continued_from(text: str) -> int:
@@ -167,7 +154,7 @@ def test_power_cut_mid_mdrun_resumes_from_the_captured_checkpoint(
     log = (out / "simulation.log").read_text()
     assert "Reading checkpoint file simulation.cpt" in log
     assert "Restarting from checkpoint, appending to previous log file." in log
-    _assert_whole_energy_file(out, nsteps)
+    assert_whole_energy_file(out, nsteps)
     assert "m27-ckpt-gmx-e2e-md-simulation" in _artifact_keys(prefect_env)
 
 
@@ -186,7 +173,7 @@ def test_a_damaged_capture_is_refused_and_the_previous_one_used(
     assert f"restored simulation.cpt from {previous}" in done.stdout
     start = _continued_from(done.stdout)
     assert 0 < start < nsteps
-    _assert_whole_energy_file(out, nsteps)
+    assert_whole_energy_file(out, nsteps)
 
 
 def test_cancel_of_a_running_mdrun_leaves_a_checkpoint_that_resume_uses(
@@ -220,7 +207,7 @@ def test_cancel_of_a_running_mdrun_leaves_a_checkpoint_that_resume_uses(
     assert listed[-1]["sim_step"] == int(written[-1])
     done, _ = _resume(m27, run_id, m27_home)
     assert _continued_from(done.stdout) == int(written[-1])
-    _assert_whole_energy_file(out)
+    assert_whole_energy_file(out, NSTEPS)
 
 
 def test_two_mdruns_side_by_side_each_get_their_gpus_share_of_the_cores(
