@@ -78,14 +78,9 @@ def _engine_step(
 ) -> int | None:
     """The least step a file of the set records: how far every one of them got (a GROMACS
     run has one .cpt, `mdrun -multidir` one per simulation)."""
-    return min(_steps(files, read_step).values(), default=None)
-
-
-def _steps(files: Mapping[str, bytes | memoryview], read_step: StepReader | None) -> dict[str, int]:
-    """The step each file of the set records, for those that record one."""
     if read_step is None:
-        return {}
-    return {n: s for n in sorted(files) if (s := read_step(n, files[n])) is not None}
+        return None
+    return min((s for n, d in files.items() if (s := read_step(n, d)) is not None), default=None)
 
 
 def _signature(path: Path) -> Signature | None:
@@ -229,10 +224,9 @@ class FileGuard:
                 return False  # it changed while we read it: next poll
             state[FILE_KEY + name] = np.frombuffer(data, dtype=np.uint8)
             read[name] = data
-        steps = _steps(read, self._read_step)
         state["m27_files"] = sorted(sigs)
         self._reporter.files = tuple(sorted(sigs))
-        self._reporter.engine_step = min(steps.values(), default=None)
+        self._reporter.engine_step = _engine_step(read, self._read_step)
         try:
             self._ckpt.save(state, self.captures + 1)
             self._ckpt.flush()  # small files; the event names exactly these
