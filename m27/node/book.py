@@ -200,7 +200,11 @@ class Book:
                 h.paused, h.how, h.paused_at = True, e.how, e.at
         elif isinstance(e, ev.GuestResumed):
             if h := self.held.get((e.run_id, e.step)):
-                h.paused, h.how, h.computed = False, "", True
+                # a gate opened before its process started let nothing through: a resumed
+                # run's guest, let in beside a killed primary that looked idle, then paused
+                # again before it started, was never moved to the GPU that freed
+                h.paused, h.how = False, ""
+                h.computed = h.computed or h.started_at is not None
         elif isinstance(e, ev.Promoted):
             if h := self.held.get((e.run_id, e.step)):
                 h.guest, h.paused, h.how = False, False, ""

@@ -165,3 +165,39 @@ def test_a_moved_guests_gate_stays_shut_until_its_step_releases_the_lease(
         assert not path.exists()
     finally:
         agent.close()
+
+
+def test_a_guest_whose_gate_opened_before_its_process_started_has_not_computed() -> None:
+    """The events of a CI run of the replica example's power cut (two hogs beside it): the
+    resumed run's two mdruns were let in as guests beside the killed run's primaries, one
+    gate opened (the dead primary looked idle) and shut again before its mdrun started.
+    Counted as having computed, that guest was never moved: it sat paused behind the other
+    replica for the whole run, beside the GPU that freed."""
+    from m27.node.book import Book, policy_input
+    from m27.policy import GpuView, PolicyConfig, decide
+
+    book = Book()
+
+    def key(step: str) -> dict[str, object]:
+        return {"at": 5.9, "run_id": "r2", "step": step}
+
+    for e in [
+        ev.StepRequested(**key("md.1"), type="gpu", gpus=1, pid=PID),  # type: ignore[arg-type]
+        ev.StepRequested(**key("md.2"), type="gpu", gpus=1, pid=PID),  # type: ignore[arg-type]
+        ev.LeaseGranted(**key("md.1"), gpus=(0,), tier="ready"),  # type: ignore[arg-type]
+        ev.GuestStarted(**key("md.1"), gpu=0),  # type: ignore[arg-type]
+        ev.GuestPaused(**key("md.1"), gpu=0),  # type: ignore[arg-type]
+        ev.GuestResumed(**key("md.1"), gpu=0),  # type: ignore[arg-type]  # before its start
+        ev.LeaseGranted(**key("md.2"), gpus=(0,), tier="ready"),  # type: ignore[arg-type]
+        ev.GuestStarted(**key("md.2"), gpu=0),  # type: ignore[arg-type]
+        ev.GuestPaused(**key("md.1"), gpu=0),  # type: ignore[arg-type]
+        ev.StepStarted(**key("md.2"), attempt=1, pid=PID, pgid=PID, command=("gmx",), gpus=(0,)),  # type: ignore[arg-type]
+        ev.StepStarted(**key("md.1"), attempt=1, pid=PID + 1, pgid=PID + 1, command=("gmx",), gpus=(0,)),  # type: ignore[arg-type]
+        ev.Promoted(**key("md.2"), gpu=0),  # type: ignore[arg-type]  # the killed run's leases went
+    ]:  # fmt: skip
+        book.apply(e)
+    views = (GpuView(0, 80 << 30, primary_util=100.0), GpuView(1, 80 << 30))
+    inp = policy_input(book, views, 7.0, PolicyConfig())
+    (guest,) = [r for r in inp.running if r.role == "guest"]
+    assert guest.key == ("r2", "md.1") and guest.paused and not guest.computed
+    assert Move(("r2", "md.1"), 0, 1) in decide(inp).actions

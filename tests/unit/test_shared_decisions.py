@@ -144,16 +144,17 @@ def agent_log(case: Case, home: Path) -> tuple[list[ev.Event], dict[str, Channel
         out.append(ev.LeaseGranted(at, run, step, s.on, tier, chan))
         if s.role == "guest":
             out.append(ev.GuestStarted(at=at, run_id=run, step=step, gpu=s.on[0]))
-            if s.has_computed:
-                out.append(ev.GuestResumed(at=at, run_id=run, step=step, gpu=s.on[0]))
-            if s.paused:
-                out.append(ev.GuestPaused(at=at, run_id=run, step=step, gpu=s.on[0]))
         out.append(
             ev.StepStarted(
                 at=at, run_id=run, step=step, attempt=1, pid=pid, pgid=pid,
                 command=("step",), gpus=s.on,
             )
         )  # fmt: skip
+        if s.role == "guest":  # its gate, once its process runs: only then can it compute
+            if s.has_computed:
+                out.append(ev.GuestResumed(at=at, run_id=run, step=step, gpu=s.on[0]))
+            if s.paused:
+                out.append(ev.GuestPaused(at=at, run_id=run, step=step, gpu=s.on[0]))
     return out, channels
 
 
