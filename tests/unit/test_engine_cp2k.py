@@ -120,9 +120,23 @@ def test_an_md_run_that_exited_0_short_of_its_steps_is_unfinished(tmp_path: Path
     (tmp_path / "water-1.restart").write_text(RESTART)  # at step 10
     argv = ("cp2k", "-i", "in.inp")
     assert Cp2k().unfinished(argv, tmp_path) == (
-        "CP2K stopped at MD step 10 of 30, before its last (its &GLOBAL WALLTIME, or a file "
-        "named EXIT in its folder)"
+        "CP2K stopped after MD step 10 of 30 (its restart file is at step 10), before its "
+        "last: its &GLOBAL WALLTIME, or a file named EXIT in its folder"
     )
+    header = "#     Step Nr.          Time[fs]        Kin.[a.u.]\n"
+    rows = "".join(f"{n:10d}   {n * 0.5:.6f}   0.0014\n" for n in range(14))
+    (tmp_path / "water-1.ener").write_text(header + rows)  # 3 steps past its last restart
+    assert Cp2k().unfinished(argv, tmp_path) == (
+        "CP2K stopped after MD step 13 of 30 (its restart file is at step 10), before its "
+        "last: its &GLOBAL WALLTIME, or a file named EXIT in its folder"
+    )
+    (tmp_path / "water-1.restart").unlink()  # stopped before its first restart file
+    assert Cp2k().unfinished(argv, tmp_path) == (
+        "CP2K stopped after MD step 13 of 30 (no restart file), before its last: its "
+        "&GLOBAL WALLTIME, or a file named EXIT in its folder"
+    )
+    (tmp_path / "water-1.ener").unlink()
+    (tmp_path / "water-1.restart").write_text(RESTART)
     (tmp_path / "in.inp").write_text(md.format(n=10))
     assert Cp2k().unfinished(argv, tmp_path) is None  # it got there
     (tmp_path / "in.inp").write_text(
@@ -131,7 +145,7 @@ def test_an_md_run_that_exited_0_short_of_its_steps_is_unfinished(tmp_path: Path
     assert Cp2k().unfinished(argv, tmp_path) is None  # not MD: its steps mean something else
     (tmp_path / "in.inp").write_text(md.format(n=30))
     (tmp_path / "water-1.restart").unlink()
-    assert Cp2k().unfinished(argv, tmp_path) is None  # nothing to say it by
+    assert Cp2k().unfinished(argv, tmp_path) is None  # nothing to say it by (no files)
 
 
 def test_a_resume_cuts_what_the_killed_attempt_wrote_after_the_capture(tmp_path: Path) -> None:

@@ -98,24 +98,28 @@ class Cp2k(Recipe):
         return int(found.group(1)) if found else None
 
     def unfinished(self, argv: Argv, workdir: Path) -> str | None:
-        """An MD run that ended at its `WALLTIME` (or on a file named EXIT) exits 0 with
-        its restart file short of STEPS (measured, CP2K 2023.1: `*** MD run terminated -
-        exceeded requested execution time`, restart at step 30 of 200; at its end the
-        restart file's STEP_START_VAL is STEPS). `argv` is the step's own command: a
-        resume's STEPS are those left, its restart file counts from the start."""
+        """An MD run that ended at its `WALLTIME` (or on a file named EXIT) exits 0 short
+        of STEPS (measured, CP2K 2023.1: `*** MD run terminated - exceeded requested
+        execution time` after step 4 of 200, and no restart file written then: its last is
+        the one `&EACH MD n` wrote before). How far it got is the last row of its energy
+        file, else its restart file's step. `argv` is the step's own command: a resume's
+        STEPS are those left, while its files count from the start."""
         found = _input_words(argv, workdir)
-        if found is None or found[1].get(("GLOBAL", "RUN_TYPE")) != "MD":
-            return None
-        restarts = sorted(workdir.glob(RESTART_GLOB), key=lambda p: p.stat().st_mtime)
         total = input_steps(argv, workdir)
-        if not restarts or total is None:
+        if found is None or found[1].get(("GLOBAL", "RUN_TYPE")) != "MD" or total is None:
             return None
-        done = self.recorded_step(restarts[-1].name, restarts[-1].read_bytes())
+        steps = [s for p in workdir.glob("*-1.ener") if (s := _last_row(p)) is not None]
+        restarts = sorted(workdir.glob(RESTART_GLOB), key=lambda p: p.stat().st_mtime)
+        saved = (
+            self.recorded_step(restarts[-1].name, restarts[-1].read_bytes()) if restarts else None
+        )
+        done = max(steps, default=saved)
         if done is None or done >= total:
             return None
+        kept = f"its restart file is at step {saved}" if saved is not None else "no restart file"
         return (
-            f"CP2K stopped at MD step {done} of {total}, before its last (its &GLOBAL "
-            "WALLTIME, or a file named EXIT in its folder)"
+            f"CP2K stopped after MD step {done} of {total} ({kept}), before its last: its "
+            "&GLOBAL WALLTIME, or a file named EXIT in its folder"
         )
 
     def resume_args(self, argv: Argv, workdir: Path, resume: Argv, note: Note) -> Argv:
@@ -157,6 +161,18 @@ class Cp2k(Recipe):
 
 #: a trajectory frame's comment line: `i =       10, time = ...`
 _FRAME = re.compile(rb"^\s*i\s*=\s*(\d+)")
+
+
+def _last_row(path: Path) -> int | None:
+    """The step of the last row of an energy (`.ener`) table; None when it has none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            rows = [r.split() for r in f.read().splitlines()]
+    except OSError:
+        return None
+    steps = [r[0] for r in rows if r and r[0].isdigit()]
+    return int(steps[-1]) if steps else None
 
 
 def trim_outputs(workdir: Path, project: str, done: int) -> list[str]:
