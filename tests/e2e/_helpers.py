@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -235,3 +236,11 @@ def assert_whole_energy_file(folder: Path, nsteps: int) -> None:
     times = [round(float(line.split()[0]), 6) for line in lines if line and line[0] not in "#@"]
     step_ps = GMX_DT_PS * GMX_NSTENERGY
     assert times == [round(i * step_ps, 6) for i in range(nsteps // GMX_NSTENERGY + 1)]
+
+
+def lammps_thermo_steps(text: str) -> list[int]:
+    """The step of every thermo line (`  3000   1.61 -4.72 0 -2.29 5.93`) in LAMMPS output
+    (a log file, or m27's `[step]`-prefixed lines)."""
+    number = r"-?\d+(?:\.\d+)?(?:e[-+]\d+)?"
+    found = re.findall(rf"^(?:\S+ \[\w+\] )?\s*(\d+)(?:\s+{number}){{5}}\s*$", text, re.M)
+    return [int(s) for s in found]

@@ -12,14 +12,13 @@ CI=true a missing `lmp` fails instead of skipping.
 
 from __future__ import annotations
 
-import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from m27.events import CheckpointRestored
-from tests.e2e._helpers import M27, ROOT, events, file_captures, power_cut
+from tests.e2e._helpers import M27, ROOT, events, file_captures, lammps_thermo_steps, power_cut
 from tests.services import need_program
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -57,13 +56,6 @@ def _pipeline(tmp_path: Path) -> tuple[Path, Path]:
     return path, out
 
 
-def _thermo_steps(text: str) -> list[int]:
-    """The step of every thermo line (`  3000   1.61 -4.72 0 -2.29 5.93`) in LAMMPS output."""
-    number = r"-?\d+(?:\.\d+)?(?:e[-+]\d+)?"
-    found = re.findall(rf"^(?:\S+ \[melt\] )?\s*(\d+)(?:\s+{number}){{5}}\s*$", text, re.M)
-    return [int(s) for s in found]
-
-
 def test_power_cut_mid_lammps_resumes_from_the_captured_restart_file(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:
@@ -85,6 +77,6 @@ def test_power_cut_mid_lammps_resumes_from_the_captured_restart_file(
     assert recorded[restored[0].path] == start
     assert f"(step {start}); resuming with: -var m27_resume 1" in done.stdout
     assert "Reading restart file" in done.stdout
-    thermo = _thermo_steps(done.stdout)
+    thermo = lammps_thermo_steps(done.stdout)
     assert thermo[0] == start and thermo[-1] == STEPS, (thermo[:3], thermo[-3:])
-    assert _thermo_steps((out / "melt.log").read_text())[-1] == STEPS  # lmp's own log
+    assert lammps_thermo_steps((out / "melt.log").read_text())[-1] == STEPS  # lmp's own log

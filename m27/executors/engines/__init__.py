@@ -203,18 +203,21 @@ def stopped_early(
     workdir: Path | None = None,
 ) -> str | None:
     """Why an engine that exited 0 stopped before its end, from the end of its output
-    (`mdrun -maxh`), else from the checkpoint files its `recipe` left in `workdir` (CP2K's
-    WALLTIME; `argv` is the step's own command); None when neither says so.
-    `signalled=False`: a stop on a signal is not counted (a Slurm batch script sends one
-    itself, then requeues)."""
-    said = gromacs.stopped_early(list(lines), signalled=signalled)
+    (`mdrun -maxh`, LAMMPS's `timer timeout`), else from the files its `recipe` left in
+    `workdir` (CP2K's WALLTIME, LAMMPS's log file; `argv` is the step's own command); None
+    when neither says so. `signalled=False`: a stop on a signal is not counted (a Slurm
+    batch script sends one itself, then requeues)."""
+    lines = list(lines)  # (a runner's tail is a deque)
     found = recipe_named(recipe)
     check = getattr(found, "unfinished", None)  # a registered recipe may lack it
-    if said is None and check is not None:
-        try:
+    try:
+        said = gromacs.stopped_early(lines, signalled=signalled) or lammps.stopped_early(
+            lines, workdir if isinstance(found, Lammps) else None
+        )
+        if said is None and check is not None:
             said = check(tuple(argv), workdir or Path.cwd())
-        except OSError:  # a file gone meanwhile: the step's own end stands
-            said = None
+    except OSError:  # a file gone meanwhile: the step's own end stands
+        said = None
     return said
 
 

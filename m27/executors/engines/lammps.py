@@ -93,6 +93,19 @@ class Lammps(Recipe):
     def recorded_step(self, name: str, data: bytes | memoryview) -> int | None:
         return restart_step(data)
 
+    def unfinished(self, argv: Argv, workdir: Path) -> str | None:
+        """A run stopped by the script's `timer timeout` exits 0 with the rest of its run
+        (and every later `run`) skipped; LAMMPS says so in its log file, which a step run
+        with `-screen none` has alone."""
+        log = option(argv, "-log") or option(argv, "-l") or "log.lammps"
+        path = Path(log) if Path(log).is_absolute() else workdir / log
+        if log == "none" or not_a_file(path) is not None:
+            return None
+        with open(path, "rb") as f:  # the warning comes at most a few runs' output before the end
+            f.seek(max(0, f.seek(0, 2) - _LOG_TAIL))
+            tail = f.read().decode("utf-8", errors="replace").splitlines()
+        return stopped_early(tail, workdir)
+
 
 def _order(data: bytes | memoryview) -> str | None:
     """The byte order the file was written in (its endian int is 1 in the writer's)."""
@@ -178,6 +191,30 @@ def restart_step(data: bytes | memoryview) -> int | None:
     except struct.error:
         return None
     return None
+
+
+#: What LAMMPS prints when its `timer timeout` stops a run, and it still exits 0 (measured,
+#: LAMMPS 20220623: `WARNING: Wall time limit reached (src/timer.cpp:238)`, then the
+#: `every` segment's commands run, so the restart file is at the step it stopped at).
+_TIMEOUT = "WARNING: Wall time limit reached"
+#: How much of a log file's end is read for it
+_LOG_TAIL = 256 * 1024
+
+
+def stopped_early(lines: Sequence[str], workdir: Path | None = None) -> str | None:
+    """Why a LAMMPS run that exited 0 did not run to its end, from its output or log (None:
+    it did, as far as they say). With `workdir`, the restart file there names the step."""
+    if not any(line.startswith(_TIMEOUT) for line in lines):
+        return None
+    step = None
+    if workdir is not None and not_a_file(workdir / RESTART_FILE) is None:
+        with open(workdir / RESTART_FILE, "rb") as f:
+            step = restart_step(f.read(4096))
+    kept = f"its restart file is at step {step}" if step is not None else "no m27 restart file"
+    return (
+        f"LAMMPS stopped at its `timer timeout`, its wall-time limit ({kept}), before the "
+        "end of its input script"
+    )
 
 
 def error_said(lines: Sequence[str]) -> str | None:
