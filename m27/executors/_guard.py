@@ -14,7 +14,7 @@ import shlex
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +30,7 @@ from m27.checkpoint.files import (
 from m27.checkpoint.saves import SaveWatch
 from m27.clock import Clock
 from m27.executors import _proc
-from m27.executors.engines import recipe_named
+from m27.executors.engines import recipe_named, stopped_early
 from m27.store import EventStore
 
 
@@ -61,6 +61,14 @@ class Guarded:
     poll: float = 1.0
     #: for a step that saves with m27.Checkpointer: says when it has saved nothing
     saves: SaveWatch | None = None
+
+    def __post_init__(self) -> None:
+        self._before = self.guard.captures if self.guard is not None else 0
+
+    def captured(self) -> bool | None:
+        """Whether a checkpoint of the program's files was captured since the attempt
+        began (None: nothing watches its files)."""
+        return None if self.guard is None else self.guard.captures > self._before
 
     def supervise(
         self,
@@ -106,6 +114,8 @@ class _Launch(Protocol):
     def run_id(self) -> str: ...
     @property
     def step(self) -> str: ...
+    @property
+    def argv(self) -> tuple[str, ...]: ...
     @property
     def workdir(self) -> Path | None: ...
     @property
@@ -189,3 +199,30 @@ def open_guard(
     guard.baseline()  # neither restored nor stale files are this attempt's checkpoints
     sig = signal.Signals[f"SIG{spec.signal}"]
     return Guarded(argv, resume_path, guard, sig, spec.poll)
+
+
+def stopped_early_end(
+    launch: _Launch, tail: Sequence[str], g: Guarded, *, signalled: bool = True
+) -> tuple[str, bool] | None:
+    """Why an engine that exited 0 stopped before its end (:func:`stopped_early`), and
+    whether another attempt can get further: only when a checkpoint of its files was
+    captured during this one. Else the next attempt starts where this one did and stops at
+    the same point (CP2K's WALLTIME before its `&EACH MD n` steps; `-maxh` on a step
+    without `checkpoint:`), and `retries: 100` ran it a hundred times. None: it ran to
+    its end, as far as its output and files say."""
+    ckpt = launch.self_checkpoint
+    said = stopped_early(
+        tail, signalled=signalled, recipe=ckpt.recipe if ckpt else None,
+        argv=launch.argv, workdir=launch.workdir,
+    )  # fmt: skip
+    if said is None:
+        return None
+    resume = f"`m27 run --resume {launch.run_id}` continues it"
+    captured = g.captured()
+    if captured:
+        return f"{said}; {resume}", True
+    if captured is None:
+        why = "would start over and stop the same way: the step has no `checkpoint:`"
+    else:
+        why = "would stop the same way: it wrote no checkpoint since this one began"
+    return f"{said}; another attempt {why}", False

@@ -34,7 +34,7 @@ from m27.events import (
     StepSucceeded,
 )
 from m27.executors import _proc
-from m27.executors._guard import SelfCheckpoint, open_guard
+from m27.executors._guard import Guarded, SelfCheckpoint, open_guard, stopped_early_end
 from m27.executors._launch import (
     OMPI_CPU_SET,
     AttemptEnd,
@@ -47,7 +47,7 @@ from m27.executors._launch import (
     requeue_reason,
     resolve_argv,
 )
-from m27.executors.engines import error_said, stopped_early, with_threads
+from m27.executors.engines import error_said, with_threads
 from m27.paths import is_pattern, not_runnable
 from m27.store import EventStore
 from m27.units import cpu_list, format_duration
@@ -274,7 +274,7 @@ def _attempt(
     except BaseException:
         _proc.kill_now(proc)  # idempotent; supervise may already have done it
         raise
-    return _judge(launch, outcome, sink.tail)
+    return _judge(launch, outcome, sink.tail, g)
 
 
 def _cores_said(
@@ -314,7 +314,9 @@ def _spawn_error(program: str, cwd: Path | None, exc: OSError) -> tuple[int, str
     return 126, f"cannot execute {program}: {exc.strerror or exc}"
 
 
-def _judge(launch: StepLaunch, outcome: _proc.Outcome, tail: Sequence[str]) -> AttemptEnd:
+def _judge(
+    launch: StepLaunch, outcome: _proc.Outcome, tail: Sequence[str], g: Guarded
+) -> AttemptEnd:
     rc = outcome.returncode
     code, sig = (rc, None) if rc >= 0 else (None, -rc)
     if outcome.cancelled:
@@ -337,11 +339,8 @@ def _judge(launch: StepLaunch, outcome: _proc.Outcome, tail: Sequence[str]) -> A
         said = error_said(tail)  # GROMACS's or LAMMPS's own words for why
         why = f"exited with code {code}" + (f": {said}" if said else "")
         return AttemptEnd(False, why, code, sig)
-    ckpt = launch.self_checkpoint
-    recipe = ckpt.recipe if ckpt is not None else None
-    early = stopped_early(tail, recipe=recipe, argv=launch.argv, workdir=launch.workdir)
-    if early is not None:  # its checkpoint is the way on
-        return AttemptEnd(False, f"{early}; `m27 run --resume {launch.run_id}` continues it", 0)
+    if (early := stopped_early_end(launch, tail, g)) is not None:  # its checkpoint: the way on
+        return AttemptEnd(False, early[0], 0, retryable=early[1])
     if missing := launch.missing_outputs():
         return AttemptEnd(False, f"declared output missing: {', '.join(missing)}", code, sig)
     return AttemptEnd(True, "succeeded", code, sig)
@@ -472,6 +471,7 @@ def wait_retry(clock: Clock, delay: float, cancel: threading.Event | None) -> bo
 
 __all__ = [
     "AttemptEnd",
+    "Guarded",
     "SelfCheckpoint",
     "Sink",
     "StepLaunch",
@@ -482,5 +482,6 @@ __all__ = [
     "record_cancelled",
     "resolve_argv",
     "run_step",
+    "stopped_early_end",
     "wait_retry",
 ]

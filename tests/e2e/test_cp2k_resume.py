@@ -121,3 +121,41 @@ def test_attempts_cp2k_ended_at_its_walltime_fail_and_retries_go_on_to_the_end(
         assert re.match(rf"CP2K stopped after MD step \d+ of {steps} \(", e.reason), e.reason
     assert done.stdout.count("m27-resume.inp runs") == len(failed)
     assert _ener_steps(out / "water-1.ener") == list(range(steps + 1))
+
+
+def test_an_attempt_that_ended_at_its_walltime_with_no_newer_restart_is_not_retried(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    """A WALLTIME shorter than `&EACH MD n` steps leaves no restart file: each next
+    attempt began from the same point and stopped the same way, `retries: 100` times."""
+    out = tmp_path / "out"
+    text = (EXAMPLE / "water.inp").read_text()
+    (tmp_path / "water.inp").write_text(
+        text.replace("  PRINT_LEVEL LOW", "  PRINT_LEVEL LOW\n  WALLTIME 3").replace(
+            "        MD 5\n", "        MD 1000\n"
+        )
+    )
+    spec = tmp_path / "cp2k.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        name: cp2k-walltime-loop
+        pipeline:
+          - name: aimd
+            type: cpu
+            workdir: {out}
+            env: {{OMP_NUM_THREADS: "1"}}
+            checkpoint: 1m
+            retries: 100
+            command: cp2k -i ../water.inp -o water.out -E STEPS={STEPS}
+        """)
+    )
+    done = m27("run", str(spec), "--plain", timeout=600)
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
+    (failed,) = [e for e in events(m27_home) if isinstance(e, StepFailed)]
+    assert failed.exit_code == 0 and not failed.will_retry
+    assert re.fullmatch(
+        rf"CP2K stopped after MD step \d+ of {STEPS} \(no restart file\), before its last: .*; "
+        "another attempt would stop the same way: it wrote no checkpoint since this one began",
+        failed.reason,
+    ), failed.reason
+    assert not file_captures(m27_home)

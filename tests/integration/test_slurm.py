@@ -302,13 +302,15 @@ def test_a_job_whose_mdrun_stopped_at_maxh_failed_though_it_completed(tmp_path: 
     not count here: the batch script sends the checkpoint signal itself, and requeues."""
     maxh = "Step 15325: Run time exceeded 0.002 hours, will terminate the run within 25 steps"
     stopped = run_slurm_step(
-        StepLaunch("r1", "md", ("sh", "-c", f"echo '{maxh}'; echo 'Performance: 1'")),
+        StepLaunch("r1", "md", ("sh", "-c", f"echo '{maxh}'; echo 'Performance: 1'"),
+                   retries=3),
         MemoryEventStore(), options=FAST, site={},
     )  # fmt: skip
     assert not stopped.ok and stopped.exit_code == 0
+    assert stopped.attempts == 1  # without a checkpoint, the next job would stop the same way
     assert stopped.reason == (
         "mdrun stopped at -maxh, its run time limit, at step 15325, before its last step; "
-        "`m27 run --resume r1` continues it"
+        "another attempt would start over and stop the same way: the step has no `checkpoint:`"
     )
     signalled = "Received the TERM signal, stopping within 100 steps"
     requeued = run_slurm_step(

@@ -60,9 +60,9 @@ def test_an_attempt_that_stopped_at_maxh_failed_though_it_exited_0() -> None:
     printed = "; ".join(f"print({line!r})" for line in MAXH_TAIL)
     result = run_step(launch(printed), MemoryEventStore())
     assert not result.ok
-    assert result.reason == (
+    assert result.reason == (  # without `checkpoint:` a retry would begin again
         "mdrun stopped at -maxh, its run time limit, at step 15325, before its last step; "
-        "`m27 run --resume r1` continues it"
+        "another attempt would start over and stop the same way: the step has no `checkpoint:`"
     )
     whole = run_step(launch("print('Writing final coordinates.')"), MemoryEventStore())
     assert whole.ok

@@ -38,9 +38,9 @@ from typing import Any
 
 from m27.clock import Clock
 from m27.events import SlurmJobSubmitted
-from m27.executors.engines import stopped_early
 from m27.executors.local import (
     AttemptEnd,
+    Guarded,
     Sink,
     StepLaunch,
     StepResult,
@@ -48,6 +48,7 @@ from m27.executors.local import (
     child_env,
     open_guard,
     run_in_step_log,
+    stopped_early_end,
 )
 from m27.executors.slurm._follow import Follower, FollowResult, StepJobs
 from m27.executors.slurm._jobs import JobInfo, SlurmCli, SlurmError, SubprocessSlurm
@@ -202,7 +203,7 @@ class _Job(StepJobs):
         follower = Follower(self, job_id=job_id, job_dir=job_dir, attempt=attempt, argv=argv)
         with g.watching():  # a shared workdir: the program's checkpoints are captured here
             followed = follower.follow(cancel)
-        return self._judge(followed)
+        return self._judge(followed, g)
 
     def _write_script(
         self, job_dir: Path, attempt: int, argv: tuple[str, ...], add_resume: bool = True
@@ -228,7 +229,7 @@ class _Job(StepJobs):
         path.chmod(0o755)
         return path.absolute()
 
-    def _judge(self, r: FollowResult) -> AttemptEnd:
+    def _judge(self, r: FollowResult, g: Guarded) -> AttemptEnd:
         if r.cancelled:
             code, sig = _code_signal(r.info)
             return AttemptEnd(False, "cancelled", code, sig, cancelled=True)
@@ -241,14 +242,9 @@ class _Job(StepJobs):
         if state == "COMPLETED" and code == 0:
             # the batch script passes Slurm's time-limit signal on and requeues: a program
             # stopped by a signal here is the script's doing, -maxh is the program's own
-            launch, ckpt = self.launch, self.launch.self_checkpoint
-            early = stopped_early(
-                self.sink.tail, signalled=False, recipe=ckpt.recipe if ckpt else None,
-                argv=launch.argv, workdir=launch.workdir,
-            )  # fmt: skip
+            early = stopped_early_end(self.launch, self.sink.tail, g, signalled=False)
             if early is not None:
-                resume = f"`m27 run --resume {self.launch.run_id}` continues it"
-                return AttemptEnd(False, f"{early}; {resume}", code, sig)
+                return AttemptEnd(False, early[0], code, sig, retryable=early[1])
             if missing := self.launch.missing_outputs():
                 return AttemptEnd(
                     False, f"declared output missing: {', '.join(missing)}", code, sig
