@@ -148,9 +148,12 @@ class _Watcher:
             ended = ended_runs(self.state, self.settled, self.host)
             if ended:
                 changed: list[str] = []
+                refused: dict[str, str] = {}  # tried again next pass; the others are done
                 try:
-                    with_prefect(lambda client: settle(client, ended, changed))
-                    self.settled.update(ended)  # after Prefect answered: else the next pass
+                    with_prefect(lambda client: settle(client, ended, changed, refused))
+                    self.settled.update(k for k in ended if k not in refused)
+                    for flow_run_id, why in refused.items():
+                        self.failing(f"m27 agent: Prefect refused flow run {flow_run_id}: {why}")
                 finally:  # those a failed pass may have closed get their checks too
                     for flow_run_id in changed:
                         run = ended[flow_run_id]

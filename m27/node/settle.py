@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from m27 import liveness
+from m27._exceptions import one_line
 from m27.events.state import NodeState, RunState
 
 if TYPE_CHECKING:
@@ -158,15 +159,24 @@ async def add_missing_tasks(client: PrefectClient, flow_run_id: str, run: RunSta
 
 
 async def settle(
-    client: PrefectClient, runs: Mapping[str, RunState], changed: list[str] | None = None
+    client: PrefectClient,
+    runs: Mapping[str, RunState],
+    changed: list[str] | None = None,
+    refused: dict[str, str] | None = None,
 ) -> list[str]:
     """Give each flow run in `runs` that Prefect still shows open the end the log
     recorded, and its open task runs their steps' ends; the flow run ids it changed,
     appended to `changed` as it goes: a pass that fails part way (a timeout from a server
     that has just restarted) still names those it may have changed, whose missing task
-    runs are made later; the next pass sees them closed and would not name them."""
+    runs are made later; the next pass sees them closed and would not name them.
+
+    With `refused`, a flow run whose change Prefect answers with an error (deleted in its
+    UI meanwhile, say) goes there with the error, and the pass goes on with the others:
+    before, it ended the pass, every pass while the error lasted, and the runs after it
+    stayed open in Prefect. A server that does not answer still ends the pass."""
     from uuid import UUID
 
+    import httpx
     from prefect.client.schemas.filters import (
         FlowRunFilter,
         FlowRunFilterId,
@@ -196,6 +206,14 @@ async def settle(
             if run.crashed and flow_run.state is not None and flow_run.state.is_crashed():
                 continue  # both say it crashed
             changed.append(str(flow_run.id))  # before: the set may land and its answer not
-            await settle_tasks(client, str(flow_run.id), run)
-            await client.set_flow_run_state(flow_run.id, _flow_state(run), force=True)
+            try:
+                await settle_tasks(client, str(flow_run.id), run)
+                await client.set_flow_run_state(flow_run.id, _flow_state(run), force=True)
+            except httpx.TransportError:
+                raise
+            except Exception as exc:
+                if refused is None:
+                    raise
+                changed.remove(str(flow_run.id))  # Prefect answered: nothing was set
+                refused[str(flow_run.id)] = f"{type(exc).__name__}: {one_line(exc)}"
     return changed

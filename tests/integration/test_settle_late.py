@@ -218,3 +218,62 @@ def test_a_crashed_run_is_marked_beside_one_whose_id_prefect_cannot_take(
     assert list(watcher.recheck) == [real]  # the other is not asked about again
     assert not watcher.unmarked
     watcher.store.close()
+
+
+class _DeletesFirst:
+    """The real client, but the first flow run the settle pass reads as still open is
+    deleted right after the read, as a user deleting it in Prefect's UI meanwhile:
+    Prefect then answers its change with ObjectNotFound."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.deleted: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    async def read_flow_runs(self, **kw: Any) -> Any:
+        found = await self.client.read_flow_runs(**kw)
+        if found and not self.deleted:
+            await self.client.delete_flow_run(found[0].id)
+            self.deleted.append(str(found[0].id))
+        return found
+
+
+def test_a_flow_run_prefect_refuses_mid_pass_does_not_keep_the_others_open(
+    prefect_env: str, m27_home: Path
+) -> None:
+    """Before, the refusal ended the pass: the runs after it stayed Running in Prefect
+    until a later pass, or for ever while the refusal lasted."""
+    from m27.events.state import fold
+    from m27.node.settle import settle
+
+    url = prefect_env
+    ids = [_prefect(url, _open_flow_run) for _ in range(3)]
+    state = fold(
+        [
+            e
+            for n, flow_run_id in enumerate(ids)
+            for e in (
+                ev.RunSubmitted(1.0, f"r{n}", "p", "p.yaml", ("a",), flow_run_id=flow_run_id),
+                ev.StepSucceeded(1.1, f"r{n}", "a", 1, 0.1),
+                ev.RunSucceeded(1.2, f"r{n}", 0.2),
+            )
+        ]
+    )
+    runs = {r.flow_run_id: r for r in state.runs.values() if r.flow_run_id}
+    changed: list[str] = []
+    refused: dict[str, str] = {}
+
+    async def pass_(client: Any) -> list[str]:
+        wrapped: Any = _DeletesFirst(client)  # a PrefectClient, to settle()
+        done = await settle(wrapped, runs, changed, refused)
+        assert len(wrapped.deleted) == 1
+        return done
+
+    _prefect(url, pass_)
+    (gone,) = refused
+    assert refused[gone].startswith("ObjectNotFound"), refused
+    kept = [i for i in ids if i != gone]
+    assert sorted(changed) == sorted(kept)
+    assert [_prefect(url, _flow_state(i)) for i in kept] == ["COMPLETED", "COMPLETED"]
