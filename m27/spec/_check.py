@@ -18,10 +18,10 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 
 from m27.paths import name_problem
 from m27.spec._checkpoint import read_checkpoint
+from m27.spec._command import Commands
 from m27.spec._draft import Draft, build, cross_check
 from m27.spec._environ import expanded
 from m27.spec._limits import (
-    ARG_BYTES_MAX,
     GPUS_MAX,
     PRIORITY_LIMIT,
     RETRIES_MAX,
@@ -34,15 +34,10 @@ from m27.spec._limits import (
 from m27.spec._matrix import expand, matrix_names, matrix_node
 from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline
 from m27.spec._nodes import Template, describe, is_null, representable, suggest
-from m27.spec._shell import unsafe_placeholders, unshelled
 from m27.spec._template import (
     VAR_NAME,
-    render_argv,
-    render_shell,
-    split_template,
     substitute,
 )
-from m27.spec._vars import Variables
 from m27.units import is_control, quoted
 
 TOP_KEYS = ("name", "vars", "env", "priority", "workdir", "executor", "pipeline", "steps")
@@ -52,12 +47,9 @@ _STEP_KEYS_TEXT = (
 )
 STEP_KEYS = tuple(_STEP_KEYS_TEXT.split())
 ENV_NAME = VAR_NAME
-SHELL = "/bin/sh"
-#: This machine's limit on a command line and its environment together (ARG_MAX).
-_ARG_MAX = os.sysconf("SC_ARG_MAX")
 
 
-class Checker(Variables):
+class Checker(Commands):
     def __init__(
         self,
         file: str,
@@ -287,111 +279,7 @@ class Checker(Variables):
             if kind == "cpu":
                 self.add(memory, f"{where}.gpu_memory", "a cpu step has no GPU memory to ask for")
 
-    def _command(self, node: Node, where: str, v: dict[str, Any]) -> None:
-        shell = bool(v.get("shell"))
-        if isinstance(node, SequenceNode):
-            items = self.texts(node, where) or []
-            v["command"] = tuple(t for t, _, _ in items)
-            if shell:
-                self.add(node, where, "shell: true needs the command as one string, not a list")
-            elif not node.value:
-                self.add(node, where, "the command is empty")
-            elif len(items) == len(node.value):
-                parts = [self.render_plain(self.template(n, p, t)) for t, n, p in items]
-                if all(p is not None for p in parts):
-                    v["argv"] = self._checked_argv(node, where, [p for p in parts if p is not None])
-            return
-        text = self.text(node, where)
-        if text is None:
-            return
-        v["command"] = text
-        if not text.strip():
-            self.add(node, where, "the command is empty")
-            return
-        tpl = self.template(node, where, text)
-        if shell:
-            for index, reason in unsafe_placeholders(text, tpl.placeholders).items():
-                ph = tpl.placeholders[index]
-                tpl.ok = False
-                self.add(node, where, f"{text[ph.start : ph.end]} {reason}", ph.start)
-            if tpl.ok:
-                script = render_shell(text, tpl.placeholders, self.values)
-                v["argv"] = self._checked_argv(node, where, [SHELL, "-c", script])
-            return
-        words = self.split_words(node, where, text, tpl, "the command")
-        if words is None:
-            return
-        if not words:
-            self.add(node, where, "the command is empty")
-        else:
-            v["argv"] = self._checked_argv(node, where, list(words))
-
-    def split_words(
-        self, node: Node, where: str, text: str, tpl: Template, what: str
-    ) -> tuple[str, ...] | None:
-        """`text` as arguments, as a command without a shell: split first, then each
-        value put in (one argument whatever it holds); None after a problem."""
-        try:
-            split_template(text, tpl.placeholders)
-        except ValueError as exc:
-            self.add(node, where, f"cannot split {what} into arguments: {exc}")
-            return None
-        if (syntax := unshelled(text)) is not None:
-            self.add(node, where, syntax[1], syntax[0])
-            return None
-        if not tpl.ok:
-            return None
-        words = render_argv(text, tpl.placeholders, self.values)
-        if "\0" in "\1".join(words):  # one scan, not one per argument
-            self.add(
-                node,
-                where,
-                f"{what} holds a NUL byte (written or from a variable)",
-            )
-            return None
-        return words
-
-    def _checked_argv(self, node: Node, where: str, argv: list[str]) -> tuple[str, ...] | None:
-        if "\0" in "\1".join(argv):  # one scan, not one per argument
-            self.add(
-                node,
-                where,
-                "the command holds a NUL byte (written or from a variable)",
-            )
-            return None
-        if not argv[0]:
-            self.add(node, where, "the program name is empty after substitution")
-            return None
-        for i, arg in enumerate(argv):
-            size = len(arg) if len(arg) * 4 < ARG_BYTES_MAX else len(os.fsencode(arg))
-            if size >= ARG_BYTES_MAX:
-                what = "the script" if argv[:2] == [SHELL, "-c"] and i == 2 else f"argument {i}"
-                self.add(
-                    node,
-                    where,
-                    f"{what} is {size:,} bytes; Linux starts no program with one argument of "
-                    f"{ARG_BYTES_MAX // 1024} KiB or more (Argument list too long): pass large "
-                    "data in a file",
-                )
-                return None
-        total = sum(len(arg) + 1 for arg in argv)  # characters: a floor of the bytes
-        if total >= _ARG_MAX:
-            self.add(
-                node,
-                where,
-                f"the command's {len(argv):,} arguments take {total:,} bytes or more; Linux "
-                f"starts no program whose arguments and environment exceed {_ARG_MAX:,} bytes "
-                "here (Argument list too long): pass large data in a file",
-            )
-            return None
-        return tuple(argv)
-
     # -- shared field kinds ----------------------------------------------------------
-
-    def render_plain(self, tpl: Template) -> str | None:
-        if not tpl.ok:
-            return None
-        return substitute(tpl.text, tpl.placeholders, self.values)
 
     def _path(self, node: Node, where: str, allow_outside: bool = False) -> str | None:
         text = self.text(node, where)

@@ -20,7 +20,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from m27.paths import name_problem
 from m27.spec._draft import Draft
 from m27.spec._nodes import describe
-from m27.spec._template import VAR_NAME, scan
+from m27.spec._template import VAR_NAME, list_words, scan
 from m27.units import QUOTE_MAX, listed, quoted
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ _VALUE = re.compile(r"[A-Za-z0-9_.\-]+\Z")
 _MERGE = "tag:yaml.org,2002:merge"
 #: The matrix's key that lists combinations to leave out, as GitHub Actions' matrix does.
 EXCLUDE = "exclude"
-_SPLIT = re.compile(r"[\s,]+")
 #: A value each run gives (`m27 deploy` of `vars: {SEEDS:}`): its steps are made then.
 _LATER_TEXT = "{{each run}}"
 _LATER = [_LATER_TEXT]
@@ -246,11 +245,11 @@ def _values(checker: Checker, key: str, key_node: Node, node: Node, where: str) 
         values = [r for r in rendered if r is not None]
     elif isinstance(node, ScalarNode):
         text = checker.text(node, where)
-        if text is None or (whole := _rendered(checker, text, node, where)) is None:
+        if text is None or (whole := _rendered(checker, text, node, where, lists=True)) is None:
             return None
         if whole == _LATER_TEXT:
             return _LATER
-        values = [v for v in _SPLIT.split(whole) if v]
+        values = list_words(whole)
     else:
         checker.add(node, where, f"must be a list of values, got {describe(node)}")
         return None
@@ -274,8 +273,10 @@ def _values(checker: Checker, key: str, key_node: Node, node: Node, where: str) 
     return values
 
 
-def _rendered(checker: Checker, text: str, node: Node, where: str) -> str | None:
-    tpl = checker.template(node, where, text)
+def _rendered(
+    checker: Checker, text: str, node: Node, where: str, lists: bool = False
+) -> str | None:
+    tpl = checker.template(node, where, text, lists)
     if any(ph.name in checker.unset for ph in tpl.placeholders):
         return _LATER_TEXT
     return checker.render_plain(tpl)

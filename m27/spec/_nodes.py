@@ -55,6 +55,14 @@ def suggest(word: str, choices: Collection[str]) -> str:
     return f"; did you mean {close!r}?" if close else ""
 
 
+#: Where a list variable (`vars: {TEMPS: [300, 310]}`) may stand, said where it may not.
+LIST_ONLY = (
+    "is a list variable: it can stand only as a whole, unquoted argument of a command "
+    "without a shell (`-multidir {{TEMPS}}` gives one argument per value) or as a matrix's "
+    "values"
+)
+
+
 @dataclass
 class Template:
     """A templated text field: where it is, its placeholders, and whether it can render."""
@@ -81,6 +89,7 @@ class Reader:
     rendered: int = 0  # characters the templated fields so far render to, all together
     matrix_names: dict[str, str] = field(default_factory=dict)  # name -> its step's name
     matrix_made: int = 0  # steps every matrix so far made, all together
+    lists: set[str] = field(default_factory=set)  # variables whose `vars:` value is a list
 
     def __post_init__(self) -> None:
         self._constructor = yaml.constructor.SafeConstructor()
@@ -237,8 +246,10 @@ class Reader:
             self.add(node, where, f"cannot read: {exc}")
             return None
 
-    def template(self, node: Node, where: str, text: str) -> Template:
-        """Scan `text` for placeholders; report malformed and undefined ones."""
+    def template(self, node: Node, where: str, text: str, lists: bool = False) -> Template:
+        """Scan `text` for placeholders; report malformed and undefined ones, and those of
+        list variables unless the field takes them (`lists`: a command without a shell,
+        a matrix's values)."""
         placeholders, malformed = scan(text)
         for bad in malformed:
             self.add(node, where, bad.message, bad.offset)
@@ -247,6 +258,9 @@ class Reader:
             self.used.add(ph.name)
             if ph.name in self.broken:
                 ok = False
+            elif ph.name in self.lists and not lists:
+                ok = False
+                self.add(node, where, f"{{{{{ph.name}}}}} {LIST_ONLY}", ph.start)
             elif ph.name not in self.values:
                 ok = False
                 close = closest(ph.name, self.values)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from m27.units import quoted
@@ -93,18 +93,45 @@ def split_template(text: str, placeholders: Sequence[Placeholder]) -> list[str]:
 
 
 def render_argv(
-    text: str, placeholders: Sequence[Placeholder], values: Mapping[str, str]
+    text: str,
+    placeholders: Sequence[Placeholder],
+    values: Mapping[str, str],
+    lists: Collection[str] = (),
 ) -> tuple[str, ...]:
-    """The argument list of a command string, with values substituted after splitting."""
+    """The argument list of a command string, with values substituted after splitting;
+    an argument that is a placeholder of a list variable (named in `lists`) alone becomes
+    one argument per value (:func:`list_words`)."""
     marked, pattern, tag = _marked(text, placeholders)
     tokens = _split(marked)
     if not placeholders:
         return tokens
     names = [ph.name for ph in placeholders]
-    return tuple(
-        pattern.sub(lambda m: values[names[int(m.group(1))]], token) if tag in token else token
-        for token in tokens
-    )
+    out: list[str] = []
+    for token in tokens:
+        if tag not in token:
+            out.append(token)
+        elif (m := pattern.fullmatch(token)) and names[int(m[1])] in lists:
+            out += list_words(values[names[int(m[1])]])
+        else:
+            out.append(pattern.sub(lambda m: values[names[int(m.group(1))]], token))
+    return tuple(out)
+
+
+#: What separates the values of a list variable given as text (`--set TEMPS=300,310`)
+LIST_SEPARATORS = re.compile(r"[\s,]+")
+
+
+def list_words(value: str) -> list[str]:
+    """The values of a list variable: `vars:` keeps them as one text, blank-separated,
+    and `--set TEMPS="300 310"` or `--set TEMPS=300,310` gives them so."""
+    return [word for word in LIST_SEPARATORS.split(value) if word]
+
+
+def bare_word(text: str, ph: Placeholder) -> bool:
+    """Whether `ph` stands alone as an unquoted word of the command `text`."""
+    before = text[ph.start - 1] if ph.start else " "
+    after = text[ph.end] if ph.end < len(text) else " "
+    return before in _SPACE and after in _SPACE
 
 
 @functools.lru_cache(maxsize=2)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from yaml.nodes import Node
+from yaml.nodes import Node, SequenceNode
 
 from m27.spec._environ import references
 from m27.spec._model import Problem
 from m27.spec._nodes import Reader, is_null, suggest
-from m27.spec._template import VAR_NAME, scan
+from m27.spec._template import VAR_NAME, list_words, scan
 from m27.units import QUOTE_MAX, listed, quoted
 
 
@@ -37,6 +37,13 @@ class Variables(Reader):
             if not VAR_NAME.match(key):
                 message = f"bad variable name {quoted(key)} (use A-Z, 0-9, _)"
                 self.add(key_node, f"vars.{key[:QUOTE_MAX]}", message)
+            elif isinstance(value, SequenceNode):
+                words = self._list(value, f"vars.{key}")
+                if words is not None:
+                    defaults[key] = (" ".join(words), value)
+                    self.lists.add(key)
+                else:
+                    self.broken.add(key)
             elif not is_null(value):  # null declares a variable that has no default
                 text = self.text(value, f"vars.{key}")
                 if text is not None:
@@ -63,6 +70,27 @@ class Variables(Reader):
                 self._default_names_a_variable(key, text, node)
                 line = node.start_mark.line + 1
                 self.env_in_defaults += [(line, f"vars.{key}", n) for n in references(text)]
+
+    def _list(self, node: SequenceNode, where: str) -> list[str] | None:
+        """A list variable's values (`TEMPS: [300, 310, 320]`): kept as one text, blank-
+        separated, as `--set TEMPS="300 310"` gives them, so a value may hold no blank or
+        comma (they would split it)."""
+        items = self.texts(node, where)
+        if items is None or len(items) != len(node.value):
+            return None
+        if not items:
+            self.add(node, where, "the list is empty: give it at least one value")
+            return None
+        for text, item, path in items:
+            if not text or list_words(text) != [text]:
+                self.add(
+                    item,
+                    path,
+                    f"{quoted(text)}: a value of a list variable cannot be empty or hold "
+                    "blanks or commas (they separate its values, as in `--set NAME=a,b`)",
+                )
+                return None
+        return [text for text, _, _ in items]
 
     def _default_names_a_variable(self, key: str, text: str, node: Node) -> None:
         """`TPR: "{{OUT}}/sim.tpr"` validated, and the steps got `{{OUT}}/sim.tpr` as

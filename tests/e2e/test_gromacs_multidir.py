@@ -59,10 +59,12 @@ def _pipeline(folder: Path, nsteps: int) -> tuple[Path, Path]:
         env:  # mpirun refuses to run as root (CI is) unless told it may
           OMPI_ALLOW_RUN_AS_ROOT: "1"
           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM: "1"
+        vars:  # a list variable: the matrix's values, and -multidir's folders
+          TEMPS: [{", ".join(TEMPS)}]
         pipeline:
           - name: prepare
             type: cpu
-            matrix: {{T: [{", ".join(TEMPS)}]}}
+            matrix: {{T: "{{{{TEMPS}}}}"}}
             command: python {PREPARE} --nsteps {nsteps} --box 2.1 --temperature {{{{T}}}} --out {out}/{{{{T}}}}
           - name: remd
             type: gpu
@@ -70,7 +72,7 @@ def _pipeline(folder: Path, nsteps: int) -> tuple[Path, Path]:
             workdir: {out}
             checkpoint: 1s
             command: >-
-              mpirun --oversubscribe -np 2 gmx_mpi mdrun -multidir {" ".join(TEMPS)}
+              mpirun --oversubscribe -np 2 gmx_mpi mdrun -multidir {{{{TEMPS}}}}
               -deffnm simulation -ntomp 1 -replex 100
         """)
     )
