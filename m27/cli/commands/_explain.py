@@ -113,7 +113,7 @@ def explain_checkpoint(step: Step, base: Path) -> Explained:
             f"checkpoint (every {format_duration(every)}), and it does not save at the stop: "
             "every attempt starts over"
         )
-    if not plan.files and not checkpointer:
+    if not plan.files and not checkpointer and recipe is None:  # a recipe says its own
         program = step.argv[0] if step.argv else "?"
         warnings.append(
             f"checkpoint: has no effect: no recipe knows {program!r}, there is no "

@@ -27,7 +27,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from m27.executors.engines._base import Argv, Note, Recipe, RecipePlan, minutes, option
+from m27.executors.engines._base import (
+    Argv,
+    Note,
+    Recipe,
+    RecipePlan,
+    engine_index,
+    minutes,
+    option,
+)
 from m27.units import format_duration
 
 #: XDR ints at the start and the end of every complete .cpt (GROMACS's CPT_MAGIC1/2).
@@ -62,6 +70,15 @@ def _mdrun_at(argv: Argv, index: int) -> int | None:
     return at if at < len(argv) and argv[at] == "mdrun" else None
 
 
+#: What `mdrun -rerun` does with `-cpt` (measured, GROMACS 2022: `-cpt 0.001` over a whole
+#: rerun wrote no .cpt)
+_RERUN = "writes no checkpoint when it recomputes a trajectory's frames"
+
+
+def _rerun(argv: Argv, at: int) -> bool:
+    return "-rerun" in argv[at + 1 :]
+
+
 class Gromacs(Recipe):
     name = "gromacs"
     programs: tuple[str, ...] = ("gmx", "gmx_mpi", "gmx_d", "gmx_mpi_d", "mdrun", "mdrun_mpi")
@@ -71,6 +88,8 @@ class Gromacs(Recipe):
 
     def plan(self, argv: Argv, index: int, every: float | None) -> RecipePlan:
         at = _mdrun_at(argv, index) or index
+        if _rerun(argv, at):  # no checkpoint to watch, nor to resume from (warnings)
+            return RecipePlan(argv, (), (), "TERM", (f"-rerun: mdrun {_RERUN}",))
         notes: list[str] = []
         cpo = option(argv, "-cpo", at)
         deffnm = option(argv, "-deffnm", at)
@@ -104,6 +123,15 @@ class Gromacs(Recipe):
             how = "as new part files" if "-noappend" in argv else "appending to its outputs"
             notes.append(f"on resume: -cpi {cpt} ({how})")
         return RecipePlan(out, files, resume, "TERM", tuple(notes))
+
+    def warnings(self, argv: Argv, workdir: Path) -> tuple[str, ...]:
+        at = engine_index(argv, self.programs)
+        if at is None or not _rerun(argv, _mdrun_at(argv, at) or at):
+            return ()
+        return (
+            f"checkpoint: has no effect: `mdrun -rerun` {_RERUN}, so a resume reruns the "
+            "trajectory from its first frame",
+        )
 
     def together(self, argv: Argv) -> bool:
         """Replicas that exchange (`-multidir ... -replex`) checkpoint at one moment, each
