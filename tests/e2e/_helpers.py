@@ -244,3 +244,36 @@ def lammps_thermo_steps(text: str) -> list[int]:
     number = r"-?\d+(?:\.\d+)?(?:e[-+]\d+)?"
     found = re.findall(rf"^(?:\S+ \[\w+\] )?\s*(\d+)(?:\s+{number}){{5}}\s*$", text, re.M)
     return [int(s) for s in found]
+
+
+#: The LAMMPS example (Lennard-Jones melt): create.in writes the lattice melt.in starts from
+LAMMPS_EXAMPLE = ROOT / "examples" / "lammps"
+
+
+def lammps_pipeline(
+    tmp_path: Path, *, steps: int, every: int, script: Path = LAMMPS_EXAMPLE / "melt.in",
+    melt: tuple[str, ...] = ("checkpoint: 2s",), options: str = "",
+) -> tuple[Path, Path]:  # fmt: skip
+    """The example's lattice (256 atoms), then `script` as the `melt` step (its `melt`
+    fields; its command's extra `options`), run in tmp_path/out: the pipeline file and
+    that folder."""
+    out = tmp_path / "out"
+    fields = "\n            ".join(melt)
+    path = tmp_path / "lmp.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: lmp-e2e
+        pipeline:
+          - name: lattice
+            type: cpu
+            command: lmp -in {LAMMPS_EXAMPLE / "create.in"} -var cells 4 -var out {out} -log none
+            output: {out}/system.data
+          - name: melt
+            type: gpu
+            depends_on: [lattice]
+            workdir: {out}
+            {fields}
+            command: lmp -in {script} -var steps {steps} -var every {every} -log melt.log {options}
+        """)
+    )
+    return path, out

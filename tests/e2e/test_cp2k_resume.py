@@ -83,21 +83,16 @@ def test_power_cut_mid_cp2k_resumes_for_the_steps_left_with_no_frame_twice(
     ] == list(range(STEPS + 1))
 
 
-def test_attempts_cp2k_ended_at_its_walltime_fail_and_retries_go_on_to_the_end(
-    m27: M27, tmp_path: Path, m27_home: Path
-) -> None:
-    """CP2K at its `&GLOBAL WALLTIME` ends the MD run early, writes its restart file and
-    exits 0: the step counted as succeeded with part of its steps. Now the restart file
-    short of STEPS fails the attempt, and `retries:` resumes it, to the last step."""
-    steps = 20
-    out = tmp_path / "out"
+def _walltime_run(tmp_path: Path, walltime: int, each: int, steps: int) -> tuple[Path, Path]:
+    """The example's input with `&GLOBAL WALLTIME` and a restart file every `each` MD
+    steps, run for `steps` with `retries: 100`: the pipeline file and the step's folder."""
     text = (EXAMPLE / "water.inp").read_text()
     (tmp_path / "water.inp").write_text(
-        text.replace("  PRINT_LEVEL LOW", "  PRINT_LEVEL LOW\n  WALLTIME 5")
-        # a restart file at each step: an attempt that a loaded machine lets do fewer
-        # steps than `&EACH MD 5` still leaves its progress to the next one
-        .replace("        MD 5\n", "        MD 1\n")
+        text.replace("  PRINT_LEVEL LOW", f"  PRINT_LEVEL LOW\n  WALLTIME {walltime}").replace(
+            "        MD 5\n", f"        MD {each}\n"
+        )
     )
+    out = tmp_path / "out"
     spec = tmp_path / "cp2k.yaml"
     spec.write_text(
         textwrap.dedent(f"""\
@@ -112,6 +107,19 @@ def test_attempts_cp2k_ended_at_its_walltime_fail_and_retries_go_on_to_the_end(
             command: cp2k -i ../water.inp -o water.out -E STEPS={steps}
         """)
     )
+    return spec, out
+
+
+def test_attempts_cp2k_ended_at_its_walltime_fail_and_retries_go_on_to_the_end(
+    m27: M27, tmp_path: Path, m27_home: Path
+) -> None:
+    """CP2K at its `&GLOBAL WALLTIME` ends the MD run early, writes its restart file and
+    exits 0: the step counted as succeeded with part of its steps. Now the restart file
+    short of STEPS fails the attempt, and `retries:` resumes it, to the last step."""
+    steps = 20
+    # a restart file at each step: an attempt that a loaded machine lets do fewer steps
+    # than `&EACH MD 5` still leaves its progress to the next one
+    spec, out = _walltime_run(tmp_path, walltime=5, each=1, steps=steps)
     done = m27("run", str(spec), "--plain", timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     failed = [e for e in events(m27_home) if isinstance(e, StepFailed)]
@@ -128,27 +136,7 @@ def test_an_attempt_that_ended_at_its_walltime_with_no_newer_restart_is_not_retr
 ) -> None:
     """A WALLTIME shorter than `&EACH MD n` steps leaves no restart file: each next
     attempt began from the same point and stopped the same way, `retries: 100` times."""
-    out = tmp_path / "out"
-    text = (EXAMPLE / "water.inp").read_text()
-    (tmp_path / "water.inp").write_text(
-        text.replace("  PRINT_LEVEL LOW", "  PRINT_LEVEL LOW\n  WALLTIME 3").replace(
-            "        MD 5\n", "        MD 1000\n"
-        )
-    )
-    spec = tmp_path / "cp2k.yaml"
-    spec.write_text(
-        textwrap.dedent(f"""\
-        name: cp2k-walltime-loop
-        pipeline:
-          - name: aimd
-            type: cpu
-            workdir: {out}
-            env: {{OMP_NUM_THREADS: "1"}}
-            checkpoint: 1m
-            retries: 100
-            command: cp2k -i ../water.inp -o water.out -E STEPS={STEPS}
-        """)
-    )
+    spec, _ = _walltime_run(tmp_path, walltime=3, each=1000, steps=STEPS)
     done = m27("run", str(spec), "--plain", timeout=600)
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
     (failed,) = [e for e in events(m27_home) if isinstance(e, StepFailed)]

@@ -12,18 +12,23 @@ CI=true a missing `lmp` fails instead of skipping.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from m27.events import CheckpointRestored
-from tests.e2e._helpers import M27, ROOT, events, file_captures, lammps_thermo_steps, power_cut
+from tests.e2e._helpers import (
+    M27,
+    events,
+    file_captures,
+    lammps_pipeline,
+    lammps_thermo_steps,
+    power_cut,
+)
 from tests.services import need_program
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
-EXAMPLE = ROOT / "examples" / "lammps"
 STEPS, EVERY = 300_000, 1000  # 256 atoms: ~10,000 steps/s on an idle core
 
 need_program("lmp", "LAMMPS", "apt-get install lammps")
@@ -34,32 +39,10 @@ def _fast_capture(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("M27_CAPTURE_POLL", "0.2")
 
 
-def _pipeline(tmp_path: Path) -> tuple[Path, Path]:
-    out = tmp_path / "out"
-    path = tmp_path / "lmp.yaml"
-    path.write_text(
-        textwrap.dedent(f"""\
-        name: lmp-e2e
-        pipeline:
-          - name: lattice
-            type: cpu
-            command: lmp -in {EXAMPLE / "create.in"} -var cells 4 -var out {out} -log none
-            output: {out}/system.data
-          - name: melt
-            type: gpu
-            depends_on: [lattice]
-            workdir: {out}
-            checkpoint: 2s
-            command: lmp -in {EXAMPLE / "melt.in"} -var steps {STEPS} -var every {EVERY} -log melt.log
-        """)
-    )
-    return path, out
-
-
 def test_power_cut_mid_lammps_resumes_from_the_captured_restart_file(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:
-    spec, out = _pipeline(tmp_path)
+    spec, out = lammps_pipeline(tmp_path, steps=STEPS, every=EVERY)
     power_cut(spec, m27_home, "melt", lambda: len(file_captures(m27_home)) >= 2, "two captures")
     steps = [e.engine_step for e in file_captures(m27_home)]
     assert all(s is not None and s % EVERY == 0 for s in steps) and steps == sorted(steps), steps

@@ -7,21 +7,26 @@ LAMMPS's log file says it stopped. With CI=true a missing `lmp` fails instead of
 from __future__ import annotations
 
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from m27.events import StepFailed, StepSucceeded
 from m27.executors.engines.lammps import restart_step
-from tests.e2e._helpers import M27, ROOT, events, lammps_thermo_steps, node_state
+from tests.e2e._helpers import (
+    LAMMPS_EXAMPLE,
+    M27,
+    events,
+    lammps_pipeline,
+    lammps_thermo_steps,
+    node_state,
+)
 from tests.services import need_program
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 need_program("lmp", "LAMMPS", "apt-get install lammps")
 
-EXAMPLE = ROOT / "examples" / "lammps"
 #: 256 atoms: ~10,000 steps/s on an idle core, so several 2 s attempts, idle or loaded
 STEPS, EVERY = 60_000, 1000
 
@@ -29,27 +34,12 @@ STEPS, EVERY = 60_000, 1000
 def test_attempts_stopped_by_timer_timeout_fail_and_retries_go_on_to_the_end(
     m27: M27, tmp_path: Path, m27_home: Path
 ) -> None:
-    out = tmp_path / "out"
-    timed = f"timer timeout 2 every 100\ninclude {EXAMPLE / 'melt.in'}\n"
-    (tmp_path / "timed.in").write_text(timed)  # LAMMPS's wall-time limit: 2 s an attempt
-    spec = tmp_path / "timeout.yaml"
-    spec.write_text(
-        textwrap.dedent(f"""\
-        name: lmp-timeout
-        pipeline:
-          - name: lattice
-            type: cpu
-            command: lmp -in {EXAMPLE / "create.in"} -var cells 4 -var out {out} -log none
-            output: {out}/system.data
-          - name: melt
-            type: gpu
-            depends_on: [lattice]
-            workdir: {out}
-            checkpoint: 5m
-            retries: 100
-            command: lmp -in ../timed.in -var steps {STEPS} -var every {EVERY} -log melt.log -screen none
-        """)
-    )
+    timed = tmp_path / "timed.in"  # LAMMPS's wall-time limit: 2 s an attempt
+    timed.write_text(f"timer timeout 2 every 100\ninclude {LAMMPS_EXAMPLE / 'melt.in'}\n")
+    spec, out = lammps_pipeline(
+        tmp_path, steps=STEPS, every=EVERY, script=timed,
+        melt=("checkpoint: 5m", "retries: 100"), options="-screen none",
+    )  # fmt: skip
     done = m27("run", str(spec), "--plain", timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     failed = [e for e in events(m27_home) if isinstance(e, StepFailed) and e.step == "melt"]
