@@ -90,6 +90,8 @@ class DeploymentSpec:
     variables: Mapping[str, str] = field(default_factory=dict)
     #: variables `vars:` declares without a value and no --set gave: each run gives them
     each_run: tuple[str, ...] = ()
+    #: list variables: the run form says how to give their values
+    lists: tuple[str, ...] = ()
 
     def check(self) -> None:
         """Refuse what Prefect would refuse, before any server is asked (or started), in
@@ -124,6 +126,8 @@ class DeploymentSpec:
         fields: dict[str, Any] = {}
         for name, value in self.variables.items():
             fields[name] = {"type": "string", "title": name, "default": value}
+            if name in self.lists:
+                fields[name]["description"] = "a list: values separated by blanks or commas"
         for name in self.each_run:
             fields[name] = {"type": "string", "title": name}
         old = schema["properties"]["overrides"]

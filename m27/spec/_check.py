@@ -127,6 +127,7 @@ class Checker(Commands):
             unset=tuple(k for k in self.unset if k in self.used),  # one no step uses: none
             unset_env=tuple(self.unset_env),
             env_in_defaults=tuple(self.env_in_defaults),
+            lists=tuple(sorted(self.lists)),
         )
 
     def _pipeline_name(self, top: dict[str, tuple[Node, Node]]) -> str | None:

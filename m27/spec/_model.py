@@ -114,6 +114,9 @@ class Pipeline:
     #: (line, field, name) of each `$NAME` a `vars:` default holds: a value is data, so it
     #: is not read from the environment (a note)
     env_in_defaults: tuple[tuple[int, str, str], ...] = ()
+    #: list variables (`TEMPS: [300, 310]`): their values are one text, blank- or
+    #: comma-separated, in `vars` and in what a run is given
+    lists: tuple[str, ...] = ()
 
     def step(self, name: str) -> Step:
         found = self._by_name.get(name)

@@ -36,3 +36,13 @@ def test_overrides_name_each_variable_with_the_value_a_run_gets_and_require_the_
 
 def test_a_pipeline_without_variables_keeps_the_flows_schema() -> None:
     assert _spec().parameter_schema(BASE) == BASE
+
+
+def test_the_run_form_says_how_to_give_a_list_variables_values() -> None:
+    schema = _spec(variables={"TEMPS": "300 310"}, lists=("TEMPS",)).parameter_schema(BASE)
+    assert schema["properties"]["overrides"]["properties"]["TEMPS"] == {
+        "type": "string",
+        "title": "TEMPS",
+        "default": "300 310",
+        "description": "a list: values separated by blanks or commas",
+    }

@@ -51,7 +51,7 @@ def test_a_list_variable_alone_is_one_argument_per_value(tmp_path: Path) -> None
     assert _argv(p, "listed") == ("echo", "300", "310", "end")
     assert [s.name for s in p.steps if s.group == "prepare"] == ["prepare.300", "prepare.310"]
     # what a run records, Prefect's parameters and `m27 status` show: one text
-    assert p.vars["TEMPS"] == "300 310"
+    assert p.vars["TEMPS"] == "300 310" and p.lists == ("TEMPS",)
 
 
 @pytest.mark.parametrize("given", ["300,320,330", "300 320 330", " 300, 320 ,330 "])

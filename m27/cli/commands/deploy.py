@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         pool=args.pool,
         variables=dict(pipeline.vars),
         each_run=pipeline.unset,
+        lists=pipeline.lists,
     )
     spec.check()  # before a server is asked, or started
     with lab_server() as server:
