@@ -104,7 +104,9 @@ class Gromacs(Recipe):
             notes.append(_given_interval(given, every, cpt))
         elif every is not None:
             out = (*argv[: at + 1], "-cpt", minutes(every), *argv[at + 1 :])
-            notes.append(f"-cpt {minutes(every)}: mdrun writes {cpt} every {minutes(every)} min")
+            m = minutes(every)
+            written = f"{cpt.removesuffix('.cpt')}_stepN.cpt" if "-cpnum" in argv else cpt
+            notes.append(f"-cpt {m}: mdrun writes {written} every {m} min")
         else:
             notes.append(f"no interval: mdrun writes {cpt} at its default -cpt 15 (minutes)")
         if (maxh := option(argv, "-maxh", at)) is not None:
@@ -125,13 +127,24 @@ class Gromacs(Recipe):
         return RecipePlan(out, files, resume, "TERM", tuple(notes))
 
     def warnings(self, argv: Argv, workdir: Path) -> tuple[str, ...]:
-        at = engine_index(argv, self.programs)
-        if at is None or not _rerun(argv, _mdrun_at(argv, at) or at):
+        index = engine_index(argv, self.programs)
+        at = None if index is None else _mdrun_at(argv, index)
+        if at is None:
             return ()
-        return (
-            f"checkpoint: has no effect: `mdrun -rerun` {_RERUN}, so a resume reruns the "
-            "trajectory from its first frame",
-        )
+        if _rerun(argv, at):
+            return (
+                f"checkpoint: has no effect: `mdrun -rerun` {_RERUN}, so a resume reruns the "
+                "trajectory from its first frame",
+            )
+        if "-cpnum" in argv[at + 1 :]:
+            cpt = self.plan(argv, at, None).files[0].rsplit("/", 1)[-1]
+            return (
+                f"checkpoint: captures nothing: with -cpnum mdrun writes "
+                f"{cpt.removesuffix('.cpt')}_stepN.cpt files and never {cpt} (measured), "
+                "so there is nothing to capture or resume from; remove -cpnum (m27 keeps its "
+                "recent captures: `m27 checkpoints`)",
+            )
+        return ()
 
     def together(self, argv: Argv) -> bool:
         """Replicas that exchange (`-multidir ... -replex`) checkpoint at one moment, each

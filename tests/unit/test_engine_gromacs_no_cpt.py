@@ -1,7 +1,7 @@
-"""`gmx mdrun -rerun traj.xtc` recomputes a trajectory's frames and writes no checkpoint,
-whatever its `-cpt` (measured, GROMACS 2022: `-cpt 0.001` over a whole rerun wrote no
-.cpt). `m27 validate` said `mdrun writes rerun.cpt every 1 min` of such a step, and m27
-watched for a file that never came."""
+"""mdrun options under which mdrun writes no `<deffnm>.cpt`, though `m27 validate` said it
+would and m27 watched for it (measured, GROMACS 2022): `-rerun traj.xtc` recomputes a
+trajectory's frames and writes no checkpoint whatever its `-cpt`; `-cpnum` writes
+`<deffnm>_stepN.cpt` files instead, so nothing was captured and a resume started over."""
 
 from __future__ import annotations
 
@@ -43,3 +43,20 @@ def test_validate_says_checkpoint_has_no_effect_on_a_rerun(
         "first frame"
     ) in out
     assert "-cpt" not in out and "no recipe knows" not in out
+
+
+def test_validate_says_cpnum_leaves_nothing_to_capture(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "pipeline:\n  - {name: md, type: gpu, checkpoint: 1m, command: gmx mdrun -deffnm cn -cpnum}\n"
+    )
+    assert cli(validate, ["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "-cpt 1: mdrun writes cn_stepN.cpt every 1 min" in out
+    assert (
+        "warning: md: checkpoint: captures nothing: with -cpnum mdrun writes cn_stepN.cpt files "
+        "and never cn.cpt (measured), so there is nothing to capture or resume from; remove "
+        "-cpnum (m27 keeps its recent captures: `m27 checkpoints`)"
+    ) in out
