@@ -277,3 +277,46 @@ def test_a_flow_run_prefect_refuses_mid_pass_does_not_keep_the_others_open(
     kept = [i for i in ids if i != gone]
     assert sorted(changed) == sorted(kept)
     assert [_prefect(url, _flow_state(i)) for i in kept] == ["COMPLETED", "COMPLETED"]
+
+
+def test_the_service_says_a_refused_flow_run_and_asks_again_next_pass(
+    prefect_env: str, m27_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node service's pass: the refusal is said on its log, the other runs count as
+    settled, and the refused one is asked about again next pass (gone then: settled)."""
+    import m27.node.serve as serve
+    from m27.node.settle import settle
+
+    url = prefect_env
+    ids = [_prefect(url, _open_flow_run) for _ in range(2)]
+    store = open_store(m27_home)
+    for n, flow_run_id in enumerate(ids):
+        store.append(
+            [
+                ev.RunSubmitted(1.0, f"r{n}", "p", "p.yaml", ("a",),
+                                flow_run_id=flow_run_id, host=socket.gethostname()),
+                ev.StepSucceeded(1.1, f"r{n}", "a", 1, 0.1),
+                ev.RunSucceeded(1.2, f"r{n}", 0.2),
+            ]
+        )  # fmt: skip
+    store.close()
+    deleted: list[str] = []
+
+    async def deleting_settle(client: Any, *args: Any) -> list[str]:
+        wrapped = _DeletesFirst(client)
+        wrapped.deleted = deleted  # once in the test, not once a pass
+        return await settle(wrapped, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(serve, "settle", deleting_settle)
+    lines: list[str] = []
+    watcher = _Watcher(m27_home, lines.append, threading.Event())
+    _in_prefect(url, watcher.step)
+    (gone,) = deleted
+    (kept,) = [i for i in ids if i != gone]
+    assert any(f"Prefect refused flow run {gone}: ObjectNotFound" in line for line in lines), lines
+    assert watcher.settled == {kept}
+    assert _prefect(url, _flow_state(kept)) == "COMPLETED"
+    watcher.settle_at = 0.0
+    _in_prefect(url, watcher.step)
+    assert watcher.settled == {kept, gone}  # asked again: deleted, nothing left to change
+    watcher.store.close()
