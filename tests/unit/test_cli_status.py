@@ -212,7 +212,7 @@ def test_a_value_with_control_characters_is_shown_escaped_not_sent_to_the_termin
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert out.splitlines()[0].startswith(f"run {RUN}  pipeline x\\x1b]0;owned\\x07\\x1b[2J  ")
-    assert "  vars: TITLE=x\\x1b]0;owned\\x07\\x1b[2J\n" in out
+    assert "  vars: TITLE='x\\x1b]0;owned\\x07\\x1b[2J'\n" in out
     assert main(["status", RUN, "--json"]) == 0  # JSON carries the value as it is
     assert json.loads(capsys.readouterr().out)["vars"] == {"TITLE": hostile}
 
@@ -446,3 +446,21 @@ def test_status_counts_each_matrix_s_steps_by_status_below_the_table(
     assert main(["status", RUN, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["steps"]
     assert (got["md.3"]["matrix"], got["summary"]["matrix"]) == ("md", None)
+
+
+def test_vars_are_shown_as_set_takes_them(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A list variable's values are one text with blanks: unquoted, `TEMPS=300 310` read
+    as a variable and a stray word."""
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, RUN, "p", "p.yaml", ("a",),
+                            vars={"TEMPS": "300 310", "OUT": "runs"}),
+            ev.RunSucceeded(2.0, RUN, 1.0),
+        ]
+    )  # fmt: skip
+    store.close()
+    assert main(["status", RUN]) == 0
+    assert "  vars: TEMPS='300 310' OUT=runs\n" in capsys.readouterr().out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from collections import Counter
@@ -204,7 +205,8 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
     print(f"run {r.run_id}  pipeline {printable(r.pipeline)}  {shown}  ({took})")
     print(f"  file: {printable(str(r.spec_path))}")
     if r.vars:
-        print("  vars: " + " ".join(f"{k}={printable(v)}" for k, v in r.vars.items()))
+        # as `--set` takes them: `SEEDS='1 2'` reads as one value, not two words
+        print("  vars: " + " ".join(f"{k}={shlex.quote(printable(v))}" for k, v in r.vars.items()))
     if r.resume_of:
         again = f" (--rerun {' '.join(r.rerun)})" if r.rerun else ""
         print(f"  resumes: {r.resume_of}{again}")
