@@ -148,6 +148,9 @@ class GuestControl:
         settled = settled and not self._starting(ch, h, now)
         may_stop = h.pid is not None and gateless and (settled or ch is None)
         may_stop = may_stop and key not in self._guest_low  # its I/O goes on (module doc)
+        # in its own io_wait() (reading its input before its first gate call): its I/O
+        # goes on; if it computes after it without reaching a gate, _escalate stops it
+        may_stop = may_stop and not (ch is not None and ch.io_waiting())
         if may_stop and key not in self._stopped and proc.stop(h.pgid, h.pid):
             self._stopped.add(key)
             return "signal"

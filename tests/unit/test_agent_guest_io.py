@@ -224,3 +224,29 @@ def test_a_guest_that_opens_its_channel_gets_gate_grace_from_then_to_reach_its_g
     finally:
         agent.close()
         chan.close()
+
+
+def test_a_guest_paused_in_its_io_wait_before_its_first_gate_call_is_not_stopped_then(
+    m27_home: Path, guest_process: subprocess.Popen[bytes]
+) -> None:
+    """A step that reads its input inside `io_wait()` before its first gate call had not
+    used its gate yet, so a pause then stopped it by SIGSTOP mid-read. Its I/O goes on;
+    if it computes after it without reaching a gate, it is stopped then."""
+    pid = guest_process.pid
+    agent, backend, chan = _node(m27_home, pid)
+    step_side = Channel.open(chan.path)
+    grace = agent.gate_grace
+    try:
+        chan.mark_owner()  # the step opened its channel (this process stands in for it)
+        step_side.enter_io()  # reading its input: no gate call yet
+        h = agent.book.held[("g", "md")]
+        assert agent._pause(("g", "md"), h, 100.0) == "gate"
+        assert not _stopped(pid)
+        agent.book.apply(ev.GuestPaused(at=100.0, run_id="g", step="md", gpu=0))
+        assert agent._escalate(110.0, set(), backend.sample(110.0)) == []  # still reading
+        step_side.exit_io()  # computes, and never calls its gate
+        _stops_by_signal(agent, backend, pid, 110.0 + 2 * grace)
+    finally:
+        step_side.close()
+        agent.close()
+        chan.close()
