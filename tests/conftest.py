@@ -78,7 +78,8 @@ def _stop_embedded_agent() -> None:
 
 def _stop_node_service(home: Path) -> None:
     """The node service an `m27` command of the test started (detached) ends with the test."""
-    from m27.node.service import find_service, stop_service
+    from m27.node.info import find_service
+    from m27.node.service import stop_service
 
     info = find_service(home)
     if info is None:

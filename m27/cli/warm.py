@@ -323,7 +323,7 @@ class _Runner:
     def _refusal(self, request: dict[str, Any], fds: list[int]) -> str:
         """Why the run cannot be forked from here ("" when it can); a run the runner takes
         uses the node service's Prefect API unless it names the same one itself."""
-        from m27.node.service import find_service, touch
+        from m27.node.info import find_service, touch
 
         if len(fds) != 3:
             return "stdin, stdout and stderr are needed"
@@ -380,7 +380,7 @@ def serve_runner(argv: list[str], entry: Callable[[list[str]], int]) -> int:
     prepare_codecs()  # every event class's codec plan, inherited by every forked run
     # Entered for the runner's life, so every forked run inherits it (the object is kept:
     # a collected generator context would exit).
-    from m27.node.service import find_service
+    from m27.node.info import find_service
 
     info = find_service(home)
     _KEPT.append(run_settings(small_ca_file(home), own_server=bool(info and info.own_server)))

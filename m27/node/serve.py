@@ -44,6 +44,7 @@ from m27.node.crash import (
     with_prefect,
 )
 from m27.node.embed import build_agent, request_handover, withdraw_handover
+from m27.node.info import USED_NAME, ServiceInfo, remove_info, write_info
 from m27.node.outage import Repeats
 from m27.node.prefect_server import PrefectServer
 from m27.node.runner import WarmRunner
@@ -260,7 +261,7 @@ class _Watcher:
 
 def _used_at(home: Path) -> float:
     try:
-        return (home / service.USED_NAME).stat().st_mtime
+        return (home / USED_NAME).stat().st_mtime
     except OSError:
         return 0.0
 
@@ -299,7 +300,7 @@ def serve(
     lab = service.lab_url()
     server: PrefectServer | None = None
     started = time.time()
-    info = service.ServiceInfo(
+    info = ServiceInfo(
         pid=os.getpid(),
         pid_started=liveness.own_start_time(),
         started_at=started,
@@ -341,10 +342,10 @@ def serve(
         if lab is None:
             server = PrefectServer(home / "prefect", port or service.node_port(home), log)
             info = _replace(info, url=server.url, port=server.port)
-            service.write_info(home, info)
+            write_info(home, info)
             server.start()
             info = _replace(info, prefect_pid=server.pid)
-            service.write_info(home, info)
+            write_info(home, info)
             if not server.wait_healthy(HEALTH_TIMEOUT_S, stop.is_set):
                 if stop.is_set():
                     return 0
@@ -355,7 +356,7 @@ def serve(
         else:
             log(f"m27 agent: using the lab's Prefect server at {lab}")
         info = _replace(info, state="ready")
-        service.write_info(home, info)
+        write_info(home, info)
         watcher = _Watcher(home, log, stop)
         watcher.thread.start()
         if warm:
@@ -376,7 +377,7 @@ def serve(
             runner.stop()
         if server is not None:
             server.stop()
-        service.remove_info(home, os.getpid())
+        remove_info(home, os.getpid())
         if agent_thread is not None:
             agent.close()
             agent.store.close()
@@ -388,7 +389,7 @@ def _supervise(
     home: Path,
     stop: threading.Event,
     server: PrefectServer | None,
-    info: service.ServiceInfo,
+    info: ServiceInfo,
     watcher: _Watcher,
     agent_thread: threading.Thread,
     idle_s: float | None,
@@ -412,11 +413,11 @@ def _supervise(
             log("m27 agent: the agent loop ended unexpectedly; stopping the service")
             return 1
         if server is not None and server.dead():
-            service.write_info(home, info := _replace(info, state="starting"))
+            write_info(home, info := _replace(info, state="starting"))
             ok = server.restart(HEALTH_TIMEOUT_S, stop.is_set)
             info = _replace(info, prefect_pid=server.pid, restarts=server.restarts)
             info = _replace(info, state="ready" if ok else "starting")
-            service.write_info(home, info)
+            write_info(home, info)
         if idle_s is not None:
             quiet_since = max(watcher.last_busy, _used_at(home))
             if time.time() - quiet_since >= idle_s and not busy(watcher.state, watcher.host):
@@ -434,7 +435,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _replace(info: service.ServiceInfo, **changes: object) -> service.ServiceInfo:
+def _replace(info: ServiceInfo, **changes: object) -> ServiceInfo:
     from dataclasses import replace
 
     return replace(info, **changes)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from m27.node.service import find_service
+from m27.node.info import find_service
 from tests.e2e._helpers import M27, node_state, start_run, wait_running
 from tests.waiting import wait_until
 

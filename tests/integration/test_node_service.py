@@ -24,8 +24,9 @@ import pytest
 
 from m27 import ConfigError, liveness
 from m27.events import AgentStarted, RunSubmitted
+from m27.node.info import find_service, read_info
 from m27.node.reach import healthy
-from m27.node.service import ensure_service, find_service, read_info
+from m27.node.service import ensure_service
 from m27.store.sqlite import SqliteEventStore
 from tests.e2e._helpers import (
     call_m27,

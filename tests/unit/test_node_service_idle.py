@@ -13,7 +13,7 @@ from pathlib import Path
 from m27.cli.commands.worker import keep_in_use
 from m27.events import LeaseGranted, RunSubmitted, RunSucceeded
 from m27.events.state import fold
-from m27.node import service
+from m27.node import info, service
 from m27.node.serve import busy
 from tests.waiting import wait_until
 
@@ -48,7 +48,7 @@ def test_a_worker_on_the_nodes_server_keeps_marking_the_service_used(tmp_path: P
     # a worker waiting for scheduled runs has no run or step: without this the service
     # would stop after service_idle and take the Prefect server the worker polls with it
     stop = threading.Event()
-    used = tmp_path / service.USED_NAME
+    used = tmp_path / info.USED_NAME
     thread = threading.Thread(target=keep_in_use, args=(tmp_path, stop, 0.01), daemon=True)
     thread.start()
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from m27 import liveness
 from m27.cli.main import main
-from m27.node.service import find_service, read_info
+from m27.node.info import find_service, read_info
 
 
 def _written(pid: int, **changed: object) -> dict[str, object]:

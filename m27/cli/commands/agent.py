@@ -22,8 +22,9 @@ from m27.cli.commands._options import duration, whole
 from m27.cli.warm import runner_pid
 from m27.config import load_settings, m27_home
 from m27.events import Event, RunSubmitted
+from m27.node.info import ServiceInfo, find_service
 from m27.node.serve import serve
-from m27.node.service import ServiceInfo, find_service, stop_service
+from m27.node.service import stop_service
 from m27.policy import Decision, Reserve, key_text
 from m27.signals import stop_event
 from m27.store.sqlite import open_store

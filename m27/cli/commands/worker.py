@@ -60,7 +60,7 @@ def keep_in_use(home: Path, stop: threading.Event, every: float = IN_USE_EVERY_S
     """Mark the node service used every `every` seconds until `stop`: a worker waiting for
     scheduled runs has no run or step, and the service would stop after `service_idle`,
     taking the Prefect server the worker polls with it."""
-    from m27.node.service import touch
+    from m27.node.info import touch
 
     while not stop.wait(every):
         touch(home)
