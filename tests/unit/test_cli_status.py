@@ -464,3 +464,50 @@ def test_vars_are_shown_as_set_takes_them(
     store.close()
     assert main(["status", RUN]) == 0
     assert "  vars: TEMPS='300 310' OUT=runs\n" in capsys.readouterr().out
+
+
+def test_a_running_step_shows_its_last_line_of_output_and_how_old_it_is(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A detached mdrun of days: how far it got (`step 55900, will finish ...`) and whether
+    it still prints, without `m27 logs`. An ended step, and one with no output yet, show
+    none; a log longer than the tail read still gives its last line."""
+    import os
+    import time
+
+    now = time.time()
+    log, quiet, done = tmp_path / "md.log", tmp_path / "quiet.log", tmp_path / "prep.log"
+    log.write_text(
+        "=== attempt 1: gmx mdrun -deffnm md -v ===\n"
+        + "x" * 20000
+        + "\nstep 48500, will finish Mon Dec  7 23:38:52 2026\n"
+        + "step 55900, will finish Mon Dec  7 23:38:48 2026   \n\n"
+    )
+    os.utime(log, (now - 125, now - 125))
+    quiet.write_text("=== attempt 1: sleep 100 ===\n")
+    done.write_text("prepared\n=== attempt 1 succeeded ===\n")
+    pid = os.getpid()
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(now - 300, RUN, "p", "p.yaml", ("prep", "md", "quiet"), pid=pid),
+            ev.StepStarted(now - 290, RUN, "prep", 1, pid, pid, ("x",), log_path=str(done)),
+            ev.StepSucceeded(now - 280, RUN, "prep", 1, 10.0),
+            ev.StepStarted(now - 200, RUN, "md", 1, pid, pid, ("x",), (0,), log_path=str(log)),
+            ev.StepStarted(now - 200, RUN, "quiet", 1, pid, pid, ("x",), log_path=str(quiet)),
+        ]
+    )
+    store.close()
+    assert main(["status", RUN]) == 0
+    said = [x for x in capsys.readouterr().out.splitlines() if " said " in x]
+    assert len(said) == 1, said
+    assert said[0].startswith("  md said 2m0") and said[0].endswith(
+        " ago: step 55900, will finish Mon Dec  7 23:38:48 2026"
+    ), said
+
+    assert main(["status", RUN, "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert steps["md"]["last_output"] == "step 55900, will finish Mon Dec  7 23:38:48 2026   "
+    assert steps["md"]["last_output_at"] == pytest.approx(now - 125, abs=1)
+    assert steps["quiet"]["last_output"] is None  # its header is no output
+    assert steps["prep"]["last_output"] is None  # ended: its row says how

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -147,10 +148,36 @@ def _run_dict(
                 "matrix": s.group or None,
                 # `m27 cancel RUN STEP` asked it to stop (by whom), None if no one did
                 "cancel_requested_by": s.cancel_requested_by or None,
+                # a running step's last line of output and when its log was last written
+                **_last_output(s if step_status(r, s) == "running" else None),
             }
             for name, s in r.steps.items()
         },
     }
+
+
+#: bytes read from the end of a step's log for its last line
+_TAIL_BYTES = 8192
+
+
+def _last_output(s: StepState | None) -> dict[str, Any]:
+    """`last_output` (the last line the running step `s` printed, or m27's note in its
+    log; None before any) and `last_output_at` (its log's last write): how far a long
+    simulation got (`step 55900, will finish ...`) and whether it still says anything, without
+    `m27 logs`. An attempt's `=== ... ===` header is no output of the program."""
+    none: dict[str, Any] = {"last_output": None, "last_output_at": None}
+    if s is None or not s.log_path:
+        return none
+    try:
+        with open(s.log_path, "rb") as f:
+            at = os.fstat(f.fileno()).st_mtime
+            start = max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES)
+            f.seek(start)
+            lines = f.read().decode("utf-8", "replace").splitlines()[1 if start else 0 :]
+    except OSError:  # not written yet, or removed: nothing to show
+        return none
+    said = [x for x in lines if x.strip() and not (x.startswith("=== ") and x.endswith(" ==="))]
+    return {"last_output": said[-1], "last_output_at": at} if said else none
 
 
 def _where(s: dict[str, Any]) -> str:
@@ -256,6 +283,8 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
     tables.show(cols, rows, indent=2)
     for line in _matrix_lines(d["steps"]):
         print(line)
+    for line in _said_lines(d["steps"], now):
+        print(line)
     outputs = [o for s in d["steps"].values() for o in s["outputs"]]
     if outputs:
         print("  outputs: " + listed(outputs, OUTPUTS_SHOWN))
@@ -263,6 +292,24 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
 
 #: outputs `m27 status` names before `and N more` (a sweep's 500 filled the screen)
 OUTPUTS_SHOWN = 20
+#: running steps whose last output `m27 status` shows, and how much of each line
+SAID_SHOWN, SAID_WIDTH = 10, 120
+
+
+def _said_lines(steps: dict[str, dict[str, Any]], now: float) -> list[str]:
+    """`md said 4s ago: step 55900, will finish ...` for each running step that printed
+    something: its progress, or a line hours old that says it hangs."""
+    said = [(name, s) for name, s in steps.items() if s["last_output"] is not None]
+    lines = []
+    for name, s in said[:SAID_SHOWN]:
+        text = printable(s["last_output"].strip())
+        if len(text) > SAID_WIDTH:
+            text = text[: SAID_WIDTH - 3] + "..."
+        ago = format_duration(max(0.0, now - s["last_output_at"]))
+        lines.append(f"  {name} said {ago} ago: {text}")
+    if len(said) > SAID_SHOWN:
+        lines.append(f"  ... and {len(said) - SAID_SHOWN} more running steps (m27 logs RUN STEP)")
+    return lines
 
 
 def _matrix_lines(steps: dict[str, dict[str, Any]]) -> list[str]:
