@@ -308,6 +308,7 @@ def pipeline_flow(
             priority=pipeline.priority,
             resume_of=resume_of,
             rerun=tuple(rerun),
+            on_crash=pipeline.on_crash,
             flow_run_id=str(flow_run.id),
             prefect_url=_ui_url(),
             pid=os.getpid(),

@@ -84,6 +84,7 @@ def _run_submitted(state: NodeState, e: ev.RunSubmitted) -> None:
         priority=e.priority,
         resume_of=e.resume_of,
         rerun=e.rerun,
+        on_crash=e.on_crash,
         flow_run_id=e.flow_run_id,
         prefect_url=e.prefect_url,
         pid=e.pid,

@@ -117,6 +117,8 @@ class RunState:
     resume_of: str | None = None
     #: RunSubmitted.rerun: the steps a resume was asked to run again
     rerun: tuple[str, ...] = ()
+    #: RunSubmitted.on_crash: "resume" when the node service resumes it after a crash
+    on_crash: str = ""
     flow_run_id: str | None = None
     prefect_url: str | None = None
     failed_steps: tuple[str, ...] = ()

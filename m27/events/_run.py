@@ -41,6 +41,9 @@ class RunSubmitted(RunEvent):
     #: the steps `m27 run --resume R --rerun STEP` named: they and the steps waiting on
     #: them ran again from the start, though they had succeeded
     rerun: tuple[str, ...] = ()
+    #: the pipeline's `on_crash:` ("resume": the node service resumes the run if its
+    #: process dies; "stop", or "" in logs written before it was recorded: a person does)
+    on_crash: str = ""
 
 
 @event

@@ -34,6 +34,7 @@ from m27 import liveness
 from m27._exceptions import one_line
 from m27.events.check import first_misfit_in
 from m27.events.state import NodeState, RunState, fold
+from m27.executors.resume import RESUME_TIMEOUT_S, start_resume
 from m27.locks import NodeLock
 from m27.node import service
 from m27.node.crash import (
@@ -47,6 +48,7 @@ from m27.node.embed import build_agent, request_handover, withdraw_handover
 from m27.node.info import USED_NAME, ServiceInfo, remove_info, write_info
 from m27.node.outage import Repeats
 from m27.node.prefect_server import PrefectServer
+from m27.node.revive import to_resume
 from m27.node.runner import WarmRunner
 from m27.node.settle import add_missing_tasks, ended_runs, settle, settle_tasks
 from m27.store.sqlite import LOG_NAME, open_store
@@ -70,6 +72,10 @@ RECHECK_EVERY_S = 3.0
 SETTLE_EVERY_S = 5.0
 #: How long the service waits for its Prefect server to answer (start or restart).
 HEALTH_TIMEOUT_S = 180.0
+#: A run that crashed this long before the service started is still resumed by it
+#: (`on_crash: resume`): the command that started the service may have recorded the crash.
+REVIVE_BEFORE_S = 600.0
+_REVIVE = "m27 agent: on_crash: resume:"
 
 
 def busy(state: NodeState, host: str | None = None) -> bool:
@@ -93,6 +99,9 @@ class _Watcher:
         self.state = NodeState()
         self.last_busy = time.time()
         self.host = socket.gethostname()
+        #: crashed runs with `on_crash: resume` this service resumed or said it would not
+        self.revived: set[str] = set()
+        self.revive_since = time.time() - REVIVE_BEFORE_S
         #: flow run id -> (until when, why): crashed runs whose task runs are checked again
         self.recheck: dict[str, tuple[float, str]] = {}
         #: flow run id -> why: closed in the log, not yet marked Crashed in Prefect
@@ -140,6 +149,7 @@ class _Watcher:
         if dead_runs(self.state, self.host):
             self.close_dead()
             self.state = fold(self.store.read(self.state.last_seq), self.state)
+        self.revive(now)
         rechecks = self.recheck or self.resettle or self.missing
         if self.unmarked or (rechecks and now >= self.recheck_at):
             self.recheck_at = now + RECHECK_EVERY_S
@@ -164,6 +174,36 @@ class _Watcher:
                             f"m27 agent: flow run of {run.run_id} was open or Crashed in "
                             f"Prefect; set to how the run ended ({run.status})"
                         )
+
+    def revive(self, now: float) -> None:
+        """Resume the crashed runs whose pipeline says `on_crash: resume` (m27.node.revive),
+        each in a thread of its own: a resume waits until its run is in the log."""
+        for revival in to_resume(self.state, self.host, self.revived, self.revive_since):
+            self.revived.add(revival.run_id)
+            if not revival.resume:
+                self.log(f"{_REVIVE} {revival.run_id} is not resumed: {revival.why}")
+                continue
+            self.last_busy = now  # not idle while its resume starts
+            threading.Thread(
+                target=self._resume, args=(revival.run_id,), name="m27-revive", daemon=True
+            ).start()
+
+    def _resume(self, run_id: str) -> None:
+        """`m27 run --resume RUN --detach`; what came of it goes to the service log."""
+        self.log(f"{_REVIVE} resuming crashed run {run_id}")
+        done = start_resume(run_id)
+        said = f": {done.said}" if done.said else ""
+        if done.run_id is not None:
+            ended = " (nothing was left to run: it ended at once)" if done.ended else ""
+            self.log(f"{_REVIVE} {run_id} resumed as run {done.run_id}{ended}")
+        elif done.timed_out:
+            wait = f"{RESUME_TIMEOUT_S:.0f} s"
+            self.log(f"{_REVIVE} the resume of {run_id} was not in the log after {wait}")
+        elif done.code == 0:
+            self.log(f"{_REVIVE} nothing to resume in {run_id}{said}")
+        else:
+            how = "could not start m27" if done.code is None else f"exit {done.code}"
+            self.log(f"{_REVIVE} could not resume {run_id} ({how}){said}")
 
     def close_dead(self) -> None:
         """Close this host's dead runs in the log first, without Prefect: the log is the

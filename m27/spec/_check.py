@@ -32,7 +32,7 @@ from m27.spec._limits import (
     written_absolute,
 )
 from m27.spec._matrix import expand, matrix_names, matrix_node
-from m27.spec._model import EXECUTORS, STEP_TYPES, Pipeline
+from m27.spec._model import EXECUTORS, ON_CRASH, STEP_TYPES, Pipeline
 from m27.spec._nodes import Template, describe, is_null, representable, suggest
 from m27.spec._template import (
     VAR_NAME,
@@ -40,7 +40,17 @@ from m27.spec._template import (
 )
 from m27.units import is_control, quoted
 
-TOP_KEYS = ("name", "vars", "env", "priority", "workdir", "executor", "pipeline", "steps")
+TOP_KEYS = (
+    "name",
+    "vars",
+    "env",
+    "priority",
+    "workdir",
+    "executor",
+    "on_crash",
+    "pipeline",
+    "steps",
+)
 _STEP_KEYS_TEXT = (
     "name type command depends_on output checkpoint env retries retry_delay timeout priority gpus "
     "gpu_memory workdir shell executor slurm container binds allow_outside matrix"
@@ -71,6 +81,7 @@ class Checker(Commands):
         self.env: dict[str, str] = {}
         self.priority = 0
         self.executor = "local"
+        self.on_crash = "stop"
         self.workdir: str | None = None
         self.declared: set[str] = set()
 
@@ -104,6 +115,8 @@ class Checker(Commands):
             self.priority = self._priority(top["priority"][1], "priority")
         if "executor" in top:
             self.executor = self._executor(top["executor"][1], "executor") or "local"
+        if "on_crash" in top:
+            self.on_crash = self._choice(top["on_crash"][1], "on_crash", ON_CRASH) or "stop"
         if "workdir" in top:
             self.workdir = self._path(top["workdir"][1], "workdir")
         if "env" in top:
@@ -128,6 +141,7 @@ class Checker(Commands):
             unset_env=tuple(self.unset_env),
             env_in_defaults=tuple(self.env_in_defaults),
             lists=tuple(sorted(self.lists)),
+            on_crash=self.on_crash,
         )
 
     def _pipeline_name(self, top: dict[str, tuple[Node, Node]]) -> str | None:
@@ -346,10 +360,15 @@ class Checker(Commands):
         return self.integer(node, where, -PRIORITY_LIMIT, PRIORITY_LIMIT) or 0
 
     def _executor(self, node: Node, where: str) -> str | None:
+        return self._choice(node, where, EXECUTORS, "executor")
+
+    def _choice(
+        self, node: Node, where: str, choices: tuple[str, ...], what: str = "value"
+    ) -> str | None:
         value = self.text(node, where)
-        if value is not None and value not in EXECUTORS:
-            hint = suggest(value, EXECUTORS) or f" (use one of {', '.join(EXECUTORS)})"
-            self.add(node, where, f"unknown executor {quoted(value)}{hint}")
+        if value is not None and value not in choices:
+            hint = suggest(value, choices) or f" (use one of {', '.join(choices)})"
+            self.add(node, where, f"unknown {what} {quoted(value)}{hint}")
             return None
         return value
 

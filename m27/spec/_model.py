@@ -20,6 +20,8 @@ from m27.units import closest, listed
 
 STEP_TYPES = ("cpu", "gpu", "gpu_light")
 EXECUTORS = ("local", "slurm")
+#: what the node service does with a run of the pipeline that crashed (`on_crash:`)
+ON_CRASH = ("stop", "resume")
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _NO_MARKS: Mapping[str, tuple[int, int]] = MappingProxyType({})
@@ -117,6 +119,9 @@ class Pipeline:
     #: list variables (`TEMPS: [300, 310]`): their values are one text, blank- or
     #: comma-separated, in `vars` and in what a run is given
     lists: tuple[str, ...] = ()
+    #: `on_crash:`: "resume" has the node service resume a run of it that crashed (its
+    #: process died: a power cut, a reboot, the OOM killer), "stop" leaves that to a person
+    on_crash: str = "stop"
 
     def step(self, name: str) -> Step:
         found = self._by_name.get(name)

@@ -153,6 +153,36 @@ def power_cut(
         os.killpg(started[-1].pgid, signal.SIGKILL)
 
 
+def md_pipeline(tmp_path: Path, name: str, *, steps: int = 6000, top: str = "") -> Path:
+    """The MD example (examples/md) as a pipeline file in `tmp_path`, its output in
+    `tmp_path/out`, a checkpoint every second; `top` adds top-level lines
+    (`on_crash: resume`)."""
+    md = ROOT / "examples" / "md"
+    path = tmp_path / "md.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: {name}
+        workdir: {md}
+        vars:
+          OUT: {tmp_path / "out"}
+          STEPS: "{steps}"
+        """)
+        + top
+        + textwrap.dedent("""\
+        pipeline:
+          - name: preprocessing
+            type: cpu
+            command: python prepare.py --input argon.in --out {{OUT}}/system.npz
+          - name: md_simulation
+            type: gpu
+            depends_on: [preprocessing]
+            checkpoint: 1s
+            command: python md.py --system {{OUT}}/system.npz --steps {{STEPS}} --out {{OUT}}
+        """)
+    )
+    return path
+
+
 def file_captures(home: Path) -> list[CheckpointWritten]:
     """The captures of programs' own checkpoint files (a .cpt, a LAMMPS restart file)."""
     return [e for e in events(home) if isinstance(e, CheckpointWritten) and e.source == "files"]

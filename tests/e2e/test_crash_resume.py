@@ -8,41 +8,15 @@ import csv
 import json
 import os
 import signal
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from m27.events.state import StepState
-from tests.e2e._helpers import M27, ROOT, node_state, prefect_log_messages, start_run
+from tests.e2e._helpers import M27, md_pipeline, node_state, prefect_log_messages, start_run
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
-
-MD = ROOT / "examples" / "md"
-
-
-def _pipeline(tmp_path: Path) -> Path:
-    path = tmp_path / "md.yaml"
-    path.write_text(
-        textwrap.dedent(f"""\
-        name: md-crash
-        workdir: {MD}
-        vars:
-          OUT: {tmp_path / "out"}
-          STEPS: "6000"
-        pipeline:
-          - name: preprocessing
-            type: cpu
-            command: python prepare.py --input argon.in --out {{{{OUT}}}}/system.npz
-          - name: md_simulation
-            type: gpu
-            depends_on: [preprocessing]
-            checkpoint: 1s
-            command: python md.py --system {{{{OUT}}}}/system.npz --steps {{{{STEPS}}}} --out {{{{OUT}}}}
-    """)
-    )
-    return path
 
 
 def _artifact_keys(prefect_api: str) -> set[str]:
@@ -61,7 +35,7 @@ def _artifact_keys(prefect_api: str) -> set[str]:
 def test_power_cut_mid_step_then_resume_continues_from_the_checkpoint(
     m27: M27, tmp_path: Path, m27_home: Path, prefect_env: str
 ) -> None:
-    spec = _pipeline(tmp_path)
+    spec = md_pipeline(tmp_path, "md-crash")
     proc = start_run(spec, new_session=True)
 
     def checkpointed() -> StepState | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from m27.executors import environ
-from m27.notify.resume import _run_environment
+from m27.executors.resume import run_environment
 
 
 def test_a_run_environment_is_kept_private_and_read_back(
@@ -75,23 +75,19 @@ def test_the_bot_resumes_in_the_run_environment_or_says_it_uses_its_own(
     monkeypatch.chdir(tmp_path)
     environ.record(m27_home, "r1", {"PATH": "/opt/cp2k/bin", "M27_HOME": "/elsewhere"})
     bot = {"PATH": "/usr/bin", "M27_HOME": str(m27_home)}
-    env, cwd, note = _run_environment("r1", bot)
+    env, cwd, own = run_environment("r1", bot)
     assert env == {"PATH": "/opt/cp2k/bin", "M27_HOME": str(m27_home)}
-    assert cwd == str(tmp_path) and note == ""
-    assert _run_environment("../r1", bot)[0] == bot  # no run's id: the command says so
-    env, cwd, note = _run_environment("r2", bot)
-    assert env == bot and cwd is None
-    assert note == (
-        " It runs in the bot's environment: r2 recorded none"
-        " (its steps' programs must be on the bot's PATH)."
-    )
+    assert cwd == str(tmp_path) and own
+    assert run_environment("../r1", bot)[0] == bot  # no run's id: the command says so
+    env, cwd, own = run_environment("r2", bot)
+    assert env == bot and cwd is None and not own  # the bot's reply says so
     # a folder gone since: the resume runs where the bot is (the spec's paths are its own)
     (tmp_path / "gone").mkdir()
     monkeypatch.chdir(tmp_path / "gone")
     environ.record(m27_home, "r3", {"PATH": "/opt/cp2k/bin"})
     monkeypatch.chdir(tmp_path)
     os.rmdir(tmp_path / "gone")
-    assert _run_environment("r3", bot)[1] is None
+    assert run_environment("r3", bot)[1] is None
 
 
 def test_a_resume_without_the_runs_programs_on_path_says_where_that_run_found_them(

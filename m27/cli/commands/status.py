@@ -101,8 +101,12 @@ def _guest(s: StepState, primary: dict[int, tuple[str, str]]) -> dict[str, Any] 
 
 
 def _run_dict(
-    r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]] | None = None
+    r: RunState,
+    energy: _Energy,
+    primary: dict[int, tuple[str, str]] | None = None,
+    resumed_by: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
+    resumed_by = resumed_by or {}
     status = _common.shown_status(r)
     return {
         "run_id": r.run_id,
@@ -117,6 +121,9 @@ def _run_dict(
         "duration_s": r.duration_s,
         "resume_of": r.resume_of,
         "rerun": list(r.rerun),
+        # the runs that resume this one (by hand, or the node service's `on_crash: resume`)
+        "resumed_by": list(resumed_by.get(r.run_id, ())),
+        "on_crash": r.on_crash or "stop",
         "prefect_url": r.prefect_url,
         "flow_run_id": r.flow_run_id,
         # a run started with --detach: what `m27 run` printed (`m27 logs RUN` shows it)
@@ -202,26 +209,35 @@ def run(args: argparse.Namespace) -> int:
     state = _common.in_full(st, known, [found] if found else [])
     energy = _Energy(state)
     primary = primaries(state)
+    later: dict[str, list[str]] = {}  # run -> the runs that resume it
+    for x in state.runs.values():
+        if x.resume_of:
+            later.setdefault(x.resume_of, []).append(x.run_id)
     if found is None:
         live = [r for r in state.runs.values() if _common.shown_status(r) == "running"]
         if args.json:
-            _common.print_json([_run_dict(r, energy, primary) for r in live])
+            _common.print_json([_run_dict(r, energy, primary, later) for r in live])
             return 0
         if not live:
             print("no runs in progress (history: `m27 runs`)")
         for r in live:
-            _print_run(r, energy, primary)
+            _print_run(r, energy, primary, later)
         return 0
     r = state.runs[found]
     if args.json:
-        _common.print_json(_run_dict(r, energy, primary))
+        _common.print_json(_run_dict(r, energy, primary, later))
         return 0
-    _print_run(r, energy, primary)
+    _print_run(r, energy, primary, later)
     return 0
 
 
-def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]) -> None:
-    d = _run_dict(r, energy, primary)
+def _print_run(
+    r: RunState,
+    energy: _Energy,
+    primary: dict[int, tuple[str, str]],
+    later: dict[str, list[str]],
+) -> None:
+    d = _run_dict(r, energy, primary, later)
     now = time.time()
     took = format_duration(d["duration_s"]) if d["duration_s"] is not None else "-"
     if d["status"] == "running" and r.submitted_at:
@@ -237,6 +253,8 @@ def _print_run(r: RunState, energy: _Energy, primary: dict[int, tuple[str, str]]
     if r.resume_of:
         again = f" (--rerun {' '.join(r.rerun)})" if r.rerun else ""
         print(f"  resumes: {r.resume_of}{again}")
+    if d["resumed_by"]:
+        print(f"  resumed by: {', '.join(d['resumed_by'])}")
     if r.prefect_url:
         print(f"  prefect: {r.prefect_url}")
     if d["output"]:

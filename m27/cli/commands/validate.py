@@ -111,12 +111,17 @@ def run(args: argparse.Namespace) -> int:
         ]
         result = {
             "ok": True, "pipeline": pipeline.name, "order": order, "steps": steps,
-            "notes": notes,
+            "on_crash": pipeline.on_crash, "notes": notes,
         }  # fmt: skip
         print(json.dumps(result))
     else:
         print(f"OK: pipeline {pipeline.name!r} ({_size(pipeline)})")
         print("order: " + _order_line(order))
+        if pipeline.on_crash == "resume":
+            print(
+                "on crash: the node service resumes a run whose process died (a power cut, a "
+                "reboot), from its checkpoints (on_crash: resume)"
+            )
         for s, name in _common.once_per_matrix(pipeline.steps):
             for line in explain_checkpoint(s, pipeline.workdir_of(s)).lines(name):
                 print(line)

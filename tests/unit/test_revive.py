@@ -1,0 +1,104 @@
+"""`on_crash: resume`: which crashed runs the node service resumes (m27.node.revive), a
+pure function of the log's state, and `on_crash:` in a pipeline file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from m27 import events as ev
+from m27.events.state import NodeState, fold
+from m27.node.revive import Revival, to_resume
+from m27.spec import SpecError, load_pipeline
+
+HOST = "gpu1"
+
+
+def _run(
+    run_id: str,
+    at: float,
+    *,
+    on_crash: str = "resume",
+    resume_of: str | None = None,
+    host: str = HOST,
+    saved: bool = False,
+    ended: type[ev.Event] = ev.RunCrashed,
+) -> list[ev.Event]:
+    """A run of one step `md` that ends at `at + 10` as `ended` says; `saved`: its step
+    saved a checkpoint first."""
+    out: list[ev.Event] = [
+        ev.RunSubmitted(
+            at,
+            run_id,
+            "p",
+            "p.yaml",
+            ("md",),
+            resume_of=resume_of,
+            pid=1,
+            host=host,
+            on_crash=on_crash,
+        ),
+        ev.StepStarted(at + 1, run_id, "md", 1, 2, 2, ("md",)),
+    ]
+    if saved:
+        out.append(ev.CheckpointWritten(at + 2, run_id, "md", "/ck/1", 1, 100, 100, 0.1))
+    if ended is ev.RunCrashed:
+        out.append(ev.RunCrashed(at + 10, run_id, "its process is gone"))
+    else:
+        out.append(ev.RunCancelled(at + 10, run_id, "SIGINT received"))
+    return out
+
+
+def _state(*runs: list[ev.Event]) -> NodeState:
+    return fold([e for run in runs for e in run])
+
+
+def test_a_crashed_run_that_asks_for_it_is_resumed_once() -> None:
+    state = _state(_run("r1", 100.0))
+    assert to_resume(state, HOST, set(), since=0.0) == [Revival("r1", True)]
+    assert to_resume(state, HOST, {"r1"}, since=0.0) == []  # started already
+    # resumed already (by hand, from Telegram, or by the service before it restarted)
+    state = _state(_run("r1", 100.0), _run("r2", 200.0, resume_of="r1", saved=True)[:2])
+    assert to_resume(state, HOST, set(), since=0.0) == []
+
+
+@pytest.mark.parametrize(
+    ("why", "run"),
+    [
+        ("the pipeline leaves it to a person", _run("r1", 100.0, on_crash="stop")),
+        ("a log from before on_crash", _run("r1", 100.0, on_crash="")),
+        ("another host's run", _run("r1", 100.0, host="gpu2")),
+        ("cancelled, not crashed", _run("r1", 100.0, ended=ev.RunCancelled)),
+        ("it crashed before the service's window", _run("r1", 10.0)),
+    ],
+)
+def test_runs_that_are_not_resumed(why: str, run: list[ev.Event]) -> None:
+    assert to_resume(_state(run), HOST, set(), since=50.0) == [], why
+
+
+def test_a_resume_that_crashed_again_is_resumed_only_if_it_got_further() -> None:
+    first = _run("r1", 100.0)
+    progressed = _state(first, _run("r2", 200.0, resume_of="r1", saved=True))
+    assert to_resume(progressed, HOST, set(), since=0.0) == [Revival("r2", True)]
+    stuck = _state(first, _run("r2", 200.0, resume_of="r1"))
+    (revival,) = to_resume(stuck, HOST, set(), since=0.0)
+    assert revival.run_id == "r2" and not revival.resume
+    assert "crashed again before any step of it saved a checkpoint or succeeded" in revival.why
+    # a first run is resumed even without a checkpoint: its steps start over once
+    assert to_resume(_state(first), HOST, set(), since=0.0) == [Revival("r1", True)]
+
+
+def test_on_crash_in_a_pipeline_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    step = '  - {name: a, type: cpu, command: "true"}\n'
+    path.write_text("pipeline:\n" + step)
+    assert load_pipeline(path).on_crash == "stop"
+    path.write_text("on_crash: resume\npipeline:\n" + step)
+    assert load_pipeline(path).on_crash == "resume"
+    path.write_text("on_crash: restart\npipeline:\n" + step)
+    with pytest.raises(SpecError) as err:
+        load_pipeline(path)
+    (problem,) = err.value.problems
+    assert (problem.line, problem.column, problem.field) == (1, 11, "on_crash")
+    assert "unknown value 'restart'" in problem.message and "resume" in problem.message
