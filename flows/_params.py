@@ -69,6 +69,13 @@ def resumed_run(store: EventStore, resume_of: object, pipeline: Pipeline) -> str
             f"run {found} is still running (pid {old.pid} on {old.host}); resuming it now "
             "would run its steps twice; wait for it to end, or cancel it, then resume",
         )
+    later = next((r for r in runs.values() if r.resume_of == found and _still_running(r)), None)
+    if later is not None:
+        raise _refuse(
+            "resume_of",
+            f"run {later.run_id} resumes {found} and is still running (pid {later.pid} on "
+            f"{later.host}); resuming {found} again would run its steps twice",
+        )
     return found
 
 

@@ -128,3 +128,34 @@ def test_a_resume_with_nothing_left_to_run_says_so_and_starts_nothing(
         "done"
     ]
     store.close()
+
+
+def test_resuming_a_run_that_a_live_run_resumes_already_is_refused(
+    m27_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The node service's `on_crash: resume` resumed the crashed run; a /resume from the
+    phone (or a person at the node) of the same crashed run would run its steps twice."""
+    from flows._params import resumed_run
+    from m27.spec import SpecError, load_pipeline
+
+    spec = tmp_path / "p.yaml"
+    spec.write_text(NINE_GPUS)
+    _dead_run(m27_home, "crashed", spec)
+    store = open_store(m27_home)
+    store.append([dataclasses.replace(_submitted("again", os.getpid(), spec), resume_of="crashed")])
+    with pytest.raises(SystemExit) as refused:
+        main(["run", "--resume", "crashed", "--plain"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert f"run again resumes crashed and is still running (pid {os.getpid()})" in err, err
+    assert "m27 status again" in err
+    # the flow (a deployment's run given resume_of) refuses it too
+    with pytest.raises(SpecError, match="run again resumes crashed and is still running"):
+        resumed_run(store, "crashed", load_pipeline(spec))
+    store.close()
+    # once that resume has ended (here: crashed too), the run may be resumed again
+    store = open_store(m27_home)
+    store.append([ev.RunCrashed(2.0, "again", "its process is gone")])
+    store.close()
+    assert main(["run", "--resume", "crashed", "--plain"]) == 2
+    assert "needs 9 GPUs" in capsys.readouterr().err

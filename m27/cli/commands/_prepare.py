@@ -43,12 +43,28 @@ def prepare(args: argparse.Namespace) -> Prepared:
         )
         raise SystemExit(2)
     if args.resume:
-        old = _common.find_run(_common.outline(_common.store()), args.resume)
+        known = _common.outline(_common.store())
+        old = _common.find_run(known, args.resume)
         if _common.shown_status(old) == "running" and old.pid:
             print(
                 f"m27 run: run {old.run_id} is still running (pid {old.pid}); resuming it "
                 "now would run its steps twice. Wait for it to end, or cancel it "
                 f"(m27 cancel {old.run_id}), then resume",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
+        later = next(
+            (r for r in known.runs.values()
+             if r.resume_of == old.run_id and _common.shown_status(r) == "running" and r.pid),
+            None,
+        )  # fmt: skip
+        if later is not None:
+            # the node service's `on_crash: resume` (or a person) got there first
+            print(
+                f"m27 run: run {later.run_id} resumes {old.run_id} and is still running (pid "
+                f"{later.pid}); resuming {old.run_id} again would run its steps twice. Follow "
+                f"it (m27 status {later.run_id}), or cancel it (m27 cancel {later.run_id}) "
+                "and resume that one",
                 file=sys.stderr,
             )
             raise SystemExit(2)
