@@ -50,6 +50,8 @@ class RunFacts:
     energy_j: float | None = None
     last_failure: FailureFacts | None = None
     cancel_requested_by: str = ""
+    #: the pipeline's `on_crash:` ("resume": the node service resumes it after a crash)
+    on_crash: str = ""
 
     def step(self, name: str) -> StepFacts:
         if name not in self.steps:
@@ -85,6 +87,7 @@ def _apply(node: NodeFacts, e: ev.Event) -> None:
         run = node.run(e.run_id)
         run.pipeline, run.owner, run.submitted_at = e.pipeline, e.owner, e.at
         run.prefect_url = e.prefect_url
+        run.on_crash = e.on_crash
         for name in e.steps:
             run.step(name)
     elif isinstance(e, ev.RunSucceeded):

@@ -155,7 +155,11 @@ def _run_crashed(e: ev.RunCrashed, run: RunFacts, node: str) -> Message:
         _run_line(e.run_id, run),
         esc(e.reason) if e.reason else "",
         ("was running: " + ", ".join(f"<b>{esc(s)}</b>" for s in running)) if running else "",
-        _resume_line(e.run_id),
+        # the node service resumes it: a /resume now would be refused while that runs
+        "The node resumes it by itself (<code>on_crash: resume</code>) unless it was a "
+        "resume that got no further; /runs shows the new run."
+        if run.on_crash == "resume"
+        else _resume_line(e.run_id),
         *_prefect_link(run),
     ]
     return Message("run_failed", _join(lines))

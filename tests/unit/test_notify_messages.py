@@ -190,6 +190,20 @@ def test_a_run_whose_process_died_is_reported_crashed_with_the_resume_command() 
     check_golden("run_crashed_process", text)
 
 
+def test_a_crashed_run_the_node_resumes_by_itself_says_so_instead_of_the_command() -> None:
+    """`on_crash: resume`: the service resumes it; `/resume` now would be refused."""
+    _, msgs = fold(
+        [
+            replace(submitted(), on_crash="resume"),
+            started("prep"),
+            ev.RunCrashed(T0 + 5, "md-0412", "process 4242 died without recording an end"),
+        ]
+    )
+    text = only(msgs, "run_failed")
+    assert "The node resumes it by itself (<code>on_crash: resume</code>)" in text
+    assert "m27 run --resume" not in text
+
+
 def test_a_huge_log_tail_is_trimmed_to_fit_telegram() -> None:
     text = failing_run("".join("x" * 5000 + "\n" for _ in range(20)))
     assert len(text) <= MAX_TEXT
