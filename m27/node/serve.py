@@ -102,6 +102,7 @@ class _Watcher:
         #: crashed runs with `on_crash: resume` this service resumed or said it would not
         self.revived: set[str] = set()
         self.revive_since = time.time() - REVIVE_BEFORE_S
+        self.revive_seq = -1  # the log's last event when they were looked for
         #: flow run id -> (until when, why): crashed runs whose task runs are checked again
         self.recheck: dict[str, tuple[float, str]] = {}
         #: flow run id -> why: closed in the log, not yet marked Crashed in Prefect
@@ -177,7 +178,11 @@ class _Watcher:
 
     def revive(self, now: float) -> None:
         """Resume the crashed runs whose pipeline says `on_crash: resume` (m27.node.revive),
-        each in a thread of its own: a resume waits until its run is in the log."""
+        each in a thread of its own: a resume waits until its run is in the log. Looked
+        for when the log has new events only: a pass looks at every run."""
+        if self.state.last_seq == self.revive_seq:
+            return
+        self.revive_seq = self.state.last_seq
         for revival in to_resume(self.state, self.host, self.revived, self.revive_since):
             self.revived.add(revival.run_id)
             if not revival.resume:
