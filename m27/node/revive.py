@@ -45,13 +45,18 @@ def progressed(run: RunState) -> bool:
     )
 
 
-def to_resume(state: NodeState, host: str, seen: Collection[str], since: float) -> list[Revival]:
+def to_resume(
+    state: NodeState, host: str, user: str, seen: Collection[str], since: float
+) -> list[Revival]:
     """The runs of `host` that crashed at `since` or later with ``on_crash: resume``, that
     no run resumes yet and that are not in `seen` (started or refused by this service).
 
     `since` keeps old crashes old: the service starts a while before its first pass (the
     command that started it may have recorded the crash), but a run that crashed months
-    ago and was left so is not resumed because the service restarted."""
+    ago and was left so is not resumed because the service restarted. A run of another
+    user than the service's (`user`: a shared `$M27_HOME` under systemd's `m27` user) is
+    not resumed either: its steps would run as the service's user, in folders that are
+    not its own."""
     resumed = {r.resume_of for r in state.runs.values() if r.resume_of}
     out = []
     for run in state.runs.values():
@@ -60,6 +65,13 @@ def to_resume(state: NodeState, host: str, seen: Collection[str], since: float) 
         if run.ended_at is None or run.ended_at < since:
             continue
         if run.run_id in resumed or run.run_id in seen:
+            continue
+        if run.owner and run.owner != user:
+            why = (
+                f"it is {run.owner}'s run and this service runs as {user}: its steps would "
+                f"run as {user}; {run.owner} resumes it (m27 run --resume {run.run_id})"
+            )
+            out.append(Revival(run.run_id, False, why))
             continue
         if run.resume_of and not progressed(run):
             why = (

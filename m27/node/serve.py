@@ -22,6 +22,7 @@ its own Prefect client at it; with it (a lab server) it starts none.
 
 from __future__ import annotations
 
+import getpass
 import os
 import socket
 import threading
@@ -102,6 +103,7 @@ class _Watcher:
         #: crashed runs with `on_crash: resume` this service resumed or said it would not
         self.revived: set[str] = set()
         self.revive_since = time.time() - REVIVE_BEFORE_S
+        self.user = getpass.getuser()
         self.revive_seq = -1  # the log's last event when they were looked for
         #: flow run id -> (until when, why): crashed runs whose task runs are checked again
         self.recheck: dict[str, tuple[float, str]] = {}
@@ -183,7 +185,8 @@ class _Watcher:
         if self.state.last_seq == self.revive_seq:
             return
         self.revive_seq = self.state.last_seq
-        for revival in to_resume(self.state, self.host, self.revived, self.revive_since):
+        found = to_resume(self.state, self.host, self.user, self.revived, self.revive_since)
+        for revival in found:
             self.revived.add(revival.run_id)
             if not revival.resume:
                 self.log(f"{_REVIVE} {revival.run_id} is not resumed: {revival.why}")

@@ -12,7 +12,7 @@ from m27.events.state import NodeState, fold
 from m27.node.revive import Revival, to_resume
 from m27.spec import SpecError, load_pipeline
 
-HOST = "gpu1"
+HOST, USER = "gpu1", "ana"
 
 
 def _run(
@@ -22,6 +22,7 @@ def _run(
     on_crash: str = "resume",
     resume_of: str | None = None,
     host: str = HOST,
+    owner: str = USER,
     saved: bool = False,
     ended: type[ev.Event] = ev.RunCrashed,
 ) -> list[ev.Event]:
@@ -37,6 +38,7 @@ def _run(
             resume_of=resume_of,
             pid=1,
             host=host,
+            owner=owner,
             on_crash=on_crash,
         ),
         ev.StepStarted(at + 1, run_id, "md", 1, 2, 2, ("md",)),
@@ -56,11 +58,11 @@ def _state(*runs: list[ev.Event]) -> NodeState:
 
 def test_a_crashed_run_that_asks_for_it_is_resumed_once() -> None:
     state = _state(_run("r1", 100.0))
-    assert to_resume(state, HOST, set(), since=0.0) == [Revival("r1", True)]
-    assert to_resume(state, HOST, {"r1"}, since=0.0) == []  # started already
+    assert to_resume(state, HOST, USER, set(), since=0.0) == [Revival("r1", True)]
+    assert to_resume(state, HOST, USER, {"r1"}, since=0.0) == []  # started already
     # resumed already (by hand, from Telegram, or by the service before it restarted)
     state = _state(_run("r1", 100.0), _run("r2", 200.0, resume_of="r1", saved=True)[:2])
-    assert to_resume(state, HOST, set(), since=0.0) == []
+    assert to_resume(state, HOST, USER, set(), since=0.0) == []
 
 
 @pytest.mark.parametrize(
@@ -74,19 +76,33 @@ def test_a_crashed_run_that_asks_for_it_is_resumed_once() -> None:
     ],
 )
 def test_runs_that_are_not_resumed(why: str, run: list[ev.Event]) -> None:
-    assert to_resume(_state(run), HOST, set(), since=50.0) == [], why
+    assert to_resume(_state(run), HOST, USER, set(), since=50.0) == [], why
 
 
 def test_a_resume_that_crashed_again_is_resumed_only_if_it_got_further() -> None:
     first = _run("r1", 100.0)
     progressed = _state(first, _run("r2", 200.0, resume_of="r1", saved=True))
-    assert to_resume(progressed, HOST, set(), since=0.0) == [Revival("r2", True)]
+    assert to_resume(progressed, HOST, USER, set(), since=0.0) == [Revival("r2", True)]
     stuck = _state(first, _run("r2", 200.0, resume_of="r1"))
-    (revival,) = to_resume(stuck, HOST, set(), since=0.0)
+    (revival,) = to_resume(stuck, HOST, USER, set(), since=0.0)
     assert revival.run_id == "r2" and not revival.resume
     assert "crashed again before any step of it saved a checkpoint or succeeded" in revival.why
     # a first run is resumed even without a checkpoint: its steps start over once
-    assert to_resume(_state(first), HOST, set(), since=0.0) == [Revival("r1", True)]
+    assert to_resume(_state(first), HOST, USER, set(), since=0.0) == [Revival("r1", True)]
+
+
+def test_another_user_s_run_is_left_to_that_user() -> None:
+    """A shared $M27_HOME under systemd's `m27` user: the resume would run ana's steps as
+    m27, in ana's folders."""
+    (revival,) = to_resume(_state(_run("r1", 100.0)), HOST, "m27", set(), since=0.0)
+    assert not revival.resume
+    assert revival.why == (
+        "it is ana's run and this service runs as m27: its steps would run as m27; ana "
+        "resumes it (m27 run --resume r1)"
+    )
+    # a log from before owners were recorded names none: the service's user resumes it
+    ownerless = _state(_run("r1", 100.0, owner=""))
+    assert to_resume(ownerless, HOST, "m27", set(), since=0.0) == [Revival("r1", True)]
 
 
 def test_on_crash_in_a_pipeline_file(tmp_path: Path) -> None:
