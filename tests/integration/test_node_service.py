@@ -103,6 +103,7 @@ def test_one_service_from_first_run_to_stop(
     data = json.loads(status.stdout)
     assert data["pid"] == info.pid and data["prefect_url"] == info.url
     assert data["runs_served"] == 2
+    assert data["log"] == str(m27_home / "service.log")  # where what it did is said
 
     # 2b. lab commands without PREFECT_API_URL use this server: one GPU server keeps its
     # deployments (and schedules) there, and its `m27 worker` runs them

@@ -121,7 +121,7 @@ def _runs_served(home: Path, info: ServiceInfo) -> int:
     try:
         return sum(
             1
-            for rec in store.read()
+            for rec in store.read_runs((), outline=True)  # runs as a whole: not every step's
             if isinstance(rec.event, RunSubmitted)
             and rec.event.at >= info.started_at
             and rec.event.host == info.host
@@ -152,6 +152,8 @@ def _status(home: Path, as_json: bool) -> int:
         "restarts": info.restarts,
         "warm_runner_pid": runner_pid(home),
         "home": str(home),
+        # what it did: crashed runs closed, resumed (on_crash: resume), Prefect told late
+        "log": str(home / "service.log"),
     }
     if as_json:
         print(json.dumps(data, indent=2))
@@ -168,6 +170,7 @@ def _status(home: Path, as_json: bool) -> int:
     )
     if info.restarts:
         print(f"restarts      Prefect server restarted {info.restarts} time(s)")
+    print(f"log           {data['log']}")
     return 0
 
 
