@@ -48,6 +48,8 @@ from m27.events._rows import (
     encode_positional,
 )
 from m27.events._run import (
+    AutoResumeSkipped,
+    AutoResumeStarted,
     CancelRequested,
     RunAdmitted,
     RunCancelled,
@@ -75,6 +77,8 @@ from m27.events._step import (
 __all__ = [
     "EVENT_TYPES",
     "AgentStarted",
+    "AutoResumeSkipped",
+    "AutoResumeStarted",
     "CancelRequested",
     "CheckpointRestored",
     "CheckpointWritten",

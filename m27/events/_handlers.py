@@ -315,6 +315,18 @@ def _run_admitted(state: NodeState, e: ev.RunAdmitted) -> None:
     state.admitted[e.run_id] = e
 
 
+@_on(ev.AutoResumeStarted)
+def _auto_resume_started(state: NodeState, e: ev.AutoResumeStarted) -> None:
+    if (run := _run(state, e.run_id)) is not None:
+        run.auto_resume = "started"
+
+
+@_on(ev.AutoResumeSkipped)
+def _auto_resume_skipped(state: NodeState, e: ev.AutoResumeSkipped) -> None:
+    if (run := _run(state, e.run_id)) is not None:
+        run.auto_resume, run.auto_resume_reason = "skipped", e.reason
+
+
 @_on(ev.RunCrashed)
 def _run_crashed(state: NodeState, e: ev.RunCrashed) -> None:
     state.admitted.pop(e.run_id, None)

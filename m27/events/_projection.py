@@ -119,6 +119,11 @@ class RunState:
     rerun: tuple[str, ...] = ()
     #: RunSubmitted.on_crash: "resume" when the node service resumes it after a crash
     on_crash: str = ""
+    #: what the node service did with it once crashed (`on_crash: resume`): "started" (a
+    #: resume: the run whose resume_of is this one), "skipped" (`auto_resume_reason` says
+    #: why), "" (nothing yet)
+    auto_resume: str = ""
+    auto_resume_reason: str = ""
     flow_run_id: str | None = None
     prefect_url: str | None = None
     failed_steps: tuple[str, ...] = ()

@@ -101,3 +101,24 @@ class RunCrashed(RunEvent):
     watchdog stopped its orphaned steps and set the Prefect flow run to Crashed."""
 
     reason: str
+
+
+@event
+@dataclass(frozen=True)
+class AutoResumeStarted(RunEvent):
+    """The node service started ``m27 run --resume RUN --detach`` for this crashed run, as
+    its pipeline's ``on_crash: resume`` asks; the new run's RunSubmitted names this one in
+    `resume_of` once it is in the log."""
+
+    #: who started it: `node-service:PID`
+    by: str = ""
+
+
+@event
+@dataclass(frozen=True)
+class AutoResumeSkipped(RunEvent):
+    """The node service did not resume this crashed run although its pipeline says
+    ``on_crash: resume`` (a resume that got no further, another user's run, a crash from
+    before the service started), or the resume it started did not start a run."""
+
+    reason: str

@@ -14,17 +14,31 @@ early is not retried without a newer checkpoint (:mod:`m27.executors._guard`). A
 stopped on purpose is cancelled, not crashed (`m27 cancel`, Ctrl-C): never resumed.
 
 :func:`to_resume` is a pure function of the node's state, so the service, its tests and a
-reader of the log agree on it.
+reader of the log agree on it; :class:`Reviver` records each decision in the log
+(``AutoResumeStarted``, ``AutoResumeSkipped``), so it is made once, and `m27 status` and
+`m27 wait` read it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import getpass
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from m27.events import AutoResumeSkipped, AutoResumeStarted
 from m27.events.state import NodeState, RunState
+from m27.executors.resume import RESUME_TIMEOUT_S, start_resume
+from m27.store import EventStore
+from m27.store.sqlite import open_store
 
-__all__ = ["Revival", "progressed", "to_resume"]
+__all__ = ["Revival", "Reviver", "progressed", "to_resume"]
+
+_SAID = "m27 agent: on_crash: resume:"
 
 
 @dataclass(frozen=True)
@@ -45,11 +59,10 @@ def progressed(run: RunState) -> bool:
     )
 
 
-def to_resume(
-    state: NodeState, host: str, user: str, seen: Collection[str], since: float
-) -> list[Revival]:
-    """The runs of `host` that crashed at `since` or later with ``on_crash: resume``, that
-    no run resumes yet and that are not in `seen` (started or refused by this service).
+def to_resume(state: NodeState, host: str, user: str, since: float) -> list[Revival]:
+    """What to do with each run of `host` that crashed with ``on_crash: resume`` and that
+    the service has not decided about yet (``AutoResumeStarted``/``AutoResumeSkipped``)
+    and no run resumes yet: each decision is recorded, so it is made once.
 
     `since` keeps old crashes old: the service starts a while before its first pass (the
     command that started it may have recorded the crash), but a run that crashed months
@@ -62,9 +75,11 @@ def to_resume(
     for run in state.runs.values():
         if not run.crashed or run.on_crash != "resume" or run.host != host:
             continue
-        if run.ended_at is None or run.ended_at < since:
+        if run.auto_resume or run.run_id in resumed:
             continue
-        if run.run_id in resumed or run.run_id in seen:
+        if run.ended_at is None or run.ended_at < since:
+            why = "it crashed before this node service started; m27 run --resume resumes it"
+            out.append(Revival(run.run_id, False, why))
             continue
         if run.owner and run.owner != user:
             why = (
@@ -82,3 +97,54 @@ def to_resume(
             continue
         out.append(Revival(run.run_id, True))
     return out
+
+
+class Reviver:
+    """The node service's part: each decision of :func:`to_resume` recorded in the log
+    (so it is made once, and `m27 status` and `m27 wait` read it), each resume started in
+    a thread of its own (it waits until its run is in the log), what came of it said on
+    the service log, and a resume that started no run recorded as skipped."""
+
+    def __init__(
+        self, home: Path, store: EventStore, log: Callable[[str], None], since: float
+    ) -> None:
+        self.home, self.store, self.log, self.since = home, store, log, since
+        self.host, self.user = socket.gethostname(), getpass.getuser()
+
+    def step(self, state: NodeState, now: float) -> bool:
+        """Decide about the runs `state` shows crashed; True when a resume started."""
+        started = False
+        for revival in to_resume(state, self.host, self.user, self.since):
+            if not revival.resume:
+                self.store.append([AutoResumeSkipped(now, revival.run_id, revival.why)])
+                self.log(f"{_SAID} {revival.run_id} is not resumed: {revival.why}")
+                continue
+            by = f"node-service:{os.getpid()}"
+            self.store.append([AutoResumeStarted(now, revival.run_id, by)])
+            threading.Thread(
+                target=self._resume, args=(revival.run_id,), name="m27-revive", daemon=True
+            ).start()
+            started = True
+        return started
+
+    def _resume(self, run_id: str) -> None:
+        self.log(f"{_SAID} resuming crashed run {run_id}")
+        done = start_resume(run_id)
+        said = f": {done.said}" if done.said else ""
+        if done.run_id is not None:
+            ended = " (nothing was left to run: it ended at once)" if done.ended else ""
+            self.log(f"{_SAID} {run_id} resumed as run {done.run_id}{ended}")
+            return
+        if done.timed_out:
+            why = f"its resume was not in the log after {RESUME_TIMEOUT_S:.0f} s"
+        elif done.code == 0:
+            why = f"nothing to resume{said}"
+        else:
+            how = "could not start m27" if done.code is None else f"exit {done.code}"
+            why = f"its resume failed ({how}){said}"
+        self.log(f"{_SAID} {run_id}: {why}")
+        store = open_store(self.home)  # this thread's own: the service's is the watcher's
+        try:
+            store.append([AutoResumeSkipped(time.time(), run_id, why)])
+        finally:
+            store.close()

@@ -22,7 +22,6 @@ its own Prefect client at it; with it (a lab server) it starts none.
 
 from __future__ import annotations
 
-import getpass
 import os
 import socket
 import threading
@@ -35,7 +34,6 @@ from m27 import liveness
 from m27._exceptions import one_line
 from m27.events.check import first_misfit_in
 from m27.events.state import NodeState, RunState, fold
-from m27.executors.resume import RESUME_TIMEOUT_S, start_resume
 from m27.locks import NodeLock
 from m27.node import service
 from m27.node.crash import (
@@ -49,7 +47,7 @@ from m27.node.embed import build_agent, request_handover, withdraw_handover
 from m27.node.info import USED_NAME, ServiceInfo, remove_info, write_info
 from m27.node.outage import Repeats
 from m27.node.prefect_server import PrefectServer
-from m27.node.revive import to_resume
+from m27.node.revive import Reviver
 from m27.node.runner import WarmRunner
 from m27.node.settle import add_missing_tasks, ended_runs, settle, settle_tasks
 from m27.store.sqlite import LOG_NAME, open_store
@@ -76,7 +74,6 @@ HEALTH_TIMEOUT_S = 180.0
 #: A run that crashed this long before the service started is still resumed by it
 #: (`on_crash: resume`): the command that started the service may have recorded the crash.
 REVIVE_BEFORE_S = 600.0
-_REVIVE = "m27 agent: on_crash: resume:"
 
 
 def busy(state: NodeState, host: str | None = None) -> bool:
@@ -100,10 +97,7 @@ class _Watcher:
         self.state = NodeState()
         self.last_busy = time.time()
         self.host = socket.gethostname()
-        #: crashed runs with `on_crash: resume` this service resumed or said it would not
-        self.revived: set[str] = set()
-        self.revive_since = time.time() - REVIVE_BEFORE_S
-        self.user = getpass.getuser()
+        self.reviver = Reviver(home, self.store, log, time.time() - REVIVE_BEFORE_S)
         self.revive_seq = -1  # the log's last event when they were looked for
         #: flow run id -> (until when, why): crashed runs whose task runs are checked again
         self.recheck: dict[str, tuple[float, str]] = {}
@@ -179,39 +173,12 @@ class _Watcher:
                         )
 
     def revive(self, now: float) -> None:
-        """Resume the crashed runs whose pipeline says `on_crash: resume` (m27.node.revive),
-        each in a thread of its own: a resume waits until its run is in the log. Looked
-        for when the log has new events only: a pass looks at every run."""
-        if self.state.last_seq == self.revive_seq:
-            return
-        self.revive_seq = self.state.last_seq
-        found = to_resume(self.state, self.host, self.user, self.revived, self.revive_since)
-        for revival in found:
-            self.revived.add(revival.run_id)
-            if not revival.resume:
-                self.log(f"{_REVIVE} {revival.run_id} is not resumed: {revival.why}")
-                continue
-            self.last_busy = now  # not idle while its resume starts
-            threading.Thread(
-                target=self._resume, args=(revival.run_id,), name="m27-revive", daemon=True
-            ).start()
-
-    def _resume(self, run_id: str) -> None:
-        """`m27 run --resume RUN --detach`; what came of it goes to the service log."""
-        self.log(f"{_REVIVE} resuming crashed run {run_id}")
-        done = start_resume(run_id)
-        said = f": {done.said}" if done.said else ""
-        if done.run_id is not None:
-            ended = " (nothing was left to run: it ended at once)" if done.ended else ""
-            self.log(f"{_REVIVE} {run_id} resumed as run {done.run_id}{ended}")
-        elif done.timed_out:
-            wait = f"{RESUME_TIMEOUT_S:.0f} s"
-            self.log(f"{_REVIVE} the resume of {run_id} was not in the log after {wait}")
-        elif done.code == 0:
-            self.log(f"{_REVIVE} nothing to resume in {run_id}{said}")
-        else:
-            how = "could not start m27" if done.code is None else f"exit {done.code}"
-            self.log(f"{_REVIVE} could not resume {run_id} ({how}){said}")
+        """Resume the crashed runs whose pipeline says `on_crash: resume`; looked for when
+        the log has new events only (a pass looks at every run)."""
+        if self.state.last_seq != self.revive_seq:
+            self.revive_seq = self.state.last_seq
+            if self.reviver.step(self.state, now):
+                self.last_busy = now  # not idle while a resume starts
 
     def close_dead(self) -> None:
         """Close this host's dead runs in the log first, without Prefect: the log is the

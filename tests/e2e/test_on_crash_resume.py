@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from m27.events.state import RunState
+from m27.units import format_duration
 from tests.e2e._helpers import M27, md_pipeline, node_state, power_cut
-from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
@@ -33,16 +32,17 @@ def test_the_node_service_resumes_a_crashed_run_that_asks_for_it(
     def service_log() -> str:
         return (m27_home / "service.log").read_text(errors="replace")[-3000:]
 
-    def resumed() -> RunState | None:
-        runs = node_state(m27_home).runs.values()
-        new = next((r for r in runs if r.resume_of == crashed_id), None)
-        return new if new is not None and new.status != "running" else None
-
-    new = wait_until(
-        resumed, timeout=480, interval=0.5, what="the resumed run's end", explain=service_log
-    )
+    # a script's `m27 wait` follows the crashed run to the run that resumes it
+    waited = m27("wait", crashed_id, timeout=480)
+    assert waited.returncode == 0, waited.stdout + waited.stderr + service_log()
+    (new,) = [r for r in node_state(m27_home).runs.values() if r.resume_of == crashed_id]
+    assert waited.stdout.splitlines() == [
+        f"run {crashed_id} crashed; run {new.run_id} resumes it (on_crash: resume)",
+        f"run {new.run_id} succeeded in {format_duration(new.duration_s or 0)}",
+    ], waited.stdout
     state = node_state(m27_home)
     assert state.runs[crashed_id].crashed
+    assert state.runs[crashed_id].auto_resume == "started"
     assert new.status == "succeeded", new.reason
     assert new.steps["preprocessing"].status == "skipped"
     assert new.steps["md_simulation"].resume_from  # from the crashed run's checkpoint

@@ -511,3 +511,37 @@ def test_a_running_step_shows_its_last_line_of_output_and_how_old_it_is(
     assert steps["md"]["last_output_at"] == pytest.approx(now - 125, abs=1)
     assert steps["quiet"]["last_output"] is None  # its header is no output
     assert steps["prep"]["last_output"] is None  # ended: its row says how
+
+
+def test_a_crashed_run_says_what_the_node_service_did_about_it(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`on_crash: resume`: the run that resumes it, or why the service did not."""
+    store = SqliteEventStore(m27_home / "events.db")
+    store.append(
+        [
+            ev.RunSubmitted(1.0, "a", "p", "p.yaml", ("s",), pid=1, on_crash="resume"),
+            ev.RunCrashed(2.0, "a", "its process is gone"),
+            ev.AutoResumeStarted(2.5, "a", "node-service:9"),
+            ev.RunSubmitted(3.0, "b", "p", "p.yaml", ("s",), pid=1, on_crash="resume"),
+            ev.RunCrashed(4.0, "b", "its process is gone"),
+            ev.AutoResumeSkipped(4.5, "b", "it crashed before this node service started"),
+        ]
+    )
+    assert main(["status", "a"]) == 0
+    assert "  resumed by: the node service is starting it (on_crash: resume)" in (
+        capsys.readouterr().out
+    )
+    store.append([ev.RunSubmitted(5.0, "c", "p", "p.yaml", ("s",), resume_of="a")])
+    store.close()
+    assert main(["status", "a"]) == 0
+    assert "  resumed by: c\n" in capsys.readouterr().out
+    assert main(["status", "b", "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)
+    assert (b["on_crash"], b["auto_resume"]) == ("resume", "skipped")
+    assert b["auto_resume_reason"] == "it crashed before this node service started"
+    assert main(["status", "b"]) == 0
+    assert (
+        "  not resumed by the node service (on_crash: resume): it crashed before this node "
+        "service started" in capsys.readouterr().out
+    )

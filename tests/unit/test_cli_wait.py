@@ -105,3 +105,52 @@ def test_timeout_names_what_still_runs_and_a_bad_id_is_bad_input(
     with pytest.raises(SystemExit) as bad:
         main(["wait", LIVE, "--timeout", "0"])
     assert bad.value.code == 2
+
+
+def test_a_crashed_run_the_node_resumes_is_followed_to_its_resume(
+    m27_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`on_crash: resume`: a script's `m27 wait R` went on at R's crash, while the node
+    service resumed R and the work went on in R2; it waits for R2 now. A crash the service
+    decided not to resume ends the wait at once."""
+    here = {"host": socket.gethostname(), "on_crash": "resume"}
+    crashed, skipped, again = "20261205-130000-dddd", "20261205-140000-eeee", "r2"
+    store = open_store(m27_home)
+    store.append(
+        [
+            ev.RunSubmitted(1.0, crashed, "p", "p.yaml", ("a",), pid=_dead_pid(), **here),
+            ev.RunCrashed(2.0, crashed, "its process is gone"),
+            ev.AutoResumeStarted(2.5, crashed, "node-service:1"),
+            ev.RunSubmitted(3.0, skipped, "p", "p.yaml", ("a",), pid=_dead_pid(), **here),
+            ev.RunCrashed(4.0, skipped, "its process is gone"),
+            ev.AutoResumeSkipped(4.5, skipped, "it is bo's run and this service runs as m27"),
+        ]
+    )
+    store.close()
+    assert main(["wait", skipped]) == 1
+    assert capsys.readouterr().out == f"run {skipped} crashed in 1.0s: its process is gone\n"
+
+    codes: list[int] = []
+    waiter = threading.Thread(target=lambda: codes.append(main(["wait", crashed])))
+    waiter.start()
+    said: list[str] = []
+    try:  # the resume's run appears once the wait waits on the one it starts
+        store = open_store(m27_home)
+        store.append(
+            [ev.RunSubmitted(5.0, again, "p", "p.yaml", ("a",), resume_of=crashed,
+                             pid=os.getpid(), pid_started=liveness.own_start_time(), **here)]
+        )  # fmt: skip
+        wait_until(
+            lambda: said.append(capsys.readouterr().out) or "resumes it" in "".join(said),
+            timeout=60,
+            what="the wait following the resume",
+        )
+        store.append([ev.RunSucceeded(9.0, again, 4.0)])
+        store.close()
+    finally:
+        waiter.join(timeout=60)
+    assert not waiter.is_alive() and codes == [0]
+    assert ("".join(said) + capsys.readouterr().out).splitlines() == [
+        f"run {crashed} crashed; run {again} resumes it (on_crash: resume)",
+        f"run {again} succeeded in 4.0s",
+    ]

@@ -58,11 +58,12 @@ def _state(*runs: list[ev.Event]) -> NodeState:
 
 def test_a_crashed_run_that_asks_for_it_is_resumed_once() -> None:
     state = _state(_run("r1", 100.0))
-    assert to_resume(state, HOST, USER, set(), since=0.0) == [Revival("r1", True)]
-    assert to_resume(state, HOST, USER, {"r1"}, since=0.0) == []  # started already
+    assert to_resume(state, HOST, USER, since=0.0) == [Revival("r1", True)]
+    # decided once: recorded (by the service, before it starts the resume) and so not again
+    assert to_resume(fold([ev.AutoResumeStarted(120.0, "r1")], state), HOST, USER, 0.0) == []
     # resumed already (by hand, from Telegram, or by the service before it restarted)
     state = _state(_run("r1", 100.0), _run("r2", 200.0, resume_of="r1", saved=True)[:2])
-    assert to_resume(state, HOST, USER, set(), since=0.0) == []
+    assert to_resume(state, HOST, USER, since=0.0) == []
 
 
 @pytest.mark.parametrize(
@@ -72,29 +73,38 @@ def test_a_crashed_run_that_asks_for_it_is_resumed_once() -> None:
         ("a log from before on_crash", _run("r1", 100.0, on_crash="")),
         ("another host's run", _run("r1", 100.0, host="gpu2")),
         ("cancelled, not crashed", _run("r1", 100.0, ended=ev.RunCancelled)),
-        ("it crashed before the service's window", _run("r1", 10.0)),
     ],
 )
 def test_runs_that_are_not_resumed(why: str, run: list[ev.Event]) -> None:
-    assert to_resume(_state(run), HOST, USER, set(), since=50.0) == [], why
+    assert to_resume(_state(run), HOST, USER, since=50.0) == [], why
+
+
+def test_an_old_crash_is_not_resumed_because_the_service_started_and_that_is_recorded() -> None:
+    state = _state(_run("r1", 10.0))
+    (revival,) = to_resume(state, HOST, USER, since=50.0)
+    assert not revival.resume and "crashed before this node service started" in revival.why
+    fold([ev.AutoResumeSkipped(60.0, "r1", revival.why)], state)
+    assert state.runs["r1"].auto_resume == "skipped"
+    assert state.runs["r1"].auto_resume_reason == revival.why
+    assert to_resume(state, HOST, USER, since=50.0) == []  # said once
 
 
 def test_a_resume_that_crashed_again_is_resumed_only_if_it_got_further() -> None:
     first = _run("r1", 100.0)
     progressed = _state(first, _run("r2", 200.0, resume_of="r1", saved=True))
-    assert to_resume(progressed, HOST, USER, set(), since=0.0) == [Revival("r2", True)]
+    assert to_resume(progressed, HOST, USER, since=0.0) == [Revival("r2", True)]
     stuck = _state(first, _run("r2", 200.0, resume_of="r1"))
-    (revival,) = to_resume(stuck, HOST, USER, set(), since=0.0)
+    (revival,) = to_resume(stuck, HOST, USER, since=0.0)
     assert revival.run_id == "r2" and not revival.resume
     assert "crashed again before any step of it saved a checkpoint or succeeded" in revival.why
     # a first run is resumed even without a checkpoint: its steps start over once
-    assert to_resume(_state(first), HOST, USER, set(), since=0.0) == [Revival("r1", True)]
+    assert to_resume(_state(first), HOST, USER, since=0.0) == [Revival("r1", True)]
 
 
 def test_another_user_s_run_is_left_to_that_user() -> None:
     """A shared $M27_HOME under systemd's `m27` user: the resume would run ana's steps as
     m27, in ana's folders."""
-    (revival,) = to_resume(_state(_run("r1", 100.0)), HOST, "m27", set(), since=0.0)
+    (revival,) = to_resume(_state(_run("r1", 100.0)), HOST, "m27", since=0.0)
     assert not revival.resume
     assert revival.why == (
         "it is ana's run and this service runs as m27: its steps would run as m27; ana "
@@ -102,7 +112,7 @@ def test_another_user_s_run_is_left_to_that_user() -> None:
     )
     # a log from before owners were recorded names none: the service's user resumes it
     ownerless = _state(_run("r1", 100.0, owner=""))
-    assert to_resume(ownerless, HOST, "m27", set(), since=0.0) == [Revival("r1", True)]
+    assert to_resume(ownerless, HOST, "m27", since=0.0) == [Revival("r1", True)]
 
 
 def test_on_crash_in_a_pipeline_file(tmp_path: Path) -> None:

@@ -124,6 +124,9 @@ def _run_dict(
         # the runs that resume this one (by hand, or the node service's `on_crash: resume`)
         "resumed_by": list(resumed_by.get(r.run_id, ())),
         "on_crash": r.on_crash or "stop",
+        # the node service's decision once it crashed: "started", "skipped" (and why), None
+        "auto_resume": r.auto_resume or None,
+        "auto_resume_reason": r.auto_resume_reason or None,
         "prefect_url": r.prefect_url,
         "flow_run_id": r.flow_run_id,
         # a run started with --detach: what `m27 run` printed (`m27 logs RUN` shows it)
@@ -255,6 +258,10 @@ def _print_run(
         print(f"  resumes: {r.resume_of}{again}")
     if d["resumed_by"]:
         print(f"  resumed by: {', '.join(d['resumed_by'])}")
+    elif d["auto_resume"] == "started":
+        print("  resumed by: the node service is starting it (on_crash: resume)")
+    elif d["auto_resume"] == "skipped":
+        print(f"  not resumed by the node service (on_crash: resume): {d['auto_resume_reason']}")
     if r.prefect_url:
         print(f"  prefect: {r.prefect_url}")
     if d["output"]:
