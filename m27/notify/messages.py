@@ -165,6 +165,18 @@ def _run_crashed(e: ev.RunCrashed, run: RunFacts, node: str) -> Message:
     return Message("run_failed", _join(lines))
 
 
+def _auto_resume_skipped(e: ev.AutoResumeSkipped, run: RunFacts, node: str) -> Message:
+    """`on_crash: resume`, but the node did not resume it (the crash message said it
+    would): a person has to, so it counts as a failure to be told."""
+    lines = [
+        _header("⚠️", "Crashed run not resumed", node),
+        _run_line(e.run_id, run),
+        esc(e.reason),
+        _resume_line(e.run_id),
+    ]
+    return Message("run_failed", _join(lines))
+
+
 def _run_cancelled(e: ev.RunCancelled, run: RunFacts, node: str) -> Message:
     by = run.cancel_requested_by
     lines = [
@@ -256,6 +268,8 @@ def render(event: ev.Event, facts: NodeFacts, node: str = "") -> Message | None:
         return _run_cancelled(event, run, node)
     if isinstance(event, ev.RunCrashed) and run is not None:
         return _run_crashed(event, run, node)
+    if isinstance(event, ev.AutoResumeSkipped) and run is not None:
+        return _auto_resume_skipped(event, run, node)
     if isinstance(event, ev.StepFailed) and event.will_retry:
         return _step_retried(event, node)
     if isinstance(event, ev.CheckpointRestored):

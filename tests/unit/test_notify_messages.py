@@ -204,6 +204,21 @@ def test_a_crashed_run_the_node_resumes_by_itself_says_so_instead_of_the_command
     assert "m27 run --resume" not in text
 
 
+def test_a_crashed_run_the_node_did_not_resume_after_all_says_why_and_how() -> None:
+    why = "it is ana's run and this service runs as m27: its steps would run as m27"
+    _, msgs = fold(
+        [
+            replace(submitted(), on_crash="resume"),
+            ev.RunCrashed(T0 + 5, "md-0412", "process 4242 died without recording an end"),
+            ev.AutoResumeSkipped(T0 + 6, "md-0412", why),
+        ]
+    )
+    (_, text) = [m.text for m in msgs]
+    assert "Crashed run not resumed" in text and "it is ana's run and this service" in text
+    assert "m27 run --resume md-0412" in text
+    check_golden("auto_resume_skipped", text)
+
+
 def test_a_huge_log_tail_is_trimmed_to_fit_telegram() -> None:
     text = failing_run("".join("x" * 5000 + "\n" for _ in range(20)))
     assert len(text) <= MAX_TEXT
