@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from m27 import events as ev
+from m27.cli.main import main
 from m27.events.state import NodeState, fold
 from m27.node.revive import Revival, to_resume
 from m27.spec import SpecError, load_pipeline
@@ -115,13 +116,17 @@ def test_another_user_s_run_is_left_to_that_user() -> None:
     assert to_resume(ownerless, HOST, "m27", since=0.0) == [Revival("r1", True)]
 
 
-def test_on_crash_in_a_pipeline_file(tmp_path: Path) -> None:
+def test_on_crash_in_a_pipeline_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "p.yaml"
     step = '  - {name: a, type: cpu, command: "true"}\n'
     path.write_text("pipeline:\n" + step)
     assert load_pipeline(path).on_crash == "stop"
     path.write_text("on_crash: resume\npipeline:\n" + step)
     assert load_pipeline(path).on_crash == "resume"
+    assert main(["validate", str(path)]) == 0
+    assert "on crash: the node service resumes a run whose process died" in (
+        capsys.readouterr().out
+    )
     path.write_text("on_crash: restart\npipeline:\n" + step)
     with pytest.raises(SpecError) as err:
         load_pipeline(path)
