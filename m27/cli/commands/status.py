@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 import time
@@ -17,6 +16,7 @@ from m27.cli.commands import _common
 from m27.cli.commands._options import add_command
 from m27.config import m27_home
 from m27.events.state import NodeState, RunState, StepState
+from m27.executors.logtail import last_line
 from m27.monitoring.energy import energy_by_run, energy_by_step, format_energy
 from m27.tables import Col
 from m27.units import cpu_list, format_duration, listed, printable
@@ -166,28 +166,13 @@ def _run_dict(
     }
 
 
-#: bytes read from the end of a step's log for its last line
-_TAIL_BYTES = 8192
-
-
 def _last_output(s: StepState | None) -> dict[str, Any]:
-    """`last_output` (the last line the running step `s` printed, or m27's note in its
-    log; None before any) and `last_output_at` (its log's last write): how far a long
-    simulation got (`step 55900, will finish ...`) and whether it still says anything, without
-    `m27 logs`. An attempt's `=== ... ===` header is no output of the program."""
-    none: dict[str, Any] = {"last_output": None, "last_output_at": None}
-    if s is None or not s.log_path:
-        return none
-    try:
-        with open(s.log_path, "rb") as f:
-            at = os.fstat(f.fileno()).st_mtime
-            start = max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES)
-            f.seek(start)
-            lines = f.read().decode("utf-8", "replace").splitlines()[1 if start else 0 :]
-    except OSError:  # not written yet, or removed: nothing to show
-        return none
-    said = [x for x in lines if x.strip() and not (x.startswith("=== ") and x.endswith(" ==="))]
-    return {"last_output": said[-1], "last_output_at": at} if said else none
+    """`last_output` (the last line the running step `s` printed; None before any) and
+    `last_output_at` (its log's last write), for a running step only."""
+    found = last_line(s.log_path) if s is not None and s.log_path else None
+    if found is None:
+        return {"last_output": None, "last_output_at": None}
+    return {"last_output": found[0], "last_output_at": found[1]}
 
 
 def _where(s: dict[str, Any]) -> str:
