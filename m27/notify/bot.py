@@ -29,6 +29,7 @@ from telegram import InlineKeyboardButton, InlineKeyboardMarkup, Update
 from m27 import events as ev
 from m27.clock import Clock, SystemClock
 from m27.events.state import step_ended
+from m27.executors.logtail import last_line
 from m27.locks import BOT_LOCK
 from m27.notify.config import NotifyConfig
 from m27.notify.facts import NodeFacts, RunFacts
@@ -40,12 +41,14 @@ from m27.notify.telegram import DeliveryError, TelegramClient, scrub
 from m27.policy import PRIORITY_LIMIT
 from m27.runids import RunIdError, resolve
 from m27.store import EventStore
+from m27.units import format_duration
 
 log = logging.getLogger("m27.notify.bot")
 
 HELP = (
     "<b>m27 bot</b>\n"
     "/status: node summary\n"
+    "/status RUN: its steps, and what each running one printed last\n"
     "/runs: recent runs\n"
     "/queue: running and queued steps\n"
     "/gpus: GPUs of this node\n"
@@ -54,6 +57,10 @@ HELP = (
     "/resume RUN: how to resume a run"
 )
 RUNS_SHOWN = 10
+#: /status RUN lists this many steps (a message holds at most 4096 characters), each
+#: running step's last line cut to this many characters
+STEPS_SHOWN, SAID_CHARS = 25, 100
+_STEP_ICONS = {"running": "▶", "queued": "⏳", "succeeded": "✅", "failed": "❌", "cancelled": "⏹"}
 _ICONS = {"running": "▶", "succeeded": "✅", "failed": "❌", "cancelled": "⏹", "crashed": "💥"}
 
 
@@ -195,8 +202,8 @@ class CommandBot:
         if not words or not words[0].startswith("/"):
             return HELP
         name, args = words[0][1:].split("@", 1)[0].lower(), words[1:]
-        if name in ("status",):
-            return self.status()
+        if name == "status":
+            return self.run_status(args) if args else self.status()
         if name == "runs":
             return self.runs()
         if name == "queue":
@@ -228,6 +235,30 @@ class CommandBot:
         lines.append(f"steps: {running} running · {queued} queued")
         if self.facts.lost_gpus:
             lines.append("GPUs lost: " + ", ".join(str(g) for g in sorted(self.facts.lost_gpus)))
+        return "\n".join(lines)
+
+    def run_status(self, args: list[str]) -> str:
+        """/status RUN: each step, and a running step's time and last line of output (how
+        far a simulation got: `step 78000, will finish ...`, and how long ago it said so)."""
+        found = self._find_run(args, "/status [RUN]")
+        if isinstance(found, str):
+            return found
+        now = self.clock.now()
+        lines = [self._run_line(found)]
+        steps = list(found.steps.values())
+        for s in steps[:STEPS_SHOWN]:
+            icon = _STEP_ICONS.get(s.status, "·")
+            line = f"{icon} <b>{esc(s.name)}</b> {s.status}"
+            if s.status == "running":
+                line += f" · GPU {','.join(map(str, s.gpus))}" if s.gpus else ""
+                line += f" · {format_duration(now - s.started_at)}" if s.started_at else ""
+                said = last_line(s.log_path) if s.log_path else None
+                if said is not None:
+                    ago = format_duration(max(0.0, now - said[1]))
+                    line += f"\n    <code>{esc(said[0].strip()[:SAID_CHARS])}</code> ({ago} ago)"
+            lines.append(line)
+        if len(steps) > STEPS_SHOWN:
+            lines.append(f"... and {len(steps) - STEPS_SHOWN} more steps (m27 status on the node)")
         return "\n".join(lines)
 
     def _run_line(self, run: RunFacts) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,6 +70,31 @@ def ask(api: FakeBotApi, bot: CommandBot, text: str, chat: int = CHAT) -> list[s
 def test_status(api: FakeBotApi, bot: CommandBot) -> None:
     [reply] = ask(api, bot, "/status")
     assert "runs: 1 running · 1 succeeded" in reply and "steps: 1 running · 1 queued" in reply
+
+
+def test_status_of_a_run_lists_its_steps_and_what_a_running_one_printed_last(
+    api: FakeBotApi, bot: CommandBot, store: MemoryEventStore, tmp_path: Path
+) -> None:
+    """A simulation of days, from the phone: how far it got and whether it still prints."""
+    log = tmp_path / "sim.log"
+    log.write_text("=== attempt 1: gmx mdrun ===\nstep 78000, will finish Mon Dec  7 23:38:48\n")
+    os.utime(log, (T0 + 100, T0 + 100))
+    store.append(
+        [
+            ev.StepSucceeded(T0 + 10, "md-1", "prep", 1, 10.0),
+            ev.StepStarted(T0 + 20, "md-1", "sim", 1, 9, 9, ("x",), (0,), log_path=str(log)),
+        ]
+    )
+    bot.clock.advance(125)  # type: ignore[attr-defined]
+    [reply] = ask(api, bot, "/status md-1")
+    assert reply.splitlines() == [
+        "▶ <code>md-1</code> md · 1/2 steps · running",
+        "✅ <b>prep</b> succeeded",
+        "▶ <b>sim</b> running · GPU 0 · 1m45s",
+        "    <code>step 78000, will finish Mon Dec  7 23:38:48</code> (25.0s ago)",
+    ]
+    [reply] = ask(api, bot, "/status nope")
+    assert reply == "No run <code>nope</code> on this node."
 
 
 def test_status_and_runs_count_crashed_runs(
