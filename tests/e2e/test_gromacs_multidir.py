@@ -90,7 +90,8 @@ def _mdruns_in(out: Path) -> list[psutil.Process]:
 
 def _cut_mid_mdrun(tmp_path: Path, home: Path) -> tuple[Path, int]:
     """kill -9 of `m27 run` and of mpirun's group after two captures, while mdrun runs;
-    a machine that finished first tries again with more steps."""
+    a machine that finished first (on an idle CI machine, a cut after mdrun's last
+    checkpoint, at its last step, left nothing to resume) tries again with more steps."""
     nsteps = NSTEPS
     for attempt in range(TRIES):
         spec, out = _pipeline(tmp_path / f"try{attempt}", nsteps)
@@ -101,7 +102,11 @@ def _cut_mid_mdrun(tmp_path: Path, home: Path) -> tuple[Path, int]:
 
         power_cut(spec, home, "remd", captured, "captures")
         wait_until(lambda o=out: not _mdruns_in(o), timeout=60, what="the mdrun ranks gone")
-        if not any((out / t / "simulation.gro").exists() for t in TEMPS):
+        # ended first: its final coordinates are written, or (a cut between its last
+        # checkpoint and them) its newest capture is at the last step
+        steps = [c.engine_step or 0 for c in file_captures(home)[before:]]
+        ended = any((out / t / "simulation.gro").exists() for t in TEMPS)
+        if not ended and max(steps, default=0) < nsteps:
             return out, nsteps
         nsteps *= GROWTH
     pytest.fail(f"mdrun ended before 2 captures {TRIES} times, up to {nsteps} steps")
